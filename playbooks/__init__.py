@@ -1,0 +1,45 @@
+"""Playbooks: stages and transitions that drive an LLM through two-phase turns.
+
+Knows text, LLMs and tools; nothing about audio or HTTP.
+"""
+
+from .engine import IntentResult, PlaybookEngine, TransitionContext, TransitionRecord, TurnFacts
+from .events import EventBus, OrchestratorEvent, Retraction
+from .history import Conversation
+from .llm import ChatClient, ChatRequest, LLMError, RetryPolicy, ToolCallRequest
+from .loader import LoadedPlaybook, PlaybookError, load_playbook, load_playbooks
+from .models import LLMConfig, Playbook, Stage, Transition, TransitionAction
+from .orchestrator import OrchestratorOptions, PlaybookOrchestrator, Turn
+from .tools import Tool, ToolError, tool
+
+__all__ = [
+    "ChatClient",
+    "ChatRequest",
+    "Conversation",
+    "EventBus",
+    "IntentResult",
+    "LLMConfig",
+    "LLMError",
+    "LoadedPlaybook",
+    "OrchestratorEvent",
+    "OrchestratorOptions",
+    "Playbook",
+    "PlaybookEngine",
+    "PlaybookError",
+    "PlaybookOrchestrator",
+    "Retraction",
+    "RetryPolicy",
+    "Stage",
+    "Tool",
+    "ToolCallRequest",
+    "ToolError",
+    "Transition",
+    "TransitionAction",
+    "TransitionContext",
+    "TransitionRecord",
+    "Turn",
+    "TurnFacts",
+    "load_playbook",
+    "load_playbooks",
+    "tool",
+]

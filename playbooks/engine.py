@@ -1,0 +1,301 @@
+"""The playbook state machine: current stage, its prompt and tools, and transition evaluation.
+
+The engine knows nothing of LLM transport or history; the orchestrator feeds it the facts of a turn
+and applies the history side effects of the transitions it returns.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .loader import LoadedPlaybook
+from .models import LLMConfig, Stage, Transition
+from .tools import Tool
+
+__all__ = [
+    "TRANSITION_TOOL",
+    "IntentClassifier",
+    "IntentResult",
+    "PlaybookEngine",
+    "TransitionContext",
+    "TransitionRecord",
+    "TurnFacts",
+]
+
+log = logging.getLogger(__name__)
+
+TRANSITION_TOOL = "playbook_transition"
+
+EvaluationPoint = Literal["before_turn", "after_turn"]
+
+
+@dataclass(frozen=True)
+class IntentResult:
+    intent: str
+    confidence: float
+
+
+IntentClassifier = Callable[[str, Sequence[str]], Awaitable[IntentResult]]
+"""``(user_text, candidate_intents) -> IntentResult``; ``intent`` is ``"none"`` when none fits."""
+
+
+@dataclass(frozen=True)
+class TransitionContext:
+    """What a ``custom`` condition function receives."""
+
+    stage_id: str
+    last_user_message: str | None
+    last_assistant_message: str | None
+    data: Mapping[str, Any]
+    turn_count: int
+
+
+@dataclass
+class TurnFacts:
+    """What happened in the turn so far; the engine caches its intent classification here."""
+
+    user_text: str
+    assistant_text: str = ""
+    tools_called: set[str] = field(default_factory=set)
+    intent: IntentResult | None = None
+
+
+@dataclass(frozen=True)
+class TransitionRecord:
+    transition_id: str
+    from_stage: str
+    to_stage: str
+    at: float
+    reason: str | None = None
+
+
+class PlaybookEngine:
+    """Tracks the stage of one conversation. ``clock`` returns seconds (monotonic)."""
+
+    def __init__(
+        self, playbook: LoadedPlaybook, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.playbook = playbook
+        self.clock = clock
+        self.stage: Stage = playbook.spec.stage(playbook.spec.initial_stage)
+        self.turns_in_stage = 0
+        self.entered_at = clock()
+        self.context: dict[str, Any] = {}
+        self.history: list[TransitionRecord] = []
+
+    # -- what the current stage offers -------------------------------------------------------
+
+    def outgoing(self) -> list[Transition]:
+        """Transitions leaving the current stage, by descending priority, then file order."""
+        leaving = [t for t in self.playbook.spec.transitions if t.leaves(self.stage.id)]
+        return sorted(leaving, key=lambda t: -t.priority)  # sorted() is stable
+
+    def decision_transitions(self) -> list[Transition]:
+        """The ``llm_decision`` transitions of this stage, one per target stage (first wins)."""
+        by_target: dict[str, Transition] = {}
+        for transition in self.outgoing():
+            if transition.condition.type == "llm_decision":
+                by_target.setdefault(transition.action.target_stage, transition)
+        return list(by_target.values())
+
+    def system_prompt(self) -> str:
+        """Global prompt + stage prompt + the stages the LLM may move the conversation to."""
+        parts = [self.playbook.spec.global_system_prompt or "", self.stage.system_prompt]
+        decisions = self.decision_transitions()
+        if decisions:
+            lines = [
+                f"You may move the conversation to another stage by calling {TRANSITION_TOOL}:"
+            ]
+            for transition in decisions:
+                target = self.playbook.spec.stage(transition.action.target_stage)
+                about = transition.description or target.description or target.name
+                lines.append(f"- {target.id}: {about}")
+            parts.append("\n".join(lines))
+        return "\n\n".join(part.strip() for part in parts if part and part.strip())
+
+    def tools(self) -> list[Tool]:
+        """Global tools, then the stage's (each once)."""
+        names = dict.fromkeys([*self.playbook.spec.global_tools, *self.stage.tools])
+        return [self.playbook.tools[name] for name in names]
+
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        schemas = [tool.openai_schema() for tool in self.tools()]
+        transition_tool = self.transition_tool_schema()
+        if transition_tool is not None:
+            schemas.append(transition_tool)
+        return schemas
+
+    def transition_tool_schema(self) -> dict[str, Any] | None:
+        """The ``playbook_transition`` tool, offered only when an ``llm_decision`` leaves here."""
+        targets = [t.action.target_stage for t in self.decision_transitions()]
+        if not targets:
+            return None
+        return {
+            "type": "function",
+            "function": {
+                "name": TRANSITION_TOOL,
+                "description": "Move the conversation to another stage of the playbook.",
+                "parameters": {
+                    "type": "object",
+                    "properties": {
+                        "target_stage": {
+                            "type": "string",
+                            "enum": targets,
+                            "description": "The stage to move to.",
+                        },
+                        "reason": {
+                            "type": "string",
+                            "description": "Why the conversation should move now.",
+                        },
+                        "data": {
+                            "type": "object",
+                            "description": "Facts gathered so far that the next stage needs.",
+                        },
+                    },
+                    "required": ["target_stage", "reason"],
+                },
+            },
+        }
+
+    def llm_config(self) -> LLMConfig:
+        return self.stage.llm_config.merged_over(self.playbook.spec.default_llm_config)
+
+    # -- evaluation ----------------------------------------------------------------------------
+
+    def decision_for(self, target_stage: str) -> Transition | None:
+        """The ``llm_decision`` transition from here to ``target_stage``, if one exists."""
+        for transition in self.decision_transitions():
+            if transition.action.target_stage == target_stage:
+                return transition
+        return None
+
+    async def evaluate(
+        self,
+        point: EvaluationPoint,
+        facts: TurnFacts,
+        classify_intent: IntentClassifier | None = None,
+    ) -> Transition | None:
+        """The first matching transition leaving the current stage, or None.
+
+        Before a turn only conditions on the user's words (``intent``, ``keyword`` with
+        ``in: user|either``) are considered; after it, every condition but ``llm_decision``
+        (which fires when the LLM calls the transition tool). ``intent`` costs one classifier
+        call per turn, made only when such a transition is reached.
+        """
+        for transition in self.outgoing():
+            if point == "before_turn" and not _user_dependent(transition):
+                continue
+            if await self._matches(transition, facts, classify_intent):
+                return transition
+        return None
+
+    async def _matches(
+        self,
+        transition: Transition,
+        facts: TurnFacts,
+        classify_intent: IntentClassifier | None,
+    ) -> bool:
+        condition = transition.condition
+        match condition.type:
+            case "keyword":
+                texts = {
+                    "assistant": [facts.assistant_text],
+                    "user": [facts.user_text],
+                    "either": [facts.user_text, facts.assistant_text],
+                }[condition.match_in]
+                return any(_contains_word(text, kw) for text in texts for kw in condition.keywords)
+            case "tool_call":
+                return condition.tool_name in facts.tools_called
+            case "intent":
+                if classify_intent is None:
+                    return False
+                if facts.intent is None:
+                    facts.intent = await classify_intent(facts.user_text, self._intents())
+                return (
+                    facts.intent.intent.strip().lower() == condition.intent.strip().lower()
+                    and facts.intent.confidence >= condition.confidence
+                )
+            case "llm_decision":
+                return False
+            case "max_turns":
+                count = condition.count or self.stage.max_turns
+                return count is not None and self.turns_in_stage >= count
+            case "timeout":
+                duration_ms = condition.duration_ms or self.stage.timeout_ms
+                return (
+                    duration_ms is not None
+                    and (self.clock() - self.entered_at) * 1000 >= duration_ms
+                )
+            case "custom":
+                return await self._custom(condition.function, facts)
+        return False
+
+    def _intents(self) -> list[str]:
+        return list(
+            dict.fromkeys(
+                t.condition.intent for t in self.outgoing() if t.condition.type == "intent"
+            )
+        )
+
+    async def _custom(self, name: str, facts: TurnFacts) -> bool:
+        function = self.playbook.functions[name]
+        context = TransitionContext(
+            stage_id=self.stage.id,
+            last_user_message=facts.user_text,
+            last_assistant_message=facts.assistant_text or None,
+            data=dict(self.context),
+            turn_count=self.turns_in_stage,
+        )
+        try:
+            result = function(context)
+            if inspect.isawaitable(result):
+                result = await result
+        except Exception:
+            log.exception("custom condition %r raised; treated as not matching", name)
+            return False
+        return bool(result)
+
+    # -- moving --------------------------------------------------------------------------------
+
+    def complete_turn(self) -> None:
+        self.turns_in_stage += 1
+
+    def apply(
+        self, transition: Transition, *, reason: str | None = None, data: Mapping[str, Any] = {}
+    ) -> TransitionRecord:
+        """Enter the transition's target stage: resets the turn count and the stage clock, and
+        merges the action's data and ``data`` (from the LLM) into the context."""
+        record = TransitionRecord(
+            transition_id=transition.id,
+            from_stage=self.stage.id,
+            to_stage=transition.action.target_stage,
+            at=self.clock(),
+            reason=reason,
+        )
+        self.context.update(transition.action.data)
+        self.context.update(data)
+        self.stage = self.playbook.spec.stage(transition.action.target_stage)
+        self.turns_in_stage = 0
+        self.entered_at = record.at
+        self.history.append(record)
+        return record
+
+
+def _user_dependent(transition: Transition) -> bool:
+    condition = transition.condition
+    if condition.type == "intent":
+        return True
+    return condition.type == "keyword" and condition.match_in in ("user", "either")
+
+
+def _contains_word(text: str, keyword: str) -> bool:
+    if not keyword.strip():
+        return False
+    pattern = rf"(?<!\w){re.escape(keyword.strip())}(?!\w)"
+    return re.search(pattern, text, flags=re.IGNORECASE) is not None

@@ -1,0 +1,262 @@
+"""Loading playbook files (YAML or JSON) and their tools module, with one clear error per problem.
+
+Every failure raises :class:`PlaybookError`, whose message names the file and the field path, e.g.
+``support.yaml: transitions[2].action.target_stage: unknown stage 'billing'``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from .models import (
+    CustomCondition,
+    MaxTurnsCondition,
+    NamedToolChoice,
+    Playbook,
+    TimeoutCondition,
+    ToolCallCondition,
+)
+from .tools import Tool, tool_of
+
+__all__ = ["LoadedPlaybook", "PlaybookError", "load_playbook", "load_playbooks"]
+
+PLAYBOOK_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+class PlaybookError(ValueError):
+    """An invalid playbook file; ``str()`` is a one-line message naming file and field."""
+
+    def __init__(self, source: str, path: str, message: str) -> None:
+        self.source = source
+        self.path = path
+        self.message = message
+        where = f"{source}: {path}" if path else source
+        super().__init__(f"{where}: {message}")
+
+
+@dataclass(frozen=True)
+class LoadedPlaybook:
+    """A validated playbook together with the tools and condition functions it refers to."""
+
+    spec: Playbook
+    tools: Mapping[str, Tool]
+    functions: Mapping[str, Callable[..., Any]]
+    source: Path | None = None
+
+    @classmethod
+    def from_spec(
+        cls,
+        spec: Playbook,
+        tools: Mapping[str, Tool] | None = None,
+        functions: Mapping[str, Callable[..., Any]] | None = None,
+        source: Path | None = None,
+    ) -> LoadedPlaybook:
+        """Check cross-references and build; raises :class:`PlaybookError`."""
+        loaded = cls(spec, dict(tools or {}), dict(functions or {}), source)
+        _check_references(loaded, source.name if source else spec.id)
+        return loaded
+
+
+def load_playbook(path: str | Path) -> LoadedPlaybook:
+    """Parse, validate and resolve one playbook file."""
+    path = Path(path)
+    label = path.name
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PlaybookError(str(path), "", f"cannot read file: {exc.strerror}") from None
+    data = _parse(text, label, path.suffix.lower())
+    try:
+        spec = Playbook.model_validate(data)
+    except ValidationError as exc:
+        raise _validation_error(label, exc) from None
+    tools: dict[str, Tool] = {}
+    functions: dict[str, Callable[..., Any]] = {}
+    if spec.tools_module:
+        module = _import_module(path.parent / spec.tools_module, label)
+        tools, functions = _collect(module)
+    return LoadedPlaybook.from_spec(spec, tools, functions, path)
+
+
+def load_playbooks(path: str | Path) -> dict[str, LoadedPlaybook]:
+    """Load one file, or every playbook file in a folder, keyed by playbook id."""
+    path = Path(path)
+    files = (
+        sorted(p for p in path.iterdir() if p.suffix.lower() in PLAYBOOK_SUFFIXES)
+        if path.is_dir()
+        else [path]
+    )
+    loaded: dict[str, LoadedPlaybook] = {}
+    for file in files:
+        playbook = load_playbook(file)
+        if playbook.spec.id in loaded:
+            raise PlaybookError(file.name, "id", f"duplicate playbook id {playbook.spec.id!r}")
+        loaded[playbook.spec.id] = playbook
+    if not loaded:
+        raise PlaybookError(str(path), "", "no playbook files (.yaml, .yml, .json) found")
+    return loaded
+
+
+def _parse(text: str, label: str, suffix: str) -> Any:
+    if suffix == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise PlaybookError(
+                label, "", f"JSON syntax error at line {exc.lineno}: {exc.msg}"
+            ) from None
+    else:
+        try:
+            data = yaml.safe_load(text)
+        except yaml.MarkedYAMLError as exc:
+            line = exc.problem_mark.line + 1 if exc.problem_mark else "?"
+            raise PlaybookError(
+                label, "", f"YAML syntax error at line {line}: {exc.problem}"
+            ) from None
+        except yaml.YAMLError as exc:
+            raise PlaybookError(label, "", f"YAML error: {exc}") from None
+    if not isinstance(data, dict):
+        raise PlaybookError(label, "", "a playbook must be a mapping at the top level")
+    return data
+
+
+def _validation_error(label: str, exc: ValidationError) -> PlaybookError:
+    errors = exc.errors()
+    first = errors[0]
+    loc = list(first["loc"])
+    if first["type"] == "union_tag_invalid":
+        tag = first.get("input", {}).get("type") if isinstance(first.get("input"), dict) else None
+        message = f"unknown condition type {tag!r}; expected one of {first['ctx']['expected_tags']}"
+    elif first["type"] == "extra_forbidden":
+        message = "unknown field"
+    else:
+        message = first["msg"]
+    more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
+    return PlaybookError(label, _format_loc(loc), message + more)
+
+
+def _format_loc(loc: list[int | str]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else part
+    return out
+
+
+def _import_module(file: Path, label: str) -> ModuleType:
+    if not file.is_file():
+        raise PlaybookError(label, "tools_module", f"file not found: {file}")
+    name = f"vocable_tools_{abs(hash(file.resolve()))}"
+    spec = importlib.util.spec_from_file_location(name, file)
+    if spec is None or spec.loader is None:
+        raise PlaybookError(label, "tools_module", f"not a Python module: {file}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pydantic look the module up while importing
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        sys.modules.pop(name, None)
+        raise PlaybookError(
+            label, "tools_module", f"importing {file.name} failed: {type(exc).__name__}: {exc}"
+        ) from None
+    return module
+
+
+def _collect(module: ModuleType) -> tuple[dict[str, Tool], dict[str, Callable[..., Any]]]:
+    tools: dict[str, Tool] = {}
+    functions: dict[str, Callable[..., Any]] = {}
+    for attr, value in vars(module).items():
+        if attr.startswith("_") or not callable(value):
+            continue
+        found = tool_of(value)
+        if found is not None:
+            tools[found.name] = found
+        else:
+            functions[attr] = value
+    return tools, functions
+
+
+def _check_references(loaded: LoadedPlaybook, label: str) -> None:
+    spec = loaded.spec
+
+    def fail(path: str, message: str) -> None:
+        raise PlaybookError(label, path, message)
+
+    stage_ids: set[str] = set()
+    for i, stage in enumerate(spec.stages):
+        if stage.id in stage_ids:
+            fail(f"stages[{i}].id", f"duplicate stage id {stage.id!r}")
+        stage_ids.add(stage.id)
+    if spec.initial_stage not in stage_ids:
+        fail("initial_stage", f"unknown stage {spec.initial_stage!r}")
+
+    for j, name in enumerate(spec.global_tools):
+        if name not in loaded.tools:
+            fail(f"global_tools[{j}]", _unknown_tool(name, loaded))
+    for i, stage in enumerate(spec.stages):
+        for j, name in enumerate(stage.tools):
+            if name not in loaded.tools:
+                fail(f"stages[{i}].tools[{j}]", _unknown_tool(name, loaded))
+        choice = stage.tool_choice
+        if isinstance(choice, NamedToolChoice) and choice.tool_name not in (
+            *stage.tools,
+            *spec.global_tools,
+        ):
+            fail(
+                f"stages[{i}].tool_choice.tool_name",
+                f"tool {choice.tool_name!r} is not offered in stage {stage.id!r}",
+            )
+
+    transition_ids: set[str] = set()
+    for i, transition in enumerate(spec.transitions):
+        where = f"transitions[{i}]"
+        if transition.id in transition_ids:
+            fail(f"{where}.id", f"duplicate transition id {transition.id!r}")
+        transition_ids.add(transition.id)
+        if transition.from_stage != "*" and transition.from_stage not in stage_ids:
+            fail(f"{where}.from", f"unknown stage {transition.from_stage!r}")
+        if transition.action.target_stage not in stage_ids:
+            fail(
+                f"{where}.action.target_stage",
+                f"unknown stage {transition.action.target_stage!r}",
+            )
+        condition = transition.condition
+        sources = (
+            spec.stages if transition.from_stage == "*" else [spec.stage(transition.from_stage)]
+        )
+        if isinstance(condition, ToolCallCondition) and condition.tool_name not in loaded.tools:
+            fail(f"{where}.condition.tool_name", _unknown_tool(condition.tool_name, loaded))
+        elif isinstance(condition, CustomCondition) and condition.function not in loaded.functions:
+            fail(
+                f"{where}.condition.function",
+                f"unknown function {condition.function!r} (define it in the tools module)",
+            )
+        elif (
+            isinstance(condition, MaxTurnsCondition)
+            and condition.count is None
+            and any(stage.max_turns is None for stage in sources)
+        ):
+            fail(f"{where}.condition.count", "required when the stage sets no max_turns")
+        elif (
+            isinstance(condition, TimeoutCondition)
+            and condition.duration_ms is None
+            and any(stage.timeout_ms is None for stage in sources)
+        ):
+            fail(f"{where}.condition.duration_ms", "required when the stage sets no timeout_ms")
+
+
+def _unknown_tool(name: str, loaded: LoadedPlaybook) -> str:
+    known = ", ".join(sorted(loaded.tools)) or "none"
+    return f"unknown tool {name!r} (tools module defines: {known})"

@@ -1,0 +1,182 @@
+"""The playbook file format as pydantic models: stages, transitions and their conditions.
+
+Keys are snake_case; the camelCase keys of the llmrtc spec (``targetStage``, ``systemPrompt``,
+``toolName``, ``durationMs`` ...) are accepted as aliases. Cross-references (stage ids, tool and
+function names) are checked by :mod:`playbooks.loader`, which knows the tools module.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+__all__ = [
+    "Condition",
+    "CustomCondition",
+    "IntentCondition",
+    "KeywordCondition",
+    "LLMConfig",
+    "LLMDecisionCondition",
+    "MaxTurnsCondition",
+    "NamedToolChoice",
+    "Playbook",
+    "Stage",
+    "TimeoutCondition",
+    "ToolCallCondition",
+    "ToolChoice",
+    "Transition",
+    "TransitionAction",
+]
+
+
+class _Model(BaseModel):
+    """Strict about unknown keys, lenient about their case."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+    )
+
+
+class LLMConfig(_Model):
+    """Sampling settings; unset fields fall back to the playbook's, then the server's."""
+
+    model: str | None = None
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    max_tokens: int | None = Field(default=None, gt=0)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+
+    def merged_over(self, base: LLMConfig) -> LLMConfig:
+        """This config with every unset field taken from ``base``."""
+        return base.model_copy(update=self.model_dump(exclude_none=True))
+
+
+class NamedToolChoice(_Model):
+    """Force one specific tool in the first round of a turn."""
+
+    type: Literal["tool"] = "tool"
+    tool_name: str
+
+
+ToolChoice = Literal["auto", "none", "required"] | NamedToolChoice
+
+
+class KeywordCondition(_Model):
+    """Any keyword (case-insensitive, whole words) in the assistant's or the user's text."""
+
+    type: Literal["keyword"]
+    keywords: list[str] = Field(min_length=1)
+    match_in: Literal["assistant", "user", "either"] = Field(default="assistant", alias="in")
+
+
+class ToolCallCondition(_Model):
+    """The named tool was called during this turn."""
+
+    type: Literal["tool_call"]
+    tool_name: str
+
+
+class IntentCondition(_Model):
+    """An LLM classification of the user's message names this intent with enough confidence."""
+
+    type: Literal["intent"]
+    intent: str = Field(min_length=1)
+    confidence: float = Field(default=0.7, ge=0, le=1)
+
+
+class LLMDecisionCondition(_Model):
+    """The LLM called ``playbook_transition`` with this transition's target stage."""
+
+    type: Literal["llm_decision"]
+
+
+class MaxTurnsCondition(_Model):
+    """At least ``count`` turns completed in the current stage (default: stage ``max_turns``)."""
+
+    type: Literal["max_turns"]
+    count: int | None = Field(default=None, gt=0)
+
+
+class TimeoutCondition(_Model):
+    """At least ``duration_ms`` spent in the current stage, checked at the end of a turn.
+
+    Without ``duration_ms`` the stage's ``timeout_ms`` applies.
+    """
+
+    type: Literal["timeout"]
+    duration_ms: int | None = Field(default=None, gt=0)
+
+
+class CustomCondition(_Model):
+    """A function of the tools module, given a ``TransitionContext``; may be async."""
+
+    type: Literal["custom"]
+    function: str = Field(min_length=1)
+
+
+Condition = Annotated[
+    KeywordCondition
+    | ToolCallCondition
+    | IntentCondition
+    | LLMDecisionCondition
+    | MaxTurnsCondition
+    | TimeoutCondition
+    | CustomCondition,
+    Field(discriminator="type"),
+]
+
+
+class TransitionAction(_Model):
+    target_stage: str
+    transition_message: str | None = None
+    clear_history: bool = False
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class Transition(_Model):
+    id: str = Field(min_length=1)
+    from_stage: str = Field(alias="from")
+    condition: Condition
+    action: TransitionAction
+    priority: int = 0
+    description: str | None = None
+
+    def leaves(self, stage_id: str) -> bool:
+        return self.from_stage in ("*", stage_id)
+
+
+class Stage(_Model):
+    id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    description: str | None = None
+    system_prompt: str
+    tools: list[str] = Field(default_factory=list)
+    llm_config: LLMConfig = Field(default_factory=LLMConfig)
+    two_phase_execution: bool = True
+    tool_choice: ToolChoice = "auto"
+    max_turns: int | None = Field(default=None, gt=0)
+    timeout_ms: int | None = Field(default=None, gt=0)
+    greeting: str | None = None
+
+
+class Playbook(_Model):
+    id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    description: str | None = None
+    initial_stage: str
+    stages: list[Stage] = Field(min_length=1)
+    transitions: list[Transition] = Field(default_factory=list)
+    global_system_prompt: str | None = None
+    global_tools: list[str] = Field(default_factory=list)
+    default_llm_config: LLMConfig = Field(default_factory=LLMConfig)
+    tools_module: str | None = None
+
+    def stage(self, stage_id: str) -> Stage:
+        for stage in self.stages:
+            if stage.id == stage_id:
+                return stage
+        raise KeyError(stage_id)

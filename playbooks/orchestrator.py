@@ -1,0 +1,510 @@
+"""Two-phase turns: a silent tool loop (Phase 1), then the answer streamed as text (Phase 2).
+
+Usage::
+
+    async with orchestrator.turn("where is my order?") as turn:
+        async for delta in turn:
+            if isinstance(delta, Retraction): ...  # drop what you buffered of this answer
+            else: speak(delta)
+            turn.mark_delivered(text_that_was_heard)
+
+Leaving the ``async with`` block by an exception (cancellation included, i.e. barge-in) ends the
+turn as interrupted: history then keeps the completed tool pairs, gives in-flight tool calls a
+"cancelled" result, and records only the delivered part of the answer, marked interrupted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+from .engine import (
+    TRANSITION_TOOL,
+    IntentResult,
+    PlaybookEngine,
+    TurnFacts,
+)
+from .events import EventBus, EventHandler, Retraction
+from .history import Conversation, Message
+from .llm import ChatClient, ChatRequest, LLMError, ToolCallRequest
+from .loader import LoadedPlaybook
+from .models import NamedToolChoice, Transition
+from .tools import ToolError
+
+__all__ = ["OrchestratorOptions", "PlaybookOrchestrator", "Turn"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_FALLBACK = "Sorry, I'm having trouble right now."
+CANCELLED_RESULT = json.dumps({"error": "cancelled: the caller interrupted before it finished"})
+
+
+@dataclass(frozen=True)
+class OrchestratorOptions:
+    max_tool_calls_per_turn: int = 10
+    phase1_timeout_ms: int = 60_000
+    history_limit: int = 50
+    fallback_answer: str = DEFAULT_FALLBACK
+
+
+class PlaybookOrchestrator:
+    """Runs one conversation through a playbook. One turn at a time."""
+
+    def __init__(
+        self,
+        playbook: LoadedPlaybook,
+        llm: ChatClient,
+        options: OrchestratorOptions | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.options = options or OrchestratorOptions()
+        self.llm = llm
+        self.engine = PlaybookEngine(playbook, clock)
+        self.conversation = Conversation(self.options.history_limit)
+        self._events = EventBus()
+        self._turn_active = False
+
+    def on(self, handler: EventHandler) -> Callable[[], None]:
+        """Subscribe to events; returns the unsubscribe function."""
+        return self._events.subscribe(handler)
+
+    def greet(self) -> str | None:
+        """The current stage's greeting, recorded as said by the assistant; None if it has none."""
+        greeting = self.engine.stage.greeting
+        if greeting:
+            self.conversation.append({"role": "assistant", "content": greeting})
+        return greeting
+
+    def turn(self, user_text: str) -> Turn:
+        """A turn answering ``user_text``; use as ``async with`` and iterate it."""
+        if self._turn_active:
+            raise RuntimeError("a turn is already running in this conversation")
+        return Turn(self, user_text)
+
+    async def respond(self, user_text: str) -> str:
+        """Run a whole turn and return its answer (for text interfaces and tests)."""
+        async with self.turn(user_text) as turn:
+            async for _ in turn:
+                pass
+        return turn.answer
+
+    # -- pieces the Turn uses --------------------------------------------------------------------
+
+    def _request(self, *, with_tools: bool, first_round: bool) -> ChatRequest:
+        stage = self.engine.stage
+        config = self.engine.llm_config()
+        tools = self.engine.tool_schemas() if with_tools and stage.tool_choice != "none" else []
+        choice: str | dict[str, Any] | None = None
+        if tools:
+            choice = "auto"
+            if first_round and isinstance(stage.tool_choice, NamedToolChoice):
+                choice = {"type": "function", "function": {"name": stage.tool_choice.tool_name}}
+            elif first_round and stage.tool_choice == "required":
+                choice = "required"
+        return ChatRequest(
+            messages=self.conversation.for_request(self.engine.system_prompt()),
+            model=config.model or self.llm.model,
+            tools=tools or None,
+            tool_choice=choice,
+            temperature=config.temperature,
+            max_tokens=config.max_tokens,
+            top_p=config.top_p,
+        )
+
+    async def _classify_intent(self, user_text: str, intents: Sequence[str]) -> IntentResult:
+        listing = "\n".join(f"- {intent}" for intent in intents)
+        prompt = (
+            "Classify the user's message into exactly one of these intents, or none:\n"
+            f"{listing}\n"
+            'Answer with JSON only: {"intent": "<intent or none>", "confidence": <0 to 1>}.'
+        )
+        request = ChatRequest(
+            messages=[
+                {"role": "system", "content": prompt},
+                {"role": "user", "content": user_text},
+            ],
+            model=self.engine.llm_config().model or self.llm.model,
+            temperature=0,
+        )
+        try:
+            return _parse_intent(await self.llm.complete(request))
+        except LLMError as exc:
+            self._events.emit("error", source="intent", message=str(exc))
+            return IntentResult("none", 0.0)
+
+    def _transition(
+        self,
+        transition: Transition,
+        *,
+        reason: str | None = None,
+        data: dict[str, Any] | None = None,
+        keep: Sequence[Message] = (),
+    ) -> None:
+        """Move stages and apply the action's history effects; ``keep`` survives clear_history."""
+        old = self.engine.stage
+        record = self.engine.apply(transition, reason=reason, data=data or {})
+        new = self.engine.stage
+        action = transition.action
+        self._events.emit(
+            "transition_triggered",
+            transition={
+                "id": transition.id,
+                "from": record.from_stage,
+                "to": record.to_stage,
+                "condition": transition.condition.type,
+                "reason": reason,
+            },
+        )
+        self._events.emit("stage_exited", stage={"id": old.id, "name": old.name})
+        if action.clear_history:
+            self.conversation.clear()
+            for message in keep:
+                self.conversation.append(message)
+        if action.transition_message:
+            self.conversation.append({"role": "system", "content": action.transition_message})
+        self._events.emit("stage_entered", stage={"id": new.id, "name": new.name})
+
+
+class Turn:
+    """One user message and the agent's answer. See the module docstring for the protocol."""
+
+    def __init__(self, orchestrator: PlaybookOrchestrator, user_text: str) -> None:
+        self._o = orchestrator
+        self.user_text = user_text
+        self.answer = ""
+        """The answer text generated so far (after any retraction)."""
+        self.delivered = ""
+        """What the consumer reported as delivered to the caller."""
+        self.interrupted = False
+        self.tool_call_count = 0
+        self.llm_first_token_s: float | None = None
+        """Seconds from the answer round's request to its first text, when streamed."""
+        self._facts = TurnFacts(user_text)
+        self._open_calls: list[ToolCallRequest] = []
+        self._results: dict[str, str] = {}
+        self._answer_message: Message | None = None
+        self._needs_answer_call = False
+        self._completed = False
+        self._deltas: AsyncIterator[str | Retraction] | None = None
+        self._entered = False
+
+    def mark_delivered(self, text: str) -> None:
+        """Report that ``text`` (the next part of the answer) reached the caller."""
+        self.delivered += text
+
+    async def __aenter__(self) -> Turn:
+        self._o._turn_active = True
+        self._entered = True
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            if self._deltas is not None:
+                await self._deltas.aclose()  # type: ignore[attr-defined]
+        finally:
+            if exc_type is not None or not self._completed:
+                self._record_interruption()
+            self._o._turn_active = False
+
+    def __aiter__(self) -> AsyncIterator[str | Retraction]:
+        if not self._entered:
+            raise RuntimeError("use the turn as `async with orchestrator.turn(...) as turn`")
+        if self._deltas is None:
+            self._deltas = self._run()
+        return self._deltas
+
+    # -- the turn --------------------------------------------------------------------------------
+
+    async def _run(self) -> AsyncIterator[str | Retraction]:
+        o = self._o
+        conversation = o.conversation
+        user_message: Message = {"role": "user", "content": self.user_text}
+        conversation.append(user_message)
+        conversation.trim(keep_from=len(conversation) - 1)
+
+        early = await o.engine.evaluate("before_turn", self._facts, o._classify_intent)
+        if early is not None:
+            o._transition(early, keep=[user_message])
+
+        o._events.emit("phase1_start")
+        needs_answer_call = False
+        failed = False
+        try:
+            async for delta in self._tool_loop(user_message):
+                yield delta
+            needs_answer_call = self._needs_answer_call
+        except LLMError as exc:
+            failed = True
+            o._events.emit("error", source="llm", message=str(exc))
+
+        if needs_answer_call and not failed:
+            o._events.emit("phase1_complete", tool_call_count=self.tool_call_count)
+            o._events.emit("phase2_start")
+            try:
+                async for delta in self._answer_round():
+                    yield delta
+            except LLMError as exc:
+                o._events.emit("error", source="llm", message=str(exc))
+
+        if not self.answer.strip():
+            self.answer = o.options.fallback_answer
+            yield self.answer
+        o._events.emit("phase2_complete", response=self.answer)
+
+        self._answer_message = {"role": "assistant", "content": self.answer}
+        conversation.append(self._answer_message)
+        self._facts.assistant_text = self.answer
+        o.engine.complete_turn()
+        late = await o.engine.evaluate("after_turn", self._facts, o._classify_intent)
+        if late is not None:
+            o._transition(late)
+        conversation.trim()
+        self._completed = True
+
+    async def _tool_loop(self, user_message: Message) -> AsyncIterator[str | Retraction]:
+        """Phase 1. Yields answer text only from a round that turns out to be the answer."""
+        o = self._o
+        options = o.options
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + options.phase1_timeout_ms / 1000
+        first_round = True
+        while True:
+            if self.tool_call_count >= options.max_tool_calls_per_turn:
+                self._needs_answer_call = True
+                return
+            two_phase = o.engine.stage.two_phase_execution
+            request = o._request(with_tools=True, first_round=first_round)
+            first_round = False
+            requested_at = loop.time()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    stream = await o.llm.stream(request)
+            except TimeoutError:
+                self._needs_answer_call = True
+                return
+            streaming_answer = False
+            saw_tool_call = False
+            try:
+                iterator = aiter(stream)
+                while True:
+                    try:
+                        if streaming_answer:
+                            delta = await anext(iterator)
+                        else:
+                            async with asyncio.timeout_at(deadline):
+                                delta = await anext(iterator)
+                    except StopAsyncIteration:
+                        break
+                    if delta.is_tool_call:
+                        saw_tool_call = True
+                        if streaming_answer and two_phase:
+                            yield Retraction(self.answer)
+                            o._events.emit("answer_retracted", text=self.answer)
+                            self.answer = ""
+                            streaming_answer = False
+                        continue
+                    if saw_tool_call and two_phase:
+                        continue  # content after tool calls belongs to the silent phase
+                    if not streaming_answer and not self.answer:
+                        self.llm_first_token_s = loop.time() - requested_at
+                        o._events.emit("phase1_complete", tool_call_count=self.tool_call_count)
+                        o._events.emit("phase2_start")
+                    streaming_answer = True
+                    self.answer += delta.text
+                    yield delta.text
+            except TimeoutError:
+                self._needs_answer_call = not self.answer
+                return
+            finally:
+                await stream.aclose()
+
+            calls = stream.tool_calls
+            if not calls:
+                self._needs_answer_call = not self.answer
+                return
+            transitioned = await self._run_tools(calls, deadline, user_message)
+            if transitioned or loop.time() >= deadline:
+                self._needs_answer_call = True
+                return
+
+    async def _answer_round(self) -> AsyncIterator[str]:
+        """Phase 2 as its own call: no tools, in the current stage."""
+        o = self._o
+        loop = asyncio.get_running_loop()
+        requested_at = loop.time()
+        stream = await o.llm.stream(o._request(with_tools=False, first_round=False))
+        try:
+            async for delta in stream:
+                if delta.text:
+                    if not self.answer:
+                        self.llm_first_token_s = loop.time() - requested_at
+                    self.answer += delta.text
+                    yield delta.text
+        finally:
+            await stream.aclose()
+
+    async def _run_tools(
+        self, calls: list[ToolCallRequest], deadline: float, user_message: Message
+    ) -> bool:
+        """Execute one round's calls (concurrently) and record every result; True if the
+        round moved the conversation to another stage."""
+        o = self._o
+        budget = o.options.max_tool_calls_per_turn - self.tool_call_count
+        o.conversation.append(
+            {"role": "assistant", "content": None, "tool_calls": [c.to_message() for c in calls]}
+        )
+        self._open_calls = list(calls)
+        self._results = {}
+        pending: dict[str, asyncio.Task[str]] = {}
+        decision: tuple[Transition, str | None, dict[str, Any]] | None = None
+        for index, call in enumerate(calls):
+            self._facts.tools_called.add(call.name)
+            o._events.emit("tool_call_start", call=_call_dict(call))
+            if index >= budget:
+                self._finish_call(call, _error("tool call limit for this turn reached"), 0.0)
+            elif call.name == TRANSITION_TOOL:
+                result, decided = self._decide(call, decision is not None)
+                if decided is not None:
+                    decision = decided
+                self._finish_call(call, result, 0.0)
+            else:
+                pending[call.id] = asyncio.create_task(
+                    self._call_tool(call), name=f"tool:{call.name}:{call.id}"
+                )
+        self.tool_call_count += min(len(calls), budget)
+        if pending:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await asyncio.gather(*pending.values(), return_exceptions=True)
+            except TimeoutError:
+                for call_id, task in pending.items():
+                    if not task.done():
+                        task.cancel()
+                        call = next(c for c in calls if c.id == call_id)
+                        self._finish_call(call, _error("the turn's tool time limit was reached"), 0)
+            finally:
+                for task in pending.values():
+                    if not task.done():
+                        task.cancel()
+        self._close_open_calls(_error("no result"))
+        if decision is None:
+            return False
+        transition, reason, data = decision
+        o._transition(transition, reason=reason, data=data, keep=[user_message])
+        return True
+
+    async def _call_tool(self, call: ToolCallRequest) -> str:
+        o = self._o
+        started = time.monotonic()
+        tool = o.engine.playbook.tools.get(call.name)
+        offered = tool is not None and tool in o.engine.tools()
+        try:
+            if tool is None or not offered:
+                raise ToolError(f"unknown tool {call.name!r}")
+            result = await tool.call(call.arguments)
+        except ToolError as exc:
+            result = _error(str(exc))
+            self._finish_call(call, result, time.monotonic() - started, failed=True)
+            return result
+        self._finish_call(call, result, time.monotonic() - started)
+        return result
+
+    def _decide(
+        self, call: ToolCallRequest, already: bool
+    ) -> tuple[str, tuple[Transition, str | None, dict[str, Any]] | None]:
+        try:
+            arguments = json.loads(call.arguments or "{}")
+        except json.JSONDecodeError:
+            return _error("arguments are not valid JSON"), None
+        if not isinstance(arguments, dict):
+            return _error("arguments must be a JSON object"), None
+        target = arguments.get("target_stage")
+        transition = self._o.engine.decision_for(str(target)) if target else None
+        if transition is None:
+            allowed = [t.action.target_stage for t in self._o.engine.decision_transitions()]
+            return _error(f"target_stage must be one of {allowed}"), None
+        if already:
+            return _error("only one stage transition per turn"), None
+        data = arguments.get("data")
+        reason = arguments.get("reason")
+        return (
+            json.dumps({"ok": True, "stage": transition.action.target_stage}),
+            (transition, str(reason) if reason else None, data if isinstance(data, dict) else {}),
+        )
+
+    def _finish_call(
+        self, call: ToolCallRequest, result: str, duration_s: float, *, failed: bool = False
+    ) -> None:
+        if call.id in self._results:
+            return
+        self._results[call.id] = result
+        self._o._events.emit(
+            "tool_call_complete",
+            call=_call_dict(call),
+            result=result,
+            error=failed,
+            duration_ms=round(duration_s * 1000, 1),
+        )
+
+    def _close_open_calls(self, default: str) -> None:
+        """Append a result message for every open call, in call order."""
+        for call in self._open_calls:
+            content = self._results.get(call.id, default)
+            self._o.conversation.append(
+                {"role": "tool", "tool_call_id": call.id, "content": content}
+            )
+        self._open_calls = []
+
+    def _record_interruption(self) -> None:
+        """Leave a valid history after the turn was abandoned mid-way."""
+        self.interrupted = True
+        self._close_open_calls(CANCELLED_RESULT)
+        conversation = self._o.conversation
+        recorded = [m for m in conversation.messages if m is self._answer_message]
+        if recorded:
+            if self.delivered:
+                recorded[0]["content"] = self.delivered
+                recorded[0]["interrupted"] = True
+            else:
+                conversation.messages.remove(recorded[0])
+        elif self.delivered:
+            conversation.append(
+                {"role": "assistant", "content": self.delivered, "interrupted": True}
+            )
+        conversation.trim()
+
+
+def _call_dict(call: ToolCallRequest) -> dict[str, Any]:
+    return {"id": call.id, "name": call.name, "arguments": call.arguments}
+
+
+def _error(message: str) -> str:
+    return json.dumps({"error": message})
+
+
+_JSON_OBJECT = re.compile(r"\{.*\}", re.DOTALL)
+
+
+def _parse_intent(text: str) -> IntentResult:
+    match = _JSON_OBJECT.search(text)
+    try:
+        data = json.loads(match.group(0)) if match else {}
+        intent = str(data.get("intent") or "none")
+        confidence = float(data.get("confidence", 0.0))
+    except (ValueError, TypeError, AttributeError):
+        log.warning("unparseable intent classification: %r", text[:200])
+        return IntentResult("none", 0.0)
+    return IntentResult(intent, max(0.0, min(1.0, confidence)))

@@ -1,0 +1,229 @@
+"""Tools: plain Python functions the LLM may call, described to it by a JSON schema.
+
+Decorate a function of a playbook's tools module with :func:`tool`. Its parameters' type hints and
+its docstring (first paragraph, plus a Google-style ``Args:`` section) become the schema; arguments
+from the LLM are validated against it before the call. Sync tools run in a worker thread, async
+tools on the event loop; every call has a timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, overload
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+
+__all__ = ["DEFAULT_TOOL_TIMEOUT_S", "Tool", "ToolError", "tool"]
+
+DEFAULT_TOOL_TIMEOUT_S = 30.0
+_MARKER = "__vocable_tool__"
+
+
+class ToolError(Exception):
+    """A tool call that could not produce a result; the message is shown to the LLM."""
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A callable with its LLM-facing description; built by :func:`tool` or ``from_function``."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    function: Callable[..., Any]
+    timeout_s: float = DEFAULT_TOOL_TIMEOUT_S
+    arguments_model: type[BaseModel] | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_function(
+        cls,
+        function: Callable[..., Any],
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        timeout_s: float = DEFAULT_TOOL_TIMEOUT_S,
+    ) -> Tool:
+        summary, arg_docs = _parse_docstring(inspect.getdoc(function) or "")
+        model = _arguments_model(function, arg_docs)
+        schema = model.model_json_schema()
+        _strip_titles(schema)
+        return cls(
+            name=name or function.__name__,
+            description=description or summary,
+            parameters=schema,
+            function=function,
+            timeout_s=timeout_s,
+            arguments_model=model,
+        )
+
+    def openai_schema(self) -> dict[str, Any]:
+        """The ``tools`` entry for a chat-completions request."""
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters,
+            },
+        }
+
+    async def call(self, arguments_json: str) -> str:
+        """Validate the LLM's JSON arguments, run the tool, and return its result as text.
+
+        Raises :class:`ToolError` for invalid arguments, a timeout or an exception in the tool.
+        Cancellation propagates (a sync tool's thread is left to finish on its own).
+        """
+        arguments = self._validate(arguments_json)
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                if inspect.iscoroutinefunction(self.function):
+                    result = await self.function(**arguments)
+                else:
+                    result = await asyncio.to_thread(self.function, **arguments)
+        except TimeoutError:
+            raise ToolError(f"tool {self.name!r} timed out after {self.timeout_s:g} s") from None
+        except ToolError:
+            raise
+        except Exception as exc:
+            raise ToolError(f"tool {self.name!r} failed: {type(exc).__name__}: {exc}") from exc
+        return _result_text(result)
+
+    def _validate(self, arguments_json: str) -> dict[str, Any]:
+        try:
+            raw = json.loads(arguments_json or "{}")
+        except json.JSONDecodeError as exc:
+            raise ToolError(f"arguments for {self.name!r} are not valid JSON: {exc.msg}") from None
+        if not isinstance(raw, dict):
+            raise ToolError(f"arguments for {self.name!r} must be a JSON object")
+        if self.arguments_model is None:
+            return raw
+        try:
+            validated = self.arguments_model.model_validate(raw)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or '(arguments)'}: {err['msg']}"
+                for err in exc.errors()
+            )
+            raise ToolError(f"invalid arguments for {self.name!r}: {problems}") from None
+        return {name: getattr(validated, name) for name in type(validated).model_fields}
+
+
+@overload
+def tool(function: Callable[..., Any], /) -> Callable[..., Any]: ...
+@overload
+def tool(
+    *, name: str | None = None, description: str | None = None, timeout_s: float = ...
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
+
+
+def tool(
+    function: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    timeout_s: float = DEFAULT_TOOL_TIMEOUT_S,
+) -> Any:
+    """Mark a function as a playbook tool; usable bare (``@tool``) or with options.
+
+    The function itself is returned unchanged, so it stays directly callable in tests.
+    """
+
+    def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
+        setattr(
+            fn,
+            _MARKER,
+            Tool.from_function(fn, name=name, description=description, timeout_s=timeout_s),
+        )
+        return fn
+
+    return mark(function) if function is not None else mark
+
+
+def tool_of(obj: object) -> Tool | None:
+    """The :class:`Tool` attached by :func:`tool`, if any."""
+    found = getattr(obj, _MARKER, None)
+    return found if isinstance(found, Tool) else None
+
+
+def _arguments_model(function: Callable[..., Any], arg_docs: dict[str, str]) -> type[BaseModel]:
+    hints = _type_hints(function)
+    fields: dict[str, Any] = {}
+    for param in inspect.signature(function).parameters.values():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        annotation = hints.get(param.name, Any)
+        default = ... if param.default is param.empty else param.default
+        fields[param.name] = (annotation, Field(default, description=arg_docs.get(param.name)))
+    return create_model(
+        f"{function.__name__}_arguments",
+        __config__=ConfigDict(extra="forbid"),
+        **fields,
+    )
+
+
+def _type_hints(function: Callable[..., Any]) -> dict[str, Any]:
+    try:
+        return inspect.get_annotations(function, eval_str=True)
+    except Exception:  # an unresolvable forward reference: fall back to untyped
+        return {}
+
+
+_ARGS_HEADER = re.compile(r"^\s*(Args|Arguments|Parameters):\s*$")
+_ARG_LINE = re.compile(r"^\s+(\*{0,2}\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
+
+
+def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
+    """The summary paragraph and the per-argument descriptions of a Google-style docstring."""
+    lines = doc.splitlines()
+    summary_lines: list[str] = []
+    for line in lines:
+        if not line.strip() or _ARGS_HEADER.match(line):
+            break
+        summary_lines.append(line.strip())
+    args: dict[str, str] = {}
+    in_args = False
+    current: str | None = None
+    for line in lines:
+        if _ARGS_HEADER.match(line):
+            in_args = True
+            continue
+        if not in_args:
+            continue
+        if line.strip() and not line.startswith((" ", "\t")):
+            break  # the next section
+        match = _ARG_LINE.match(line)
+        if match:
+            current = match.group(1).lstrip("*")
+            args[current] = match.group(2).strip()
+        elif current and line.strip():
+            args[current] = f"{args[current]} {line.strip()}"
+    return " ".join(summary_lines), args
+
+
+def _strip_titles(schema: Any) -> None:
+    """Drop pydantic's generated titles: noise in the LLM's context."""
+    if isinstance(schema, dict):
+        schema.pop("title", None)
+        for key, value in schema.items():
+            if key == "properties" and isinstance(value, dict):
+                for prop in value.values():
+                    _strip_titles(prop)
+            else:
+                _strip_titles(value)
+    elif isinstance(schema, list):
+        for item in schema:
+            _strip_titles(item)
+
+
+def _result_text(result: Any) -> str:
+    if isinstance(result, str):
+        return result
+    if isinstance(result, BaseModel):
+        return result.model_dump_json()
+    return json.dumps(result, default=str, ensure_ascii=False)
