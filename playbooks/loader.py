@@ -7,6 +7,7 @@ Every failure raises :class:`PlaybookError`, whose message names the file and th
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import json
 import sys
 from collections.abc import Callable, Mapping
@@ -183,8 +184,8 @@ def _collect(module: ModuleType) -> tuple[dict[str, Tool], dict[str, Callable[..
         found = tool_of(value)
         if found is not None:
             tools[found.name] = found
-        else:
-            functions[attr] = value
+        elif inspect.isfunction(value) and value.__module__ == module.__name__:
+            functions[attr] = value  # candidates for `custom` conditions
     return tools, functions
 
 

@@ -1,0 +1,35 @@
+"""Shared fixtures. The only stand-in is the LLM: ``tests.scripted_llm.ScriptedLLM``."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from tests.scripted_llm import ScriptedLLM
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "playbooks" / "examples"
+
+
+@pytest.fixture
+async def llm() -> AsyncIterator[ScriptedLLM]:
+    """A running scripted LLM with an empty script; call ``llm.script([...])``."""
+    async with ScriptedLLM() as server:
+        yield server
+
+
+@pytest.fixture
+def write_playbook(tmp_path: Path) -> Callable[..., Path]:
+    """Write a playbook (YAML text, dedented) and optionally its tools module; returns its path."""
+
+    def write(yaml_text: str, tools_py: str | None = None, name: str = "playbook.yaml") -> Path:
+        path = tmp_path / name
+        path.write_text(textwrap.dedent(yaml_text))
+        if tools_py is not None:
+            (tmp_path / "tools.py").write_text(textwrap.dedent(tools_py))
+        return path
+
+    return write

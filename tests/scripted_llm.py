@@ -1,0 +1,233 @@
+"""A scripted OpenAI-compatible chat-completions server: the only stand-in Vocable's tests use.
+
+It speaks the real wire format (SSE streaming with content and tool-call deltas, non-streamed
+completions, error statuses with Retry-After) on 127.0.0.1, so the real ``openai`` client code path
+runs. Every request body is recorded; streams the client abandons are counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+__all__ = ["Reply", "ScriptedLLM", "ScriptedToolCall"]
+
+
+@dataclass(frozen=True)
+class ScriptedToolCall:
+    name: str
+    arguments: dict[str, Any] | str = field(default_factory=dict)
+    id: str | None = None
+
+    @property
+    def arguments_json(self) -> str:
+        if isinstance(self.arguments, str):
+            return self.arguments
+        return json.dumps(self.arguments)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One scripted response.
+
+    ``content`` streams first (split into word tokens unless given as a list of chunks), then the
+    tool calls, then ``content_after_tools``. ``status`` other than 200 answers with an OpenAI-style
+    error body. ``hang`` never answers. ``cut_after_chunks`` drops the connection mid-stream.
+    """
+
+    content: str | list[str] = ""
+    tool_calls: list[ScriptedToolCall] = field(default_factory=list)
+    content_after_tools: str | list[str] = ""
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+    first_token_delay_s: float = 0.0
+    chunk_delay_s: float = 0.0
+    hang: bool = False
+    cut_after_chunks: int | None = None
+
+
+ReplySource = Iterable[Reply] | Callable[[dict[str, Any]], Reply]
+
+
+class ScriptedLLM:
+    """``async with ScriptedLLM([...]) as llm:`` then point a client at ``llm.base_url``."""
+
+    def __init__(self, replies: ReplySource = ()) -> None:
+        self._source = replies if callable(replies) else iter(list(replies))
+        self.requests: list[dict[str, Any]] = []
+        self.streams_abandoned = 0
+        self.stream_abandoned = asyncio.Event()
+        self._runner: web.AppRunner | None = None
+        self._ids = itertools.count(1)
+        self.base_url = ""
+
+    def script(self, replies: Iterable[Reply]) -> None:
+        """Replace the remaining replies."""
+        self._source = iter(list(replies))
+
+    async def __aenter__(self) -> ScriptedLLM:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> str:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._handle)
+        self._runner = web.AppRunner(app, shutdown_timeout=0.5)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        server = site._server
+        assert server is not None
+        port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.base_url = f"http://127.0.0.1:{port}/v1"
+        return self.base_url
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    @property
+    def last_request(self) -> dict[str, Any]:
+        return self.requests[-1]
+
+    def _next_reply(self, body: dict[str, Any]) -> Reply | None:
+        if callable(self._source):
+            return self._source(body)
+        return next(self._source, None)
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.requests.append(body)
+        reply = self._next_reply(body)
+        if reply is None:
+            return _error(400, "the scripted LLM has no reply left for this request", {})
+        if reply.hang:
+            await asyncio.sleep(3600)
+        if reply.status != 200:
+            return _error(reply.status, f"scripted status {reply.status}", reply.headers)
+        if reply.first_token_delay_s:
+            await asyncio.sleep(reply.first_token_delay_s)
+        if body.get("stream"):
+            return await self._stream(request, body, reply)
+        return web.json_response(self._completion(body, reply))
+
+    async def _stream(
+        self, request: web.Request, body: dict[str, Any], reply: Reply
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        chunk_id = f"chatcmpl-{next(self._ids)}"
+        model = body.get("model", "scripted")
+        deltas = list(self._deltas(reply))
+        try:
+            for n, (delta, finish) in enumerate(deltas):
+                if reply.cut_after_chunks is not None and n >= reply.cut_after_chunks:
+                    assert request.transport is not None
+                    request.transport.close()
+                    return response
+                if n and reply.chunk_delay_s:
+                    await asyncio.sleep(reply.chunk_delay_s)
+                if request.transport is None or request.transport.is_closing():
+                    raise ConnectionResetError
+                chunk = {
+                    "id": chunk_id,
+                    "object": "chat.completion.chunk",
+                    "created": 0,
+                    "model": model,
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+                }
+                await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+        except (ConnectionResetError, ConnectionError, asyncio.CancelledError):
+            self.streams_abandoned += 1
+            self.stream_abandoned.set()
+        return response
+
+    def _deltas(self, reply: Reply) -> Iterable[tuple[dict[str, Any], str | None]]:
+        yield {"role": "assistant", "content": ""}, None
+        for token in _tokens(reply.content):
+            yield {"content": token}, None
+        for index, call in enumerate(reply.tool_calls):
+            call_id = call.id or f"call_{next(self._ids)}"
+            yield (
+                {
+                    "tool_calls": [
+                        {
+                            "index": index,
+                            "id": call_id,
+                            "type": "function",
+                            "function": {"name": call.name, "arguments": ""},
+                        }
+                    ]
+                },
+                None,
+            )
+            arguments = call.arguments_json
+            for start in range(0, len(arguments), 12):
+                yield (
+                    {
+                        "tool_calls": [
+                            {
+                                "index": index,
+                                "function": {"arguments": arguments[start : start + 12]},
+                            }
+                        ]
+                    },
+                    None,
+                )
+        for token in _tokens(reply.content_after_tools):
+            yield {"content": token}, None
+        yield {}, "tool_calls" if reply.tool_calls else "stop"
+
+    def _completion(self, body: dict[str, Any], reply: Reply) -> dict[str, Any]:
+        text = "".join(_tokens(reply.content))
+        message: dict[str, Any] = {"role": "assistant", "content": text or None}
+        if reply.tool_calls:
+            message["tool_calls"] = [
+                {
+                    "id": call.id or f"call_{next(self._ids)}",
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments_json},
+                }
+                for call in reply.tool_calls
+            ]
+        return {
+            "id": f"chatcmpl-{next(self._ids)}",
+            "object": "chat.completion",
+            "created": 0,
+            "model": body.get("model", "scripted"),
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "finish_reason": "tool_calls" if reply.tool_calls else "stop",
+                }
+            ],
+            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+        }
+
+
+def _tokens(content: str | list[str]) -> list[str]:
+    if isinstance(content, list):
+        return content
+    return re.findall(r"\s*\S+", content)
+
+
+def _error(status: int, message: str, headers: dict[str, str]) -> web.Response:
+    return web.json_response(
+        {"error": {"message": message, "type": "scripted_error", "code": status}},
+        status=status,
+        headers=headers,
+    )
