@@ -1,0 +1,1 @@
+"""The Vocable server: wires media to playbooks per call, and the ``vocable`` command."""

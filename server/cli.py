@@ -1,0 +1,129 @@
+"""The ``vocable`` command: ``chat`` (text conversation with a playbook) and ``serve``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from playbooks import (
+    ChatClient,
+    OrchestratorOptions,
+    PlaybookError,
+    PlaybookOrchestrator,
+    RetryPolicy,
+    load_playbook,
+)
+
+from .chat import run_chat
+from .settings import ConfigError, LLMSettings, add_llm_arguments
+
+__all__ = ["main"]
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "playbooks" / "examples"
+EXIT_USAGE = 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        if args.command == "chat":
+            return _chat(args)
+        return _serve(args)
+    except (PlaybookError, ConfigError) as exc:
+        print(f"vocable: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vocable", description="Real-time voice agent server.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging to stderr")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    chat = commands.add_parser("chat", help="talk to a playbook in text over stdin/stdout")
+    chat.add_argument("playbook", type=Path, help="playbook file (.yaml, .yml or .json)")
+    add_llm_arguments(chat)
+    chat.add_argument("--history-limit", type=_positive_int, default=50, metavar="N")
+    chat.add_argument(
+        "--max-tool-calls",
+        type=_positive_int,
+        default=10,
+        metavar="N",
+        help="tool calls per turn before the answer is forced (default 10)",
+    )
+    chat.add_argument(
+        "--llm-retries",
+        type=_non_negative_int,
+        default=3,
+        metavar="N",
+        help="retries of a failed LLM call, backoff 1 s, 2 s, 4 s... (default 3)",
+    )
+    chat.add_argument("--phase1-timeout-ms", type=_positive_int, default=60_000, metavar="N")
+    chat.add_argument("--json", action="store_true", help="one JSON object per event and answer")
+
+    serve = commands.add_parser("serve", help="run the voice server")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--playbook", type=Path, default=EXAMPLES, metavar="PATH")
+    add_llm_arguments(serve)
+    return parser
+
+
+def _chat(args: argparse.Namespace) -> int:
+    playbook = load_playbook(args.playbook)
+    settings = LLMSettings.resolve(args, default_model=playbook.spec.default_llm_config.model)
+    options = OrchestratorOptions(
+        max_tool_calls_per_turn=args.max_tool_calls,
+        phase1_timeout_ms=args.phase1_timeout_ms,
+        history_limit=args.history_limit,
+    )
+
+    async def run() -> None:
+        client = ChatClient.connect(
+            settings.base_url,
+            settings.api_key,
+            settings.model,
+            retry=RetryPolicy(retries=args.llm_retries),
+        )
+        try:
+            await run_chat(PlaybookOrchestrator(playbook, client, options), json_lines=args.json)
+        finally:
+            await client.client.close()
+
+    asyncio.run(run())
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    print(
+        "vocable serve: the voice server (WebRTC signalling, VAD, Whisper, Piper) is not built "
+        "yet.\nFor now, talk to a playbook in text: vocable chat playbooks/examples/support.yaml "
+        "--llm-base-url URL --llm-model NAME",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be at least 0")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
