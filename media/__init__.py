@@ -1,0 +1,34 @@
+"""Audio: PCM helpers, VAD segmentation, Whisper STT, Piper TTS, sentence chunking, the speaker.
+
+Knows nothing about LLMs, playbooks or transports.
+"""
+
+from .audio import FRAME_BYTES, FRAME_MS, SAMPLE_RATE, FrameSplitter, Resampler
+from .chunker import SentenceChunker, speakable
+from .speaker import Playback, PlaybackResult, Speaker
+from .stt import Transcriber, TranscriberSettings, Transcript
+from .tts import Synthesizer, SynthesizerSettings
+from .vad import SpeechEnded, SpeechStarted, VadEvent, VadSegmenter, VadSettings
+
+__all__ = [
+    "FRAME_BYTES",
+    "FRAME_MS",
+    "SAMPLE_RATE",
+    "FrameSplitter",
+    "Playback",
+    "PlaybackResult",
+    "Resampler",
+    "SentenceChunker",
+    "Speaker",
+    "SpeechEnded",
+    "SpeechStarted",
+    "Synthesizer",
+    "SynthesizerSettings",
+    "Transcriber",
+    "TranscriberSettings",
+    "Transcript",
+    "VadEvent",
+    "VadSegmenter",
+    "VadSettings",
+    "speakable",
+]

@@ -1,0 +1,118 @@
+"""PCM conventions and helpers: 16-bit mono little-endian ``pcm``, 20 ms frames, resampling.
+
+The pipeline's inner format is 16 kHz mono PCM16 in 20 ms frames (640 bytes). Transports convert
+at their edges with :class:`Resampler` (FFmpeg's swresample through PyAV, not naive decimation).
+"""
+
+from __future__ import annotations
+
+import av
+import numpy as np
+from numpy.typing import NDArray
+
+__all__ = [
+    "FRAME_BYTES",
+    "FRAME_MS",
+    "SAMPLE_RATE",
+    "FrameSplitter",
+    "Resampler",
+    "duration_ms",
+    "frame_bytes",
+    "pcm_rms_dbfs",
+    "pcm_to_float32",
+    "silence",
+]
+
+SAMPLE_RATE = 16_000
+FRAME_MS = 20
+
+
+def frame_bytes(sample_rate: int, frame_ms: int = FRAME_MS, channels: int = 1) -> int:
+    """Bytes in one frame of PCM16 at ``sample_rate``."""
+    return sample_rate * frame_ms // 1000 * 2 * channels
+
+
+FRAME_BYTES = frame_bytes(SAMPLE_RATE)
+
+
+def duration_ms(pcm: bytes, sample_rate: int = SAMPLE_RATE) -> float:
+    return len(pcm) / 2 / sample_rate * 1000
+
+
+def silence(ms: float, sample_rate: int = SAMPLE_RATE) -> bytes:
+    return bytes(int(sample_rate * ms / 1000) * 2)
+
+
+def pcm_to_float32(pcm: bytes) -> NDArray[np.float32]:
+    """PCM16 -> float32 in [-1, 1), the form Whisper takes."""
+    return np.frombuffer(pcm, dtype=np.int16).astype(np.float32) / 32768.0
+
+
+def pcm_rms_dbfs(pcm: bytes) -> float:
+    """Loudness of PCM16 in dB relative to full scale (-inf for digital silence)."""
+    samples = np.frombuffer(pcm, dtype=np.int16).astype(np.float64)
+    if samples.size == 0:
+        return float("-inf")
+    rms = float(np.sqrt(np.mean(samples * samples)))
+    return 20 * np.log10(rms / 32768.0) if rms > 0 else float("-inf")
+
+
+class Resampler:
+    """Streaming sample-rate and channel conversion to mono PCM16 at ``out_rate``.
+
+    Feed any amount of interleaved PCM16 with :meth:`resample`; output lags input by the filter's
+    delay (a few ms), which :meth:`flush` releases at the end of a stream.
+    """
+
+    def __init__(self, in_rate: int, out_rate: int, in_channels: int = 1) -> None:
+        if in_channels not in (1, 2):
+            raise ValueError("only mono or stereo input is supported")
+        self.in_rate = in_rate
+        self.out_rate = out_rate
+        self.in_channels = in_channels
+        self._layout = "mono" if in_channels == 1 else "stereo"
+        self._passthrough = in_rate == out_rate and in_channels == 1
+        self._resampler = av.AudioResampler(format="s16", layout="mono", rate=out_rate)
+        self._pts = 0
+
+    def resample(self, pcm: bytes) -> bytes:
+        if self._passthrough or not pcm:
+            return pcm
+        samples = np.frombuffer(pcm, dtype=np.int16).reshape(1, -1)
+        frame = av.AudioFrame.from_ndarray(samples, format="s16", layout=self._layout)
+        frame.sample_rate = self.in_rate
+        frame.pts = self._pts
+        self._pts += samples.shape[1] // self.in_channels
+        return b"".join(
+            bytes(out.planes[0])[: out.samples * 2] for out in self._resampler.resample(frame)
+        )
+
+    def flush(self) -> bytes:
+        if self._passthrough:
+            return b""
+        return b"".join(
+            bytes(out.planes[0])[: out.samples * 2] for out in self._resampler.resample(None)
+        )
+
+
+class FrameSplitter:
+    """Cuts a byte stream into fixed-size frames, keeping the remainder for the next call."""
+
+    def __init__(self, size: int = FRAME_BYTES) -> None:
+        self.size = size
+        self._buffer = bytearray()
+
+    def push(self, pcm: bytes) -> list[bytes]:
+        self._buffer.extend(pcm)
+        count = len(self._buffer) // self.size
+        frames = [bytes(self._buffer[i * self.size : (i + 1) * self.size]) for i in range(count)]
+        del self._buffer[: count * self.size]
+        return frames
+
+    def flush(self, pad: bool = True) -> bytes | None:
+        """The remainder as a last frame (zero-padded when ``pad``), or None if empty."""
+        if not self._buffer:
+            return None
+        rest = bytes(self._buffer)
+        self._buffer.clear()
+        return rest.ljust(self.size, b"\0") if pad else rest

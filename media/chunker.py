@@ -1,0 +1,145 @@
+"""Sentence chunking of a streamed LLM answer into speakable pieces for TTS.
+
+A chunk closes at ``.``, ``!`` or ``?`` (with any closing quotes or brackets) followed by
+whitespace, or at a newline; never inside abbreviations (Mr., e.g., etc.), initials, decimals
+(3.14), times (7:30), URLs or e-mail addresses. Markdown and symbols a voice cannot say are
+stripped. The first chunk of an answer may be released early at a clause boundary (a comma,
+semicolon, colon or dash) once it is long, so the first audio starts sooner.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+__all__ = ["SentenceChunker", "speakable"]
+
+_ABBREVIATIONS_TEXT = """mr mrs ms mx dr prof sr jr st mt ft vs etc e.g i.e cf approx no nos vol
+fig inc ltd co corp dept est jan feb mar apr jun jul aug sep sept oct nov dec mon tue wed thu fri
+sat sun a.m p.m u.s u.k ph.d b.sc m.sc min max avg tel ext"""
+ABBREVIATIONS = frozenset(_ABBREVIATIONS_TEXT.split())
+_TERMINATORS = ".!?…"
+_CLOSERS = "\"')]}”’»*_"
+_CLAUSE = re.compile(r"[,;:](?=\s)|\s[–—-]\s")
+
+
+class SentenceChunker:
+    """Text deltas in (:meth:`push`), speakable chunks out as soon as each closes.
+
+    ``first_clause_min_chars``: the first chunk is released at a clause boundary once it has at
+    least this many characters (0 disables). ``max_chars``: a chunk without any boundary is cut
+    at a space beyond this length, so a run-on answer still streams.
+    """
+
+    def __init__(self, first_clause_min_chars: int = 60, max_chars: int = 300) -> None:
+        self.first_clause_min_chars = first_clause_min_chars
+        self.max_chars = max_chars
+        self._buffer = ""
+        self._scanned = 0
+        self._released = 0
+
+    def push(self, delta: str) -> list[str]:
+        self._buffer += delta
+        chunks: list[str] = []
+        while (cut := self._next_cut()) is not None:
+            piece, self._buffer = self._buffer[:cut], self._buffer[cut:]
+            self._scanned = 0
+            text = speakable(piece)
+            if text:
+                chunks.append(text)
+                self._released += 1
+        return chunks
+
+    def flush(self) -> list[str]:
+        """The remainder, at the end of the answer."""
+        text = speakable(self._buffer)
+        self.reset()
+        return [text] if text else []
+
+    def reset(self) -> None:
+        """Forget buffered text (a retracted answer) and start a new answer."""
+        self._buffer = ""
+        self._scanned = 0
+        self._released = 0
+
+    def _next_cut(self) -> int | None:
+        buffer = self._buffer
+        i = self._scanned
+        while i < len(buffer):
+            char = buffer[i]
+            if char == "\n":
+                return i + 1
+            if char in _TERMINATORS:
+                end = i + 1
+                while end < len(buffer) and buffer[end] in _CLOSERS + _TERMINATORS:
+                    end += 1
+                if end >= len(buffer):
+                    break  # need the next character to decide
+                if buffer[end].isspace() and not _is_abbreviation(buffer, i):
+                    return end
+            i += 1
+        self._scanned = max(0, min(i, len(buffer) - 1))
+        if self._released == 0 and self.first_clause_min_chars:
+            early = self._clause_cut(self.first_clause_min_chars)
+            if early is not None:
+                return early
+        if len(buffer) > self.max_chars:
+            return self._clause_cut(self.max_chars // 2) or _last_space(buffer, self.max_chars)
+        return None
+
+    def _clause_cut(self, min_chars: int) -> int | None:
+        if len(self._buffer) < min_chars:
+            return None
+        for match in _CLAUSE.finditer(self._buffer, min_chars - 1):
+            return match.end()
+        return None
+
+
+def _is_abbreviation(buffer: str, dot: int) -> bool:
+    if buffer[dot] != ".":
+        return False
+    start = dot
+    while start > 0 and not buffer[start - 1].isspace() and buffer[start - 1] not in "(\"'":
+        start -= 1
+    word = buffer[start:dot].lower().lstrip("*_")
+    if not word:
+        return False
+    if word in ABBREVIATIONS or (len(word) == 1 and word.isalpha()):
+        return True
+    # "1." starting a line is a list marker, not the end of a sentence
+    line_start = start == 0 or buffer[start - 1] == "\n"
+    return word.isdigit() and line_start
+
+
+def _last_space(buffer: str, limit: int) -> int | None:
+    cut = buffer.rfind(" ", 0, limit)
+    return cut + 1 if cut > 0 else limit
+
+
+_FENCE = re.compile(r"```[\w+-]*")
+_LINK = re.compile(r"\[([^\]]*)\]\([^)]*\)")
+_HEADING = re.compile(r"^\s{0,3}#{1,6}\s*", re.MULTILINE)
+_LIST_MARKER = re.compile(r"^\s*(?:[-*+•]|\d{1,3}[.)])\s+", re.MULTILINE)
+_EMPHASIS = re.compile(r"(\*{1,3}|_{2,3}|~~|`)")
+_LONE_UNDERSCORE = re.compile(r"(?<!\w)_|_(?!\w)")
+_SPACES = re.compile(r"\s+")
+
+
+def speakable(text: str) -> str:
+    """``text`` without markdown syntax and symbols a voice cannot say; whitespace collapsed."""
+    text = _FENCE.sub(" ", text)
+    text = _LINK.sub(r"\1", text)
+    text = _HEADING.sub("", text)
+    text = _LIST_MARKER.sub("", text)
+    text = _EMPHASIS.sub("", text)
+    text = _LONE_UNDERSCORE.sub("", text)
+    text = "".join(char for char in text if _sayable(char))
+    text = _SPACES.sub(" ", text).strip()
+    return text if any(char.isalnum() for char in text) else ""
+
+
+def _sayable(char: str) -> bool:
+    category = unicodedata.category(char)
+    if category.startswith("C"):  # control, format, surrogate, private use, unassigned
+        return char in "\n\t"
+    return not (category in ("So", "Sk") or char in "|<>{}[]\\^")

@@ -1,0 +1,144 @@
+"""The outbound audio queue of one call, pulled by its transport one frame at a time.
+
+``push()`` queues PCM (resampled to the speaker's rate) and returns a :class:`Playback` handle that
+resolves when its last frame has left, or when ``clear()`` drops it (then it says how much was
+played). Transports call ``pull()`` on their own 20 ms clock and get silence when nothing is queued.
+All methods run on the event loop thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .audio import FRAME_MS, Resampler, frame_bytes
+
+__all__ = ["Playback", "PlaybackResult", "Speaker"]
+
+
+@dataclass(frozen=True)
+class PlaybackResult:
+    completed: bool
+    """False when ``clear()`` cut it short (or dropped it before it started)."""
+    played_ms: float
+    total_ms: float
+
+
+class Playback:
+    """One pushed piece of audio on its way out."""
+
+    def __init__(self, pcm: bytes, sample_rate: int, clock: Callable[[], float]) -> None:
+        self.pcm = pcm
+        self.sample_rate = sample_rate
+        self.sent_bytes = 0
+        self.started_at: float | None = None
+        """Clock time the first frame carrying this audio left (None until then)."""
+        self._clock = clock
+        loop = asyncio.get_running_loop()
+        self._started: asyncio.Future[float | None] = loop.create_future()
+        self._done: asyncio.Future[PlaybackResult] = loop.create_future()
+
+    @property
+    def total_ms(self) -> float:
+        return len(self.pcm) / 2 / self.sample_rate * 1000
+
+    @property
+    def played_ms(self) -> float:
+        return self.sent_bytes / 2 / self.sample_rate * 1000
+
+    @property
+    def done(self) -> bool:
+        return self._done.done()
+
+    async def started(self) -> float | None:
+        """Wait until the first frame left; its clock time, or None if cleared before that."""
+        return await asyncio.shield(self._started)
+
+    async def finished(self) -> PlaybackResult:
+        return await asyncio.shield(self._done)
+
+    def add_done_callback(self, callback: Callable[[PlaybackResult], None]) -> None:
+        self._done.add_done_callback(lambda future: callback(future.result()))
+
+    def _mark_started(self) -> None:
+        if self.started_at is None:
+            self.started_at = self._clock()
+            self._started.set_result(self.started_at)
+
+    def _finish(self, completed: bool) -> None:
+        if not self._started.done():
+            self._started.set_result(None)
+        if not self._done.done():
+            self._done.set_result(PlaybackResult(completed, self.played_ms, self.total_ms))
+
+
+class Speaker:
+    """Frames of ``frame_ms`` PCM16 mono at ``sample_rate`` for a transport to send."""
+
+    def __init__(
+        self,
+        sample_rate: int,
+        frame_ms: int = FRAME_MS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.sample_rate = sample_rate
+        self.frame_ms = frame_ms
+        self.frame_bytes = frame_bytes(sample_rate, frame_ms)
+        self.clock = clock
+        self._queue: deque[Playback] = deque()
+        self._resamplers: dict[int, Resampler] = {}
+        self._silence = bytes(self.frame_bytes)
+        self.frames_out = 0
+        self.on_clear: list[Callable[[], None]] = []
+        """Transport hooks run by ``clear()``, e.g. a media WebSocket's ``clear`` message."""
+
+    @property
+    def busy(self) -> bool:
+        """Whether audio is queued or playing."""
+        return bool(self._queue)
+
+    def push(self, pcm: bytes, sample_rate: int) -> Playback:
+        """Queue PCM16 mono at ``sample_rate``; returns its handle."""
+        if sample_rate != self.sample_rate:
+            resampler = self._resamplers.get(sample_rate)
+            if resampler is None:
+                resampler = self._resamplers[sample_rate] = Resampler(sample_rate, self.sample_rate)
+            pcm = resampler.resample(pcm)
+        playback = Playback(pcm, self.sample_rate, self.clock)
+        if pcm:
+            self._queue.append(playback)
+        else:
+            playback._finish(completed=True)
+        return playback
+
+    def pull(self) -> bytes:
+        """The next frame: queued audio, padded with silence at the end, or silence."""
+        if not self._queue:
+            return self._silence
+        frame = bytearray()
+        while self._queue and len(frame) < self.frame_bytes:
+            head = self._queue[0]
+            head._mark_started()
+            take = min(self.frame_bytes - len(frame), len(head.pcm) - head.sent_bytes)
+            frame += head.pcm[head.sent_bytes : head.sent_bytes + take]
+            head.sent_bytes += take
+            if head.sent_bytes >= len(head.pcm):
+                self._queue.popleft()
+                head._finish(completed=True)
+        self.frames_out += 1
+        return bytes(frame.ljust(self.frame_bytes, b"\0"))
+
+    def clear(self) -> list[PlaybackResult]:
+        """Drop everything queued at once; every pending handle resolves as not completed with
+        how much of it was played. Returns those results in queue order."""
+        dropped = list(self._queue)
+        self._queue.clear()
+        self._resamplers.clear()  # their filter tails belong to the dropped audio
+        for playback in dropped:
+            playback._finish(completed=False)
+        for hook in self.on_clear:
+            hook()
+        return [PlaybackResult(False, p.played_ms, p.total_ms) for p in dropped]

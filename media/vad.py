@@ -1,0 +1,155 @@
+"""Speech segmentation of 20 ms frames with webrtcvad: ``SpeechStarted`` and ``SpeechEnded``.
+
+Speech starts after ``start_ms`` of consecutive voiced frames and ends after ``end_silence_ms`` of
+unvoiced ones (or is cut at ``max_utterance_ms``). A pre-roll ring buffer keeps the frames before
+the start so the onset reaches Whisper. Frames quieter than ``min_dbfs`` count as unvoiced, which
+keeps line noise and faint echo from starting an utterance.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import webrtcvad
+
+from .audio import FRAME_BYTES, FRAME_MS, SAMPLE_RATE, pcm_rms_dbfs
+
+__all__ = ["SpeechEnded", "SpeechStarted", "VadEvent", "VadSegmenter", "VadSettings"]
+
+
+@dataclass(frozen=True)
+class VadSettings:
+    aggressiveness: int = 2
+    """webrtcvad mode, 0 (least) to 3 (most aggressive at calling audio non-speech)."""
+    start_ms: int = 60
+    end_silence_ms: int = 400
+    pre_roll_ms: int = 300
+    max_utterance_ms: int = 20_000
+    min_dbfs: float = -50.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.aggressiveness <= 3:
+            raise ValueError("VAD aggressiveness must be 0..3")
+        for name in ("start_ms", "end_silence_ms", "max_utterance_ms"):
+            if getattr(self, name) < FRAME_MS:
+                raise ValueError(f"{name} must be at least {FRAME_MS}")
+
+
+@dataclass(frozen=True)
+class SpeechStarted:
+    """Caller speech began. ``at``: monotonic time the first voiced frame arrived."""
+
+    at: float
+    detected_at: float
+
+
+@dataclass(frozen=True)
+class SpeechEnded:
+    """An utterance ended; ``audio`` is 16 kHz PCM16 including the pre-roll.
+
+    ``last_voiced_at``: arrival of the last voiced frame (the caller stopped talking);
+    ``detected_at``: when the end was decided (``end_silence_ms`` later, or at a forced cut).
+    """
+
+    audio: bytes = field(repr=False)
+    started_at: float
+    last_voiced_at: float
+    detected_at: float
+    forced: bool = False
+
+    @property
+    def duration_ms(self) -> float:
+        return len(self.audio) / 2 / SAMPLE_RATE * 1000
+
+
+VadEvent = SpeechStarted | SpeechEnded
+
+
+class VadSegmenter:
+    """Feed 20 ms frames of 16 kHz PCM16 in order; get speech events back. Not thread-safe."""
+
+    def __init__(
+        self, settings: VadSettings | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.settings = settings or VadSettings()
+        self.clock = clock
+        self._vad = webrtcvad.Vad(self.settings.aggressiveness)
+        self._pre_roll: deque[bytes] = deque(maxlen=max(1, self.settings.pre_roll_ms // FRAME_MS))
+        self._start_frames = self.settings.start_ms // FRAME_MS
+        self._end_frames = self.settings.end_silence_ms // FRAME_MS
+        self._max_frames = self.settings.max_utterance_ms // FRAME_MS
+        self._voiced_run = 0
+        self._run_started_at = 0.0
+        self._utterance: list[bytes] | None = None
+        self._silent_run = 0
+        self._started_at = 0.0
+        self._last_voiced_at = 0.0
+
+    @property
+    def speaking(self) -> bool:
+        return self._utterance is not None
+
+    def is_voiced(self, frame: bytes) -> bool:
+        return pcm_rms_dbfs(frame) >= self.settings.min_dbfs and self._vad.is_speech(
+            frame, SAMPLE_RATE
+        )
+
+    def push(self, frame: bytes, at: float | None = None) -> list[VadEvent]:
+        """Process one frame that arrived at ``at`` (default: now)."""
+        if len(frame) != FRAME_BYTES:
+            raise ValueError(f"expected {FRAME_BYTES}-byte frames (20 ms, 16 kHz PCM16)")
+        at = self.clock() if at is None else at
+        voiced = self.is_voiced(frame)
+        if self._utterance is None:
+            return self._idle(frame, voiced, at)
+        return self._in_speech(frame, voiced, at)
+
+    def reset(self) -> None:
+        """Forget any utterance in progress."""
+        self._pre_roll.clear()
+        self._utterance = None
+        self._voiced_run = 0
+        self._silent_run = 0
+
+    def _idle(self, frame: bytes, voiced: bool, at: float) -> list[VadEvent]:
+        self._pre_roll.append(frame)
+        if not voiced:
+            self._voiced_run = 0
+            return []
+        if self._voiced_run == 0:
+            self._run_started_at = at
+        self._voiced_run += 1
+        if self._voiced_run < self._start_frames:
+            return []
+        self._utterance = list(self._pre_roll)
+        self._pre_roll.clear()
+        self._silent_run = 0
+        self._started_at = self._run_started_at
+        self._last_voiced_at = at
+        return [SpeechStarted(at=self._started_at, detected_at=at)]
+
+    def _in_speech(self, frame: bytes, voiced: bool, at: float) -> list[VadEvent]:
+        assert self._utterance is not None
+        self._utterance.append(frame)
+        if voiced:
+            self._silent_run = 0
+            self._last_voiced_at = at
+        else:
+            self._silent_run += 1
+        forced = len(self._utterance) >= self._max_frames
+        if self._silent_run < self._end_frames and not forced:
+            return []
+        ended = SpeechEnded(
+            audio=b"".join(self._utterance),
+            started_at=self._started_at,
+            last_voiced_at=self._last_voiced_at,
+            detected_at=at,
+            forced=forced and self._silent_run < self._end_frames,
+        )
+        self._utterance = None
+        self._voiced_run = 0
+        self._silent_run = 0
+        return [ended]
