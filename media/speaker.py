@@ -60,6 +60,10 @@ class Playback:
     async def finished(self) -> PlaybackResult:
         return await asyncio.shield(self._done)
 
+    def add_start_callback(self, callback: Callable[[float | None], None]) -> None:
+        """Call ``callback(started_at)`` when the first frame leaves (None: cleared before)."""
+        self._started.add_done_callback(lambda future: callback(future.result()))
+
     def add_done_callback(self, callback: Callable[[PlaybackResult], None]) -> None:
         self._done.add_done_callback(lambda future: callback(future.result()))
 

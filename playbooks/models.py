@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 from pydantic.alias_generators import to_camel
 
 __all__ = [
@@ -62,7 +62,16 @@ class NamedToolChoice(_Model):
     tool_name: str
 
 
-ToolChoice = Literal["auto", "none", "required"] | NamedToolChoice
+def _tool_choice_kind(value: Any) -> str:
+    return "mode" if isinstance(value, str) else "tool"
+
+
+# Discriminated, so an error names the member that applies, not both.
+ToolChoice = Annotated[
+    Annotated[Literal["auto", "none", "required"], Tag("mode")]
+    | Annotated[NamedToolChoice, Tag("tool")],
+    Discriminator(_tool_choice_kind),
+]
 
 
 class KeywordCondition(_Model):
@@ -157,6 +166,8 @@ class Stage(_Model):
     tools: list[str] = Field(default_factory=list)
     llm_config: LLMConfig = Field(default_factory=LLMConfig)
     two_phase_execution: bool = True
+    interruptible: bool = True
+    """Whether the caller's speech cuts the agent off (barge-in) in this stage."""
     tool_choice: ToolChoice = "auto"
     max_turns: int | None = Field(default=None, gt=0)
     timeout_ms: int | None = Field(default=None, gt=0)

@@ -1,0 +1,238 @@
+"""One call: caller frames -> VAD -> turns, the speaker, and barge-in.
+
+A session owns its listen loop (fed by the transport), at most one turn task, and the speaker the
+transport pulls from. Caller speech lasting ``barge_in_min_ms`` while the agent thinks or speaks
+interrupts it: the speaker is cleared first (that silence is what the caller notices), then the turn
+task is cancelled and awaited. The caller's utterance then becomes the next turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterable, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from media import FRAME_BYTES, SpeechEnded, SpeechStarted, VadSegmenter, VadSettings
+
+from .voice import VoicePlaybookOrchestrator
+
+__all__ = ["Session", "SessionSettings", "SessionState"]
+
+log = logging.getLogger(__name__)
+
+SessionState = Literal["listening", "thinking", "speaking", "closed"]
+
+
+@dataclass(frozen=True)
+class SessionSettings:
+    vad: VadSettings = field(default_factory=VadSettings)
+    barge_in_min_ms: int = 200
+    """Caller speech must last this long while the agent is busy to interrupt it."""
+    greet: bool = True
+
+
+class Session:
+    """Drives one call. Feed caller frames with :meth:`run` (or :meth:`feed`); the transport pulls
+    agent audio from ``voice.speaker``."""
+
+    def __init__(
+        self,
+        session_id: str,
+        voice: VoicePlaybookOrchestrator,
+        settings: SessionSettings | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.id = session_id
+        self.voice = voice
+        self.settings = settings or SessionSettings()
+        self.clock = clock
+        self.vad = VadSegmenter(self.settings.vad, clock)
+        self._turn: asyncio.Task[None] | None = None
+        self._turn_audio = b""
+        """The caller audio the running turn answers (empty for the greeting or typed text)."""
+        self._pending: SpeechEnded | None = None
+        self._carry: bytes = b""
+        self._speech_started_at: float | None = None
+        self._interrupted_this_utterance = False
+        self._closed = False
+        self._state: SessionState = "listening"
+        self.turns = 0
+        self.barge_ins = 0
+
+    # -- state ---------------------------------------------------------------------------------
+
+    @property
+    def state(self) -> SessionState:
+        return self._state
+
+    @property
+    def busy(self) -> bool:
+        """Whether a turn (or the greeting) is running."""
+        return self._turn is not None and not self._turn.done()
+
+    def _set_state(self, state: SessionState) -> None:
+        if state != self._state:
+            self._state = state
+            self.voice.emit("state", state=state)
+
+    # -- input ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Begin the call: speak the greeting (if the stage has one and greeting is on)."""
+        if self.settings.greet:
+            self._start_turn(self.voice.greet(), name="greeting")
+
+    async def run(self, frames: AsyncIterable[bytes]) -> None:
+        """Start, then feed every caller frame (20 ms, 16 kHz PCM16) until the iterable ends."""
+        self.start()
+        try:
+            async for frame in frames:
+                self.feed(frame)
+        finally:
+            await self.close()
+
+    def feed(self, frame: bytes, at: float | None = None) -> None:
+        """Process one caller frame that arrived at ``at`` (default: now)."""
+        if self._closed:
+            return
+        if len(frame) != FRAME_BYTES:
+            raise ValueError(f"caller frames must be {FRAME_BYTES} bytes (20 ms at 16 kHz)")
+        at = self.clock() if at is None else at
+        for event in self.vad.push(frame, at):
+            if isinstance(event, SpeechStarted):
+                self._on_speech_started(event)
+            else:
+                self._on_speech_ended(event)
+        self._check_barge_in(at)
+        self._refresh_state()
+
+    def submit_text(self, text: str) -> None:
+        """A typed user turn, answered in voice like a spoken one (interrupts a busy agent)."""
+        if self.busy:
+            self.interrupt()
+        self._start_turn(self.voice.answer_text(text), name="turn")
+
+    def _on_speech_started(self, event: SpeechStarted) -> None:
+        self._speech_started_at = event.at
+        self._interrupted_this_utterance = False
+        self.voice.emit("speech_start", at_ms=round(event.at * 1000, 1))
+
+    def _on_speech_ended(self, event: SpeechEnded) -> None:
+        self._speech_started_at = None
+        self.voice.emit(
+            "speech_end",
+            duration_ms=round(event.duration_ms),
+            forced=event.forced,
+            last_voiced_ms=round(event.last_voiced_at * 1000, 1),
+        )
+        if self._carry:
+            event = _prepend_audio(self._carry, event)
+            self._carry = b""
+        if not self.busy:
+            self._answer(event)
+        elif self._interrupted_this_utterance:
+            self._answer(event)  # interrupt() is already cancelling the old turn
+        elif not self.voice.interruptible:
+            self._pending = event  # heard after the agent finishes
+        # else: too short to interrupt the agent: a cough or a backchannel, not a turn
+
+    def _check_barge_in(self, at: float) -> None:
+        if (
+            self._speech_started_at is None
+            or self._interrupted_this_utterance
+            or not self.busy
+            or not self.voice.interruptible
+        ):
+            return
+        if (at - self._speech_started_at) * 1000 >= self.settings.barge_in_min_ms:
+            self._interrupted_this_utterance = True
+            self.interrupt()
+
+    # -- turns ---------------------------------------------------------------------------------
+
+    def interrupt(self) -> asyncio.Task[None] | None:
+        """Stop the agent now: clear the speaker, cancel the turn. Returns the cancelled task
+        (await it to know the history is settled), or None if nothing was running."""
+        if not self.busy:
+            return None
+        assert self._turn is not None
+        cleared = self.voice.speaker.clear()
+        task = self._turn
+        if self._turn_audio and not self.voice.turn_started:
+            self._carry = self._turn_audio  # cut during STT: its words join the next utterance
+        task.cancel()
+        self.barge_ins += 1
+        self.voice.emit(
+            "interrupted",
+            heard=self.voice.heard,
+            cut_ms=round(sum(r.played_ms for r in cleared)),
+        )
+        self._set_state("listening")
+        return task
+
+    def _answer(self, utterance: SpeechEnded) -> None:
+        self._start_turn(self.voice.answer_utterance(utterance), name="turn", audio=utterance.audio)
+
+    def _start_turn(self, work: Coroutine[Any, Any, None], name: str, audio: bytes = b"") -> None:
+        previous = self._turn
+        self._turn_audio = audio
+        self.turns += name == "turn"
+        self._turn = asyncio.create_task(
+            self._run_turn(work, previous), name=f"{name}:{self.id}:{self.turns}"
+        )
+
+    async def _run_turn(
+        self, work: Coroutine[Any, Any, None], previous: asyncio.Task[None] | None
+    ) -> None:
+        if previous is not None and not previous.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await previous  # one turn at a time: let the cancelled one settle its history
+        self._set_state("thinking")
+        try:
+            await work
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("turn failed in session %s", self.id)
+            self.voice.emit("error", source="turn", message=f"{type(exc).__name__}: {exc}")
+        finally:
+            if asyncio.current_task() is self._turn:
+                self._set_state("listening")
+                self._start_pending()
+
+    def _start_pending(self) -> None:
+        if self._pending is not None and not self._closed:
+            pending, self._pending = self._pending, None
+            self._answer(pending)
+
+    def _refresh_state(self) -> None:
+        if self.busy:
+            self._set_state("speaking" if self.voice.speaker.busy else "thinking")
+
+    async def close(self) -> None:
+        """End the call: cancel any turn and wait for it. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._pending = None
+        if self._turn is not None and not self._turn.done():
+            self.voice.speaker.clear()
+            self._turn.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._turn
+        self._set_state("closed")
+
+
+def _prepend_audio(audio: bytes, event: SpeechEnded) -> SpeechEnded:
+    return SpeechEnded(
+        audio=audio + event.audio,
+        started_at=event.started_at,
+        last_voiced_at=event.last_voiced_at,
+        detected_at=event.detected_at,
+        forced=event.forced,
+    )

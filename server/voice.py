@@ -1,0 +1,245 @@
+"""One spoken turn: transcript -> PlaybookOrchestrator -> sentence chunks -> Piper -> speaker.
+
+Phase 1 never reaches the speaker. The first sentence is synthesized while the LLM still streams
+the rest, and sentence n+1 is synthesized while n plays. The turn returns when its audio has left
+the speaker. Cancelling it (barge-in) abandons the LLM stream and TTS; the orchestrator then keeps
+only the sentences that finished playing, marked interrupted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from media import SentenceChunker, Speaker, SpeechEnded, Synthesizer, Transcriber
+from media.speaker import Playback, PlaybackResult
+from playbooks import OrchestratorEvent, PlaybookOrchestrator, Retraction, Turn
+
+from .events import VoiceEvent, VoiceEventHandler, VoiceEventType
+from .metrics import TurnTimeline
+
+__all__ = ["VoicePlaybookOrchestrator"]
+
+log = logging.getLogger(__name__)
+
+
+class VoicePlaybookOrchestrator:
+    """Speaks a playbook conversation for one call. One turn at a time (the session ensures it)."""
+
+    def __init__(
+        self,
+        orchestrator: PlaybookOrchestrator,
+        transcriber: Transcriber,
+        synthesizer: Synthesizer,
+        speaker: Speaker,
+        emit: VoiceEventHandler,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.orchestrator = orchestrator
+        self.transcriber = transcriber
+        self.synthesizer = synthesizer
+        self.speaker = speaker
+        self._emit_event = emit
+        self.clock = clock
+        self.heard = ""
+        """What the caller has heard of the current answer (whole sentences)."""
+        self.turn_started = False
+        """Whether the current turn has reached the LLM (so history holds its user message)."""
+        orchestrator.on(self._forward)
+
+    @property
+    def interruptible(self) -> bool:
+        return self.orchestrator.engine.stage.interruptible
+
+    def emit(self, type: VoiceEventType, **data: Any) -> None:
+        self._emit_event(VoiceEvent(type, data, self.clock()))
+
+    async def greet(self) -> None:
+        """Speak the current stage's greeting, if it has one."""
+        greeting = self.orchestrator.greet()
+        if greeting:
+            self.heard = ""
+            await self._speak(_once(greeting), None, TurnTimeline())
+
+    async def answer_utterance(self, utterance: SpeechEnded) -> None:
+        """Transcribe the caller's utterance and answer it; noise makes no LLM call."""
+        timeline = TurnTimeline(
+            last_voiced_at=utterance.last_voiced_at, end_detected_at=utterance.detected_at
+        )
+        self.turn_started = False
+        try:
+            transcript = await self.transcriber.transcribe(utterance.audio)
+        except Exception as exc:
+            log.exception("transcription failed")
+            self.emit("error", source="stt", message=f"{type(exc).__name__}: {exc}")
+            await self._say_fallback()
+            return
+        timeline.stt_done_at = self.clock()
+        self.emit(
+            "transcript",
+            text=transcript.text,
+            dropped=transcript.dropped,
+            audio_ms=round(transcript.audio_ms),
+            stt_ms=round(transcript.compute_ms),
+        )
+        if not transcript.text:
+            return
+        await self.answer_text(transcript.text, timeline)
+
+    async def answer_text(self, text: str, timeline: TurnTimeline | None = None) -> None:
+        """Answer a user message (spoken and transcribed, or typed) in voice."""
+        timeline = timeline or TurnTimeline(stt_done_at=self.clock())
+        self.heard = ""
+        self.turn_started = True
+        async with self.orchestrator.turn(text) as turn:
+            await self._speak(aiter(turn), turn, timeline)
+
+    async def _say_fallback(self) -> None:
+        line = self.orchestrator.options.fallback_answer
+        await self._speak(_once(line), None, TurnTimeline())
+
+    async def _speak(
+        self,
+        deltas: AsyncIterator[str | Retraction],
+        turn: Turn | None,
+        timeline: TurnTimeline,
+    ) -> None:
+        """Chunk, synthesize and play ``deltas``; return once the audio has left the speaker."""
+        speech = _Speech(self, turn, timeline)
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(speech.chunk(deltas))
+                tasks.create_task(speech.synthesize())
+            for playback in speech.playbacks:
+                await playback.finished()
+        finally:
+            if speech.started:
+                self.emit("tts_end", heard=self.heard)
+        if turn is not None and timeline.first_frame_at is None:
+            self._emit_metrics(timeline)
+
+    def _sentence_finished(self, sentence: str, turn: Turn | None) -> None:
+        part = f" {sentence}" if self.heard else sentence
+        self.heard += part
+        if turn is not None:
+            turn.mark_delivered(part)
+
+    def _emit_metrics(self, timeline: TurnTimeline) -> None:
+        self.emit("turn_metrics", **timeline.metrics_ms())
+
+    def _forward(self, event: OrchestratorEvent) -> None:
+        """Orchestrator events clients care about, renamed to the voice vocabulary."""
+        data = event.data
+        match event.type:
+            case "tool_call_start":
+                self.emit("tool_call_start", name=data["call"]["name"], id=data["call"]["id"])
+            case "tool_call_complete":
+                self.emit(
+                    "tool_call_end",
+                    name=data["call"]["name"],
+                    id=data["call"]["id"],
+                    error=data["error"],
+                    duration_ms=data["duration_ms"],
+                )
+            case "stage_entered":
+                self.emit("stage_change", stage=data["stage"]["id"], name=data["stage"]["name"])
+            case "error":
+                self.emit("error", source=data.get("source", "llm"), message=data["message"])
+            case _:
+                pass
+
+
+class _Speech:
+    """The text-to-audio pipeline of one answer: a chunking task feeding a synthesis task."""
+
+    def __init__(
+        self, voice: VoicePlaybookOrchestrator, turn: Turn | None, timeline: TurnTimeline
+    ) -> None:
+        self.voice = voice
+        self.turn = turn
+        self.timeline = timeline
+        self.sentences: asyncio.Queue[tuple[int, str] | None] = asyncio.Queue()
+        self.playbacks: list[Playback] = []
+        self.generation = 0
+        """Bumped by a retraction: text and audio of older generations are void."""
+        self.started = False
+
+    async def chunk(self, deltas: AsyncIterator[str | Retraction]) -> None:
+        chunker = SentenceChunker()
+        timeline = self.timeline
+        try:
+            async for delta in deltas:
+                if isinstance(delta, Retraction):
+                    chunker.reset()
+                    self.generation += 1
+                    _drain(self.sentences)
+                    self.voice.speaker.clear()
+                    timeline.first_token_at = timeline.first_sentence_at = None
+                    continue
+                if timeline.first_token_at is None and delta.strip():
+                    timeline.first_token_at = self.voice.clock()
+                for sentence in chunker.push(delta):
+                    self._queue(sentence)
+            for sentence in chunker.flush():
+                self._queue(sentence)
+        finally:
+            self.sentences.put_nowait(None)
+
+    def _queue(self, sentence: str) -> None:
+        if self.timeline.first_sentence_at is None:
+            self.timeline.first_sentence_at = self.voice.clock()
+        self.sentences.put_nowait((self.generation, sentence))
+
+    async def synthesize(self) -> None:
+        voice = self.voice
+        while (item := await self.sentences.get()) is not None:
+            generation, sentence = item
+            if generation != self.generation:
+                continue
+            pieces: list[Playback] = []
+            try:
+                async for pcm in voice.synthesizer.synthesize(sentence):
+                    if generation != self.generation:
+                        break
+                    if self.timeline.first_audio_at is None:
+                        self.timeline.first_audio_at = voice.clock()
+                    pieces.append(voice.speaker.push(pcm, voice.synthesizer.sample_rate))
+            except Exception as exc:
+                log.exception("speech synthesis failed")
+                voice.emit("error", source="tts", message=f"{type(exc).__name__}: {exc}")
+                continue
+            if not pieces:
+                continue
+            self.playbacks.extend(pieces)
+            pieces[0].add_start_callback(functools.partial(self._started, sentence))
+            pieces[-1].add_done_callback(functools.partial(self._finished, sentence))
+
+    def _finished(self, sentence: str, result: PlaybackResult) -> None:
+        if result.completed:
+            self.voice._sentence_finished(sentence, self.turn)
+
+    def _started(self, sentence: str, at: float | None) -> None:
+        if at is None:
+            return  # cleared before it played
+        voice = self.voice
+        if not self.started:
+            self.started = True
+            voice.emit("tts_start")
+            if self.turn is not None and self.timeline.first_frame_at is None:
+                self.timeline.first_frame_at = at
+                voice._emit_metrics(self.timeline)
+        voice.emit("agent_sentence", text=sentence)
+
+
+async def _once(text: str) -> AsyncIterator[str | Retraction]:
+    yield text
+
+
+def _drain(queue: asyncio.Queue[Any]) -> None:
+    while not queue.empty():
+        queue.get_nowait()
