@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .loader import LoadedPlaybook
+from .loader import RESERVED_TOOL, LoadedPlaybook
 from .models import LLMConfig, Stage, Transition
 from .tools import Tool
 
@@ -30,7 +30,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-TRANSITION_TOOL = "playbook_transition"
+TRANSITION_TOOL = RESERVED_TOOL
 
 EvaluationPoint = Literal["before_turn", "after_turn"]
 
@@ -64,6 +64,8 @@ class TurnFacts:
     assistant_text: str = ""
     tools_called: set[str] = field(default_factory=set)
     intent: IntentResult | None = None
+    intent_stage: str | None = None
+    """The stage whose intents ``intent`` was classified against."""
 
 
 @dataclass(frozen=True)
@@ -215,8 +217,10 @@ class PlaybookEngine:
             case "intent":
                 if classify_intent is None:
                     return False
-                if facts.intent is None:
+                if facts.intent is None or facts.intent_stage != self.stage.id:
+                    # once per turn, again only if a transition brought other intents into play
                     facts.intent = await classify_intent(facts.user_text, self._intents())
+                    facts.intent_stage = self.stage.id
                 return (
                     facts.intent.intent.strip().lower() == condition.intent.strip().lower()
                     and facts.intent.confidence >= condition.confidence

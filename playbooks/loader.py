@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 from pydantic import ValidationError
+from pydantic.alias_generators import to_snake
 
 from .models import (
     CustomCondition,
@@ -32,6 +33,8 @@ from .tools import Tool, tool_of
 __all__ = ["LoadedPlaybook", "PlaybookError", "load_playbook", "load_playbooks"]
 
 PLAYBOOK_SUFFIXES = (".yaml", ".yml", ".json")
+RESERVED_TOOL = "playbook_transition"
+"""Offered by the engine itself when an llm_decision transition leaves the stage."""
 
 
 class PlaybookError(ValueError):
@@ -134,7 +137,19 @@ def _parse(text: str, label: str, suffix: str) -> Any:
 def _validation_error(label: str, exc: ValidationError) -> PlaybookError:
     errors = exc.errors()
     first = errors[0]
+    if first["type"] == "missing":
+        # a misspelt key is both missing and unknown: the unknown key names the typo
+        first = next(
+            (
+                e
+                for e in errors
+                if e["type"] == "extra_forbidden" and e["loc"][:-1] == first["loc"][:-1]
+            ),
+            first,
+        )
     loc = list(first["loc"])
+    if first["type"] == "missing" and loc and isinstance(loc[-1], str):
+        loc[-1] = to_snake(loc[-1])  # pydantic names a missing field by its camelCase alias
     if first["type"] == "union_tag_invalid":
         tag = first.get("input", {}).get("type") if isinstance(first.get("input"), dict) else None
         message = f"unknown condition type {tag!r}; expected one of {first['ctx']['expected_tags']}"
@@ -142,13 +157,20 @@ def _validation_error(label: str, exc: ValidationError) -> PlaybookError:
         message = "unknown field"
     else:
         message = first["msg"]
-    more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
+    others = len(errors) - 1
+    more = f" (and {others} more problem{'s' if others > 1 else ''})" if others else ""
     return PlaybookError(label, _format_loc(loc), message + more)
+
+
+# Fields holding a union: pydantic puts the member's tag in the location, after the field name.
+_UNION_FIELDS = frozenset({"condition", "tool_choice", "toolChoice"})
 
 
 def _format_loc(loc: list[int | str]) -> str:
     out = ""
-    for part in loc:
+    for index, part in enumerate(loc):
+        if index and loc[index - 1] in _UNION_FIELDS and isinstance(part, str):
+            continue  # the union member's tag, not a key of the file
         if isinstance(part, int):
             out += f"[{part}]"
         else:
@@ -203,6 +225,8 @@ def _check_references(loaded: LoadedPlaybook, label: str) -> None:
     if spec.initial_stage not in stage_ids:
         fail("initial_stage", f"unknown stage {spec.initial_stage!r}")
 
+    if RESERVED_TOOL in loaded.tools:
+        fail("tools_module", f"the tool name {RESERVED_TOOL!r} is reserved for stage transitions")
     for j, name in enumerate(spec.global_tools):
         if name not in loaded.tools:
             fail(f"global_tools[{j}]", _unknown_tool(name, loaded))

@@ -189,6 +189,7 @@ def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
     args: dict[str, str] = {}
     in_args = False
     current: str | None = None
+    arg_indent: int | None = None  # deeper lines continue the argument above
     for line in lines:
         if _ARGS_HEADER.match(line):
             in_args = True
@@ -197,8 +198,10 @@ def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
             continue
         if line.strip() and not line.startswith((" ", "\t")):
             break  # the next section
+        indent = len(line) - len(line.lstrip())
         match = _ARG_LINE.match(line)
-        if match:
+        if match and (arg_indent is None or indent <= arg_indent):
+            arg_indent = indent
             current = match.group(1).lstrip("*")
             args[current] = match.group(2).strip()
         elif current and line.strip():
@@ -206,11 +209,17 @@ def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
     return " ".join(summary_lines), args
 
 
+_SCHEMA_VALUES = frozenset({"default", "const", "enum", "examples"})
+"""Schema keywords holding data, where a "title" key is the tool author's, not pydantic's."""
+
+
 def _strip_titles(schema: Any) -> None:
     """Drop pydantic's generated titles: noise in the LLM's context."""
     if isinstance(schema, dict):
         schema.pop("title", None)
         for key, value in schema.items():
+            if key in _SCHEMA_VALUES:
+                continue
             if key == "properties" and isinstance(value, dict):
                 for prop in value.values():
                     _strip_titles(prop)

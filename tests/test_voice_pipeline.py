@@ -1,0 +1,327 @@
+"""End-to-end voice turns with real webrtcvad, Whisper and Piper; only the LLM is scripted."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from media import Synthesizer, Transcriber
+from media.audio import silence
+from playbooks import load_playbook
+from playbooks.loader import LoadedPlaybook
+from server.session import SessionSettings
+from tests.calls import (
+    VoiceCall,
+    espeak_speech,
+    loudest,
+    piper_speech,
+    start_call,
+    synthesizer,
+    transcriber,
+    word_error_rate,
+    words,
+)
+from tests.conftest import EXAMPLES
+from tests.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def support() -> LoadedPlaybook:
+    return load_playbook(EXAMPLES / "support.yaml")
+
+
+@pytest.fixture
+async def call_factory(llm: ScriptedLLM, support: LoadedPlaybook) -> AsyncIterator[list[VoiceCall]]:
+    calls: list[VoiceCall] = []
+    yield calls
+    for call in calls:
+        await call.line.stop()
+
+
+def _call(
+    calls: list[VoiceCall], playbook: LoadedPlaybook, base_url: str, **kwargs: object
+) -> VoiceCall:
+    call = start_call(playbook, base_url, **kwargs)  # type: ignore[arg-type]
+    calls.append(call)
+    return call
+
+
+async def _agent_said(call: VoiceCall, since: int = 0) -> str:
+    """What Whisper hears in the agent's audio."""
+    return (await transcriber().transcribe(call.heard_since(since))).text
+
+
+async def test_a_spoken_question_gets_a_spoken_answer_with_turn_metrics(
+    llm: ScriptedLLM, support: LoadedPlaybook, call_factory: list[VoiceCall]
+) -> None:
+    answer = "Your order is on its way. It will arrive on Tuesday."
+    llm.script(
+        [
+            Reply(tool_calls=[ScriptedToolCall("lookup_order", {"order_id": "A1001"})]),
+            Reply(content=answer),
+        ]
+    )
+    call = _call(call_factory, support, llm.base_url)
+    await call.say(piper_speech("Hello, I am calling about my order."), trailing_silence_ms=200)
+    await call.wait_idle()
+
+    transcripts = call.of_type("transcript")
+    assert len(transcripts) == 1
+    assert {"calling", "about", "my", "order"} <= set(words(transcripts[0].data["text"]))
+    # the transcript reached the LLM as the user's message
+    assert llm.requests[0]["messages"][-1]["role"] == "user"
+    assert "order" in llm.requests[0]["messages"][-1]["content"].lower()
+
+    assert word_error_rate(await _agent_said(call), answer) <= 0.2
+    assert [e.data["text"] for e in call.of_type("agent_sentence")] == [
+        "Your order is on its way.",
+        "It will arrive on Tuesday.",
+    ]
+    (metrics,) = call.of_type("turn_metrics")
+    for name in (
+        "end_of_speech_ms",
+        "stt_ms",
+        "llm_first_token_ms",
+        "first_sentence_ms",
+        "tts_first_audio_ms",
+        "first_frame_out_ms",
+        "voice_to_voice_ms",
+    ):
+        assert isinstance(metrics.data[name], float), name
+        assert metrics.data[name] >= 0, name
+    # the VAD's end-of-speech delay is the configured silence (400 ms) within a few frames
+    assert 380 <= metrics.data["end_of_speech_ms"] <= 500
+    parts = sum(v for k, v in metrics.data.items() if k != "voice_to_voice_ms")
+    assert metrics.data["voice_to_voice_ms"] == pytest.approx(parts, abs=1.0)
+    print("turn_metrics:", metrics.to_dict())
+    assert call.orchestrator.conversation.messages[-1] == {"role": "assistant", "content": answer}
+
+
+async def test_a_second_voice_is_understood(
+    llm: ScriptedLLM, support: LoadedPlaybook, call_factory: list[VoiceCall]
+) -> None:
+    llm.script([Reply(content="Of course.")])
+    call = _call(call_factory, support, llm.base_url)
+    await call.say(espeak_speech("I would like to cancel my order please"), 200)
+    await call.wait_idle()
+    (transcript,) = call.of_type("transcript")
+    assert {"cancel", "my", "order"} <= set(words(transcript.data["text"]))
+
+
+async def test_the_first_sentence_plays_while_the_llm_is_still_streaming(
+    llm: ScriptedLLM, support: LoadedPlaybook, call_factory: list[VoiceCall]
+) -> None:
+    long_tail = " ".join(["It will be delivered by our courier on Tuesday morning."] * 3)
+    llm.script([Reply(content=f"Good news. {long_tail}", chunk_delay_s=0.12)])
+    call = _call(call_factory, support, llm.base_url)
+    await call.say(piper_speech("Where is my parcel?"), 200)
+    first_sentence = await call.wait_event("agent_sentence")
+    await call.wait_idle(timeout_s=60)
+    (finished_at,) = [t for t, e in call.llm_events if e.type == "phase2_complete"]
+    assert first_sentence.data["text"] == "Good news."
+    # ~30 tokens at 120 ms: the stream runs for ~3.6 s after the first sentence is ready
+    assert finished_at - first_sentence.t > 2.0
+
+
+async def test_phase1_text_never_reaches_the_speaker(
+    llm: ScriptedLLM, support: LoadedPlaybook, call_factory: list[VoiceCall]
+) -> None:
+    llm.script(
+        [
+            Reply(
+                content="Let me check. One moment please",
+                tool_calls=[ScriptedToolCall("lookup_order", {"order_id": "A1003"})],
+                content_after_tools="Still looking.",
+            ),
+            Reply(content="That order was delivered last Monday."),
+        ]
+    )
+    call = _call(call_factory, support, llm.base_url)
+    await call.say(piper_speech("What happened to order A1003?"), 200)
+    await call.wait_idle()
+    said = await _agent_said(call)
+    assert word_error_rate(said, "That order was delivered last Monday.") <= 0.2
+    assert "check" not in words(said)
+    spoken = [e.data["text"] for e in call.of_type("agent_sentence")]
+    assert spoken == ["That order was delivered last Monday."]
+
+
+async def test_barge_in_silences_the_agent_and_answers_the_new_question(
+    llm: ScriptedLLM, support: LoadedPlaybook, call_factory: list[VoiceCall]
+) -> None:
+    sentences = [
+        "Your order is a blue kettle.",
+        "It left our warehouse on Monday.",
+        "The courier will bring it on Tuesday between nine and five.",
+        "You can track it on our website at any time.",
+        "Is there anything else I can help you with today?",
+    ]
+    llm.script(
+        [
+            Reply(content=" ".join(sentences), chunk_delay_s=0.15),  # still streaming when cut
+            Reply(content="All right, I will stop there."),
+        ]
+    )
+    call = _call(call_factory, support, llm.base_url)
+    speaker_busy_at_interrupt: list[bool] = []
+    call.probes.append(
+        lambda event: (
+            speaker_busy_at_interrupt.append(call.voice.speaker.busy)
+            if event.type == "interrupted"
+            else None
+        )
+    )
+    await call.say(piper_speech("Tell me about my order."), 200)
+    await call.wait_event("agent_sentence", count=2, timeout_s=30)
+    turn_task = call.session._turn
+    assert turn_task is not None
+
+    await call.say(piper_speech("Stop, stop, that is enough."), 200)
+    interrupted = await call.wait_event("interrupted", timeout_s=10)
+    assert speaker_busy_at_interrupt == [False]  # cleared before anything else happened
+    await asyncio.wait_for(llm.stream_abandoned.wait(), timeout=5)
+    assert turn_task.cancelled()
+    await call.wait_idle(timeout_s=30)
+
+    # barge-in came within a few hundred ms of the caller starting to talk
+    (_, second_start) = call.of_type("speech_start")
+    assert 0.15 <= interrupted.t - second_start.t <= 0.6
+
+    messages = call.orchestrator.conversation.messages
+    cut = [m for m in messages if m.get("interrupted")]
+    assert len(cut) == 1
+    heard = cut[0]["content"]
+    assert heard.startswith(sentences[0])
+    assert heard in {" ".join(sentences[:n]) for n in range(1, len(sentences))}
+    assert interrupted.data["heard"] == heard
+    # the new question was transcribed and answered
+    transcripts = [e.data["text"] for e in call.of_type("transcript")]
+    assert len(transcripts) == 2
+    assert "enough" in words(transcripts[1])
+    assert messages[-1] == {"role": "assistant", "content": "All right, I will stop there."}
+    assert call.of_type("agent_sentence")[-1].data["text"] == "All right, I will stop there."
+    # and what went to the LLM for it was a valid history ending with the new question
+    last_request = llm.requests[-1]["messages"]
+    assert last_request[-1]["role"] == "user"
+    assert "interrupted" not in str(last_request)
+
+
+async def test_a_short_noise_does_not_interrupt(
+    llm: ScriptedLLM, support: LoadedPlaybook, call_factory: list[VoiceCall]
+) -> None:
+    answer = "Your order is on its way. It will arrive on Tuesday. Have a nice day."
+    llm.script([Reply(content=answer)])
+    call = _call(call_factory, support, llm.base_url)
+    await call.say(piper_speech("Where is my order?"), 200)
+    await call.wait_event("agent_sentence", count=1)
+    burst = loudest(piper_speech("Yes, yes."), 120)  # 120 ms of real voiced speech
+    await call.say(burst, 600)
+    await call.wait_idle()
+    assert len(call.of_type("speech_start")) == 2  # the burst was heard as speech...
+    assert call.of_type("interrupted") == []  # ...but too short to cut the agent off
+    assert len(call.of_type("transcript")) == 1  # and not taken as a turn
+    assert call.voice.heard == answer
+
+
+async def test_a_dead_llm_endpoint_speaks_the_fallback(
+    support: LoadedPlaybook, call_factory: list[VoiceCall]
+) -> None:
+    async with ScriptedLLM() as dead:
+        url = dead.base_url
+    call = _call(call_factory, support, url)
+    await call.say(piper_speech("Hello, is anybody there?"), 200)
+    await call.wait_idle()
+    errors = call.of_type("error")
+    assert errors
+    assert errors[0].data["source"] == "llm"
+    assert call.voice.heard == "Sorry, I'm having trouble right now."
+    assert "trouble" in words(await _agent_said(call))
+    assert call.session.state == "listening"
+
+
+async def test_a_raising_tool_is_reported_to_the_llm_and_the_turn_goes_on(
+    llm: ScriptedLLM, call_factory: list[VoiceCall], write_playbook: object
+) -> None:
+    path = write_playbook(  # type: ignore[operator]
+        """
+        id: broken
+        name: Broken tools
+        initial_stage: main
+        tools_module: tools.py
+        stages:
+          - id: main
+            name: Main
+            system_prompt: Help.
+            tools: [explode]
+        """,
+        """
+        from playbooks import tool
+
+        @tool
+        def explode() -> str:
+            \"\"\"Always fails.\"\"\"
+            raise RuntimeError("database unreachable")
+        """,
+    )
+    llm.script(
+        [
+            Reply(tool_calls=[ScriptedToolCall("explode", {})]),
+            Reply(content="I cannot reach our records right now."),
+        ]
+    )
+    call = _call(call_factory, load_playbook(path), llm.base_url)
+    await call.say(piper_speech("Check my account please."), 200)
+    await call.wait_idle()
+    tool_message = next(m for m in llm.requests[1]["messages"] if m["role"] == "tool")
+    assert "database unreachable" in tool_message["content"]
+    (end,) = call.of_type("tool_call_end")
+    assert end.data["error"] is True
+    assert call.voice.heard == "I cannot reach our records right now."
+
+
+async def test_tts_and_stt_failures_are_reported_and_the_call_goes_on(
+    llm: ScriptedLLM, support: LoadedPlaybook, call_factory: list[VoiceCall]
+) -> None:
+    broken_tts = Synthesizer(synthesizer()._voice, synthesizer().settings)
+    broken_tts.close()  # a real failure: its worker pool refuses work
+    broken_stt = Transcriber(transcriber()._model, transcriber().settings)
+    broken_stt.close()
+    llm.script([Reply(content="This answer cannot be spoken.")])
+    call = _call(call_factory, support, llm.base_url, tts=broken_tts)
+    await call.say(piper_speech("Hello there."), 200)
+    await call.wait_idle()
+    assert [e.data["source"] for e in call.of_type("error")] == ["tts"]
+    assert call.session.state == "listening"
+    assert not call.session.busy
+
+    call2 = _call(call_factory, support, llm.base_url, stt=broken_stt)
+    await call2.say(piper_speech("Hello again."), 200)
+    await call2.wait_idle()
+    assert [e.data["source"] for e in call2.of_type("error")] == ["stt"]
+    assert call2.voice.heard == "Sorry, I'm having trouble right now."
+    assert len(llm.requests) == 1  # no LLM call without a transcript
+
+
+async def test_silence_and_noise_make_no_llm_call(
+    llm: ScriptedLLM, support: LoadedPlaybook, call_factory: list[VoiceCall]
+) -> None:
+    call = _call(call_factory, support, llm.base_url)
+    await call.say(silence(1500))
+    await call.line.run_for(1.6)
+    await call.wait_idle()
+    assert llm.requests == []
+    assert call.of_type("transcript") == []
+
+
+async def test_the_greeting_is_spoken_when_the_call_starts(
+    llm: ScriptedLLM, support: LoadedPlaybook, call_factory: list[VoiceCall]
+) -> None:
+    call = _call(call_factory, support, llm.base_url, settings=SessionSettings())
+    await call.wait_idle()
+    said = await _agent_said(call)
+    assert word_error_rate(said, "Hello, this is Acme support. How can I help you today?") <= 0.25
+    assert llm.requests == []
