@@ -4,7 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck unit clean
+# Debian packages the tests use as real peers and voices (installed when missing; needs root).
+TEST_PACKAGES := espeak-ng
+
+.PHONY: run test lint typecheck unit clean system-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +28,15 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-unit: $(STAMP)
+system-deps:
+	@missing=""; for p in $(TEST_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian packages for the tests:$$missing"; \
+		if [ "$$(id -u)" != 0 ]; then echo "error: run as root, or apt-get install$$missing" >&2; exit 1; fi; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+unit: $(STAMP) system-deps
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 test: lint typecheck unit

@@ -90,6 +90,8 @@ class PlaybookEngine:
         self.entered_at = clock()
         self.context: dict[str, Any] = {}
         self.history: list[TransitionRecord] = []
+        self.entry_note: str | None = None
+        """The ``transition_message`` of the transition that entered this stage."""
 
     # -- what the current stage offers -------------------------------------------------------
 
@@ -107,8 +109,13 @@ class PlaybookEngine:
         return list(by_target.values())
 
     def system_prompt(self) -> str:
-        """Global prompt + stage prompt + the stages the LLM may move the conversation to."""
+        """Global prompt + stage prompt (+ the note of the transition that entered it) + the
+        stages the LLM may move the conversation to."""
         parts = [self.playbook.spec.global_system_prompt or "", self.stage.system_prompt]
+        if self.entry_note:
+            # in the system prompt, not mid-history: many local chat templates reject
+            # a system message anywhere but first
+            parts.append(f"Note on entering this stage: {self.entry_note}")
         decisions = self.decision_transitions()
         if decisions:
             lines = [
@@ -186,14 +193,22 @@ class PlaybookEngine:
         """The first matching transition leaving the current stage, or None.
 
         Before a turn only conditions on the user's words (``intent``, ``keyword`` with
-        ``in: user|either``) are considered; after it, every condition but ``llm_decision``
-        (which fires when the LLM calls the transition tool). ``intent`` costs one classifier
-        call per turn, made only when such a transition is reached.
+        ``in: user|either``) are considered, so the new stage answers the same turn; after it,
+        every other condition but ``llm_decision`` (which fires when the LLM calls the transition
+        tool), and ``keyword`` with ``in: either`` on the answer. The user's words are examined
+        once per turn, so they cannot move the conversation twice. ``intent`` costs one
+        classifier call per turn, made only when such a transition is reached. A ``from: "*"``
+        transition never fires into the stage the conversation is already in.
         """
         for transition in self.outgoing():
-            if point == "before_turn" and not _user_dependent(transition):
+            if transition.from_stage == "*" and transition.action.target_stage == self.stage.id:
                 continue
-            if await self._matches(transition, facts, classify_intent):
+            user_dependent = _user_dependent(transition)
+            if point == "before_turn" and not user_dependent:
+                continue
+            if point == "after_turn" and transition.condition.type == "intent":
+                continue
+            if await self._matches(transition, facts, classify_intent, point):
                 return transition
         return None
 
@@ -202,15 +217,16 @@ class PlaybookEngine:
         transition: Transition,
         facts: TurnFacts,
         classify_intent: IntentClassifier | None,
+        point: EvaluationPoint,
     ) -> bool:
         condition = transition.condition
         match condition.type:
             case "keyword":
-                texts = {
-                    "assistant": [facts.assistant_text],
-                    "user": [facts.user_text],
-                    "either": [facts.user_text, facts.assistant_text],
-                }[condition.match_in]
+                user = [facts.user_text] if point == "before_turn" else []
+                assistant = [facts.assistant_text] if point == "after_turn" else []
+                texts = {"assistant": assistant, "user": user, "either": user + assistant}[
+                    condition.match_in
+                ]
                 return any(_contains_word(text, kw) for text in texts for kw in condition.keywords)
             case "tool_call":
                 return condition.tool_name in facts.tools_called
@@ -285,6 +301,7 @@ class PlaybookEngine:
         self.context.update(transition.action.data)
         self.context.update(data)
         self.stage = self.playbook.spec.stage(transition.action.target_stage)
+        self.entry_note = transition.action.transition_message
         self.turns_in_stage = 0
         self.entered_at = record.at
         self.history.append(record)

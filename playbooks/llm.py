@@ -8,6 +8,7 @@ Retries cover opening a stream up to its first chunk; a stream that fails later 
 from __future__ import annotations
 
 import asyncio
+import datetime
 import email.utils
 import logging
 import time
@@ -272,8 +273,15 @@ def _retry_after_s(exc: openai.APIError) -> float | None:
     try:
         return max(0.0, float(value))
     except ValueError:
-        parsed = email.utils.parsedate_to_datetime(value) if value else None
-        return max(0.0, parsed.timestamp() - time.time()) if parsed else None
+        pass
+    try:  # an HTTP date
+        parsed = email.utils.parsedate_to_datetime(value)
+    except (ValueError, TypeError):
+        log.debug("ignoring unparseable Retry-After %r", value)
+        return None
+    if parsed.tzinfo is None:  # "-0000": UTC, of unknown origin (RFC 5322)
+        parsed = parsed.replace(tzinfo=datetime.UTC)
+    return max(0.0, parsed.timestamp() - time.time())
 
 
 def _describe(exc: openai.APIError) -> str:

@@ -60,7 +60,7 @@ class PlaybookOrchestrator:
     def __init__(
         self,
         playbook: LoadedPlaybook,
-        llm: ChatClient,
+        llm: ChatClient | None,
         options: OrchestratorOptions | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
@@ -71,6 +71,18 @@ class PlaybookOrchestrator:
         self.conversation = Conversation(self.options.history_limit)
         self._events = EventBus()
         self._turn_active = False
+
+    @property
+    def client(self) -> ChatClient:
+        """The LLM; raises :class:`LLMError` when none is configured (turns then answer with
+        the fallback line)."""
+        if self.llm is None:
+            raise LLMError("no LLM endpoint is configured")
+        return self.llm
+
+    @property
+    def _default_model(self) -> str:
+        return self.llm.model if self.llm is not None else ""
 
     def on(self, handler: EventHandler) -> Callable[[], None]:
         """Subscribe to events; returns the unsubscribe function."""
@@ -111,7 +123,7 @@ class PlaybookOrchestrator:
                 choice = "required"
         return ChatRequest(
             messages=self.conversation.for_request(self.engine.system_prompt()),
-            model=config.model or self.llm.model,
+            model=config.model or self._default_model,
             tools=tools or None,
             tool_choice=choice,
             temperature=config.temperature,
@@ -131,11 +143,11 @@ class PlaybookOrchestrator:
                 {"role": "system", "content": prompt},
                 {"role": "user", "content": user_text},
             ],
-            model=self.engine.llm_config().model or self.llm.model,
+            model=self.engine.llm_config().model or self._default_model,
             temperature=0,
         )
         try:
-            return _parse_intent(await self.llm.complete(request))
+            return _parse_intent(await self.client.complete(request))
         except LLMError as exc:
             self._events.emit("error", source="intent", message=str(exc))
             return IntentResult("none", 0.0)
@@ -168,8 +180,6 @@ class PlaybookOrchestrator:
             self.conversation.clear()
             for message in keep:
                 self.conversation.append(message)
-        if action.transition_message:
-            self.conversation.append({"role": "system", "content": action.transition_message})
         self._events.emit("stage_entered", stage={"id": new.id, "name": new.name})
 
 
@@ -192,6 +202,8 @@ class Turn:
         self._results: dict[str, str] = {}
         self._answer_message: Message | None = None
         self._needs_answer_call = False
+        self._phase2_announced = False
+        self._round_has_text = False
         self._completed = False
         self._deltas: AsyncIterator[str | Retraction] | None = None
         self._entered = False
@@ -251,17 +263,22 @@ class Turn:
             o._events.emit("error", source="llm", message=str(exc))
 
         if needs_answer_call and not failed:
-            o._events.emit("phase1_complete", tool_call_count=self.tool_call_count)
-            o._events.emit("phase2_start")
+            self._announce_phase2()
             try:
                 async for delta in self._answer_round():
                     yield delta
             except LLMError as exc:
+                failed = True
                 o._events.emit("error", source="llm", message=str(exc))
 
         if not self.answer.strip():
+            self._announce_phase2()
             self.answer = o.options.fallback_answer
             yield self.answer
+        elif failed:  # cut off mid-answer: say so rather than trail off
+            tail = f" {o.options.fallback_answer}"
+            self.answer += tail
+            yield tail
         o._events.emit("phase2_complete", response=self.answer)
 
         self._answer_message = {"role": "assistant", "content": self.answer}
@@ -291,12 +308,13 @@ class Turn:
             requested_at = loop.time()
             try:
                 async with asyncio.timeout_at(deadline):
-                    stream = await o.llm.stream(request)
+                    stream = await o.client.stream(request)
             except TimeoutError:
                 self._needs_answer_call = True
                 return
             streaming_answer = False
             saw_tool_call = False
+            self._round_has_text = False
             try:
                 iterator = aiter(stream)
                 while True:
@@ -314,26 +332,28 @@ class Turn:
                             yield Retraction(self.answer)
                             o._events.emit("answer_retracted", text=self.answer)
                             self.answer = ""
+                            self.delivered = ""  # whatever was heard of it was not the answer
+                            self._phase2_announced = False  # that announcement was premature
+                            self._round_has_text = False
                             streaming_answer = False
                         continue
                     if saw_tool_call and two_phase:
                         continue  # content after tool calls belongs to the silent phase
-                    if not streaming_answer and not self.answer:
+                    if not self.answer:
                         self.llm_first_token_s = loop.time() - requested_at
-                        o._events.emit("phase1_complete", tool_call_count=self.tool_call_count)
-                        o._events.emit("phase2_start")
+                    self._announce_phase2()
                     streaming_answer = True
-                    self.answer += delta.text
-                    yield delta.text
+                    yield self._add_text(delta.text)
             except TimeoutError:
-                self._needs_answer_call = not self.answer
+                self._needs_answer_call = True
                 return
             finally:
                 await stream.aclose()
 
             calls = stream.tool_calls
             if not calls:
-                self._needs_answer_call = not self.answer
+                # this round is the answer, unless it said nothing (then ask once without tools)
+                self._needs_answer_call = not self._round_has_text
                 return
             transitioned = await self._run_tools(calls, deadline, user_message)
             if transitioned or loop.time() >= deadline:
@@ -345,16 +365,37 @@ class Turn:
         o = self._o
         loop = asyncio.get_running_loop()
         requested_at = loop.time()
-        stream = await o.llm.stream(o._request(with_tools=False, first_round=False))
+        stream = await o.client.stream(o._request(with_tools=False, first_round=False))
+        self._round_has_text = False
         try:
             async for delta in stream:
                 if delta.text:
                     if not self.answer:
                         self.llm_first_token_s = loop.time() - requested_at
-                    self.answer += delta.text
-                    yield delta.text
+                    yield self._add_text(delta.text)
         finally:
             await stream.aclose()
+
+    def _announce_phase2(self) -> None:
+        """Emit ``phase1_complete`` and ``phase2_start`` once, before the answer's first text."""
+        if not self._phase2_announced:
+            self._phase2_announced = True
+            self._o._events.emit("phase1_complete", tool_call_count=self.tool_call_count)
+            self._o._events.emit("phase2_start")
+
+    def _add_text(self, text: str) -> str:
+        """Append a delta to the answer; the first delta of a later round (single-phase stages
+        speak in several rounds) is separated from the text before it by a space."""
+        if (
+            not self._round_has_text
+            and self.answer
+            and not self.answer[-1].isspace()
+            and not text[0].isspace()
+        ):
+            text = " " + text
+        self._round_has_text = True
+        self.answer += text
+        return text
 
     async def _run_tools(
         self, calls: list[ToolCallRequest], deadline: float, user_message: Message
@@ -374,27 +415,34 @@ class Turn:
             self._facts.tools_called.add(call.name)
             o._events.emit("tool_call_start", call=_call_dict(call))
             if index >= budget:
-                self._finish_call(call, _error("tool call limit for this turn reached"), 0.0)
+                self._finish_call(
+                    call, _error("tool call limit for this turn reached"), 0.0, failed=True
+                )
             elif call.name == TRANSITION_TOOL:
                 result, decided = self._decide(call, decision is not None)
                 if decided is not None:
                     decision = decided
-                self._finish_call(call, result, 0.0)
+                self._finish_call(call, result, 0.0, failed=decided is None)
             else:
                 pending[call.id] = asyncio.create_task(
                     self._call_tool(call), name=f"tool:{call.name}:{call.id}"
                 )
         self.tool_call_count += min(len(calls), budget)
         if pending:
+            started = time.monotonic()
             try:
                 async with asyncio.timeout_at(deadline):
                     await asyncio.gather(*pending.values(), return_exceptions=True)
             except TimeoutError:
-                for call_id, task in pending.items():
-                    if not task.done():
-                        task.cancel()
-                        call = next(c for c in calls if c.id == call_id)
-                        self._finish_call(call, _error("the turn's tool time limit was reached"), 0)
+                # the timeout cancelled the gather and with it every unfinished tool
+                for call in calls:
+                    if call.id in pending:
+                        self._finish_call(
+                            call,
+                            _error("the turn's tool time limit was reached"),
+                            time.monotonic() - started,
+                            failed=True,
+                        )
             finally:
                 for task in pending.values():
                     if not task.done():
@@ -473,13 +521,14 @@ class Turn:
         self.interrupted = True
         self._close_open_calls(CANCELLED_RESULT)
         conversation = self._o.conversation
-        recorded = [m for m in conversation.messages if m is self._answer_message]
-        if recorded:
-            if self.delivered:
-                recorded[0]["content"] = self.delivered
-                recorded[0]["interrupted"] = True
-            else:
-                conversation.messages.remove(recorded[0])
+        recorded = [i for i, m in enumerate(conversation.messages) if m is self._answer_message]
+        if recorded:  # the answer was complete; what came after it was interrupted
+            message = conversation.messages[recorded[0]]
+            if not self.delivered:
+                del conversation.messages[recorded[0]]  # by position: equal messages may exist
+            elif self.delivered.split() != self.answer.split():
+                message["content"] = self.delivered
+                message["interrupted"] = True
         elif self.delivered:
             conversation.append(
                 {"role": "assistant", "content": self.delivered, "interrupted": True}

@@ -16,14 +16,15 @@ from playbooks import (
     PlaybookOrchestrator,
     RetryPolicy,
     load_playbook,
+    load_playbooks,
 )
 
 from .chat import run_chat
+from .config import add_serve_arguments
 from .settings import ConfigError, LLMSettings, add_llm_arguments
 
 __all__ = ["main"]
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "playbooks" / "examples"
 EXIT_USAGE = 2
 
 
@@ -72,11 +73,8 @@ def _parser() -> argparse.ArgumentParser:
     chat.add_argument("--phase1-timeout-ms", type=_positive_int, default=60_000, metavar="N")
     chat.add_argument("--json", action="store_true", help="one JSON object per event and answer")
 
-    serve = commands.add_parser("serve", help="run the voice server")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8080)
-    serve.add_argument("--playbook", type=Path, default=EXAMPLES, metavar="PATH")
-    add_llm_arguments(serve)
+    serve = commands.add_parser("serve", help="run the voice server (WebRTC and the web client)")
+    add_serve_arguments(serve)
     return parser
 
 
@@ -106,11 +104,27 @@ def _chat(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    print(
-        "vocable serve: the voice server (WebRTC signalling, VAD, Whisper, Piper) is not built "
-        "yet.\nFor now, talk to a playbook in text: vocable chat playbooks/examples/support.yaml "
-        "--llm-base-url URL --llm-model NAME",
-        file=sys.stderr,
+    from aiohttp import web
+
+    from .app import create_app
+    from .config import ServerConfig
+
+    config = ServerConfig.from_args(args)
+    load_playbooks(config.playbook_path)  # an invalid playbook stops here, with its one line
+    if config.llm is None:
+        print(
+            "vocable: no LLM endpoint configured (--llm-base-url or VOCABLE_LLM_BASE_URL); "
+            "calls will connect, but the agent can only say so",
+            file=sys.stderr,
+        )
+    url = f"http://{config.host}:{config.port}"
+    print(f"vocable: loading models and playbooks from {config.playbook_path} ...", flush=True)
+    web.run_app(
+        create_app(config),
+        host=config.host,
+        port=config.port,
+        print=lambda _: print(f"vocable: ready, open {url}", flush=True),
+        access_log=None,
     )
     return 0
 

@@ -8,6 +8,7 @@ above 1 runs faster than real time. Used by tests, demos and the benchmarks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 from collections.abc import Callable
 
@@ -52,10 +53,8 @@ class LoopbackCall:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
         await self.session.close()
 
     async def wait_until(self, condition: Callable[[], bool], timeout_s: float) -> None:

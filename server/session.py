@@ -63,6 +63,9 @@ class Session:
         self._state: SessionState = "listening"
         self.turns = 0
         self.barge_ins = 0
+        self.muted = False
+        """While muted, the caller's frames are heard as silence."""
+        self._silence = bytes(FRAME_BYTES)
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -103,6 +106,8 @@ class Session:
         if len(frame) != FRAME_BYTES:
             raise ValueError(f"caller frames must be {FRAME_BYTES} bytes (20 ms at 16 kHz)")
         at = self.clock() if at is None else at
+        if self.muted:
+            frame = self._silence
         for event in self.vad.push(frame, at):
             if isinstance(event, SpeechStarted):
                 self._on_speech_started(event)

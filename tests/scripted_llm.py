@@ -39,7 +39,10 @@ class Reply:
 
     ``content`` streams first (split into word tokens unless given as a list of chunks), then the
     tool calls, then ``content_after_tools``. ``status`` other than 200 answers with an OpenAI-style
-    error body. ``hang`` never answers. ``cut_after_chunks`` drops the connection mid-stream.
+    error body. ``hang`` never answers (until the client gives up or the server closes).
+    ``cut_after_chunks`` drops the connection mid-stream. ``deltas``, when given, replaces all of
+    the above for a streamed reply: each dict is sent verbatim as one chunk's ``delta`` (for
+    shapes the other fields cannot express, such as interleaved parallel tool-call fragments).
     """
 
     content: str | list[str] = ""
@@ -51,6 +54,7 @@ class Reply:
     chunk_delay_s: float = 0.0
     hang: bool = False
     cut_after_chunks: int | None = None
+    deltas: list[dict[str, Any]] | None = None
 
 
 ReplySource = Iterable[Reply] | Callable[[dict[str, Any]], Reply]
@@ -64,13 +68,16 @@ class ScriptedLLM:
         self.requests: list[dict[str, Any]] = []
         self.streams_abandoned = 0
         self.stream_abandoned = asyncio.Event()
+        self.streams_completed = 0
+        """Streams sent to the end (``[DONE]`` written)."""
+        self._closing = asyncio.Event()
         self._runner: web.AppRunner | None = None
         self._ids = itertools.count(1)
         self.base_url = ""
 
-    def script(self, replies: Iterable[Reply]) -> None:
-        """Replace the remaining replies."""
-        self._source = iter(list(replies))
+    def script(self, replies: ReplySource) -> None:
+        """Replace the remaining replies (or the function choosing a reply per request body)."""
+        self._source = replies if callable(replies) else iter(list(replies))
 
     async def __aenter__(self) -> ScriptedLLM:
         await self.start()
@@ -87,12 +94,13 @@ class ScriptedLLM:
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
         server = site._server
-        assert server is not None
-        port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        assert isinstance(server, asyncio.Server)
+        port = server.sockets[0].getsockname()[1]
         self.base_url = f"http://127.0.0.1:{port}/v1"
         return self.base_url
 
     async def close(self) -> None:
+        self._closing.set()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -113,14 +121,30 @@ class ScriptedLLM:
         if reply is None:
             return _error(400, "the scripted LLM has no reply left for this request", {})
         if reply.hang:
-            await asyncio.sleep(3600)
+            await self._wait(request, None)
+            return _error(504, "the scripted LLM hung up", {})
         if reply.status != 200:
             return _error(reply.status, f"scripted status {reply.status}", reply.headers)
-        if reply.first_token_delay_s:
-            await asyncio.sleep(reply.first_token_delay_s)
+        if reply.first_token_delay_s and not await self._wait(request, reply.first_token_delay_s):
+            return _error(504, "the client left before the first token", {})
         if body.get("stream"):
             return await self._stream(request, body, reply)
         return web.json_response(self._completion(body, reply))
+
+    async def _wait(self, request: web.Request, seconds: float | None) -> bool:
+        """Sleep ``seconds`` (None: forever); False early if the client left or the server
+        closes, so an abandoned request does not hold up the server's shutdown."""
+        loop = asyncio.get_running_loop()
+        until = None if seconds is None else loop.time() + seconds
+        while not self._closing.is_set():
+            transport = request.transport
+            if transport is None or transport.is_closing():
+                return False
+            if until is not None and loop.time() >= until:
+                return True
+            step = 0.02 if until is None else min(0.02, until - loop.time())
+            await asyncio.sleep(max(step, 0))
+        return False
 
     async def _stream(
         self, request: web.Request, body: dict[str, Any], reply: Reply
@@ -150,12 +174,18 @@ class ScriptedLLM:
                 await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
             await response.write(b"data: [DONE]\n\n")
             await response.write_eof()
+            self.streams_completed += 1
         except (ConnectionResetError, ConnectionError, asyncio.CancelledError):
             self.streams_abandoned += 1
             self.stream_abandoned.set()
         return response
 
     def _deltas(self, reply: Reply) -> Iterable[tuple[dict[str, Any], str | None]]:
+        if reply.deltas is not None:
+            for delta in reply.deltas:
+                yield delta, None
+            yield {}, "tool_calls" if any("tool_calls" in d for d in reply.deltas) else "stop"
+            return
         yield {"role": "assistant", "content": ""}, None
         for token in _tokens(reply.content):
             yield {"content": token}, None

@@ -264,14 +264,17 @@ async def test_keyword_defaults_to_the_assistant_text() -> None:
 
 async def test_keyword_in_user() -> None:
     engine = engine_for([transition("t", keyword("order", match_in="user"))])
-    assert await after(engine, user="hi", assistant="your order") is None
-    assert await after(engine, user="about my order", assistant="sure") == "t"
+    assert await before(engine, "hi") is None
+    assert await before(engine, "about my order") == "t"
+    # the user's words are examined once, before Phase 1; never the assistant's
+    assert await after(engine, user="about my order", assistant="your order") is None
 
 
 async def test_keyword_in_either() -> None:
     engine = engine_for([transition("t", keyword("order", match_in="either"))])
-    assert await after(engine, user="about my order", assistant="sure") == "t"
+    assert await before(engine, "about my order") == "t"
     assert await after(engine, user="hi", assistant="your order") == "t"
+    assert await after(engine, user="about my order", assistant="sure") is None
     assert await after(engine, user="hi", assistant="hello") is None
 
 
@@ -322,21 +325,25 @@ async def test_tool_call_matches_tools_called_this_turn() -> None:
 
 async def test_intent_matches_with_enough_confidence() -> None:
     engine = engine_for([transition("t", intent("book", confidence=0.6))])
-    assert await after(engine, user="a table please", classifier=Classifier("book", 0.6)) == "t"
-    assert await after(engine, user="a table please", classifier=Classifier("book", 0.59)) is None
-    assert await after(engine, user="a table please", classifier=Classifier("cancel", 1)) is None
-    assert await after(engine, user="hm", classifier=Classifier("none", 1)) is None
+    assert await before(engine, "a table please", Classifier("book", 0.6)) == "t"
+    assert await before(engine, "a table please", Classifier("book", 0.59)) is None
+    assert await before(engine, "a table please", Classifier("cancel", 1)) is None
+    assert await before(engine, "hm", Classifier("none", 1)) is None
+    # intents are classified before Phase 1 only: the words do not change after it
+    classifier = Classifier("book", 1)
+    assert await after(engine, user="a table please", classifier=classifier) is None
+    assert classifier.calls == []
 
 
 async def test_intent_default_confidence_is_0_7() -> None:
     engine = engine_for([transition("t", intent("book"))])
-    assert await after(engine, user="x", classifier=Classifier("book", 0.7)) == "t"
-    assert await after(engine, user="x", classifier=Classifier("book", 0.69)) is None
+    assert await before(engine, "x", Classifier("book", 0.7)) == "t"
+    assert await before(engine, "x", Classifier("book", 0.69)) is None
 
 
 async def test_intent_names_compare_case_insensitively() -> None:
     engine = engine_for([transition("t", intent("book_table"))])
-    assert await after(engine, user="x", classifier=Classifier(" Book_Table ", 0.9)) == "t"
+    assert await before(engine, "x", Classifier(" Book_Table ", 0.9)) == "t"
 
 
 async def test_intent_classifier_called_once_per_turn_with_all_candidates() -> None:
@@ -350,7 +357,7 @@ async def test_intent_classifier_called_once_per_turn_with_all_candidates() -> N
     )
     classifier = Classifier("cancel", 0.9)
     facts = TurnFacts("please cancel it")
-    found = await engine.evaluate("after_turn", facts, classifier)
+    found = await engine.evaluate("before_turn", facts, classifier)
     assert found is not None
     assert found.id == "cancel"
     assert classifier.calls == [("please cancel it", ["book", "cancel"])]
@@ -397,7 +404,7 @@ async def test_intent_classifier_not_called_when_a_higher_transition_matches() -
     )
     classifier = Classifier("book", 1.0)
     assert await before(engine, "ok bye", classifier) == "bye"
-    assert await after(engine, user="ok bye", assistant="x", classifier=classifier) == "bye"
+    assert await after(engine, user="ok bye", assistant="x", classifier=classifier) is None
     assert classifier.calls == []
 
 
@@ -957,3 +964,34 @@ async def test_apply_records_every_transition() -> None:
     assert second.reason is None
     assert engine.context == {"step": 2}
     assert engine.stage.id == "a"
+
+
+async def test_a_wildcard_transition_never_fires_into_the_current_stage() -> None:
+    engine = engine_for(
+        [
+            transition("to_a", keyword("bye", match_in="user"), "a", source="*", priority=5),
+            transition("to_b", keyword("bye", match_in="user"), "b", source="*"),
+            transition("a_to_a", keyword("again", match_in="user"), "a", source="a"),
+        ]
+    )
+    assert await before(engine, "bye") == "to_b"  # to_a would go nowhere
+    assert await before(engine, "again") == "a_to_a"  # an explicit self-loop still fires
+
+
+async def test_intents_are_classified_again_when_a_transition_brings_new_ones() -> None:
+    engine = engine_for(
+        [
+            transition("a_book", intent("book"), "b"),
+            transition("b_cancel", intent("cancel"), "c", source="b"),
+        ]
+    )
+    classifier = Classifier("book", 0.9)
+    facts = TurnFacts("book it, then cancel")
+    found = await engine.evaluate("before_turn", facts, classifier)
+    assert found is not None
+    engine.apply(found)
+    assert await engine.evaluate("before_turn", facts, classifier) is None
+    assert classifier.calls == [
+        ("book it, then cancel", ["book"]),
+        ("book it, then cancel", ["cancel"]),
+    ]

@@ -1,0 +1,233 @@
+"""The aiohttp application: signalling, the web client, health and metrics.
+
+Routes: ``GET /`` (the web client), ``GET /config``, ``POST /offer``, ``DELETE /sessions/{id}``,
+``GET /healthz``, ``GET /metrics``, ``GET /playbooks``. Every error is JSON ``{"error": message}``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from .calls import BadOffer, CallRegistry, OverCapacity, UnknownPlaybook
+from .config import ServerConfig
+from .engines import Engines
+from .events import VoiceEvent
+from .observability import ServerMetrics
+
+__all__ = ["CALLS", "CONFIG", "ENGINES", "METRICS", "create_app"]
+
+log = logging.getLogger(__name__)
+
+CONFIG = web.AppKey("config", ServerConfig)
+ENGINES = web.AppKey("engines", Engines)
+CALLS = web.AppKey("calls", CallRegistry)
+METRICS = web.AppKey("metrics", ServerMetrics)
+
+MAX_SDP_BYTES = 64 * 1024
+RETRY_AFTER_S = 5
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def create_app(config: ServerConfig, engines: Engines | None = None) -> web.Application:
+    """The server. ``engines`` may be passed in (already loaded, e.g. shared by tests); otherwise
+    they are loaded on startup, before the first call is accepted, and closed on shutdown."""
+    app = web.Application(
+        middlewares=[_errors_as_json, _cors(config.cors_origins)],
+        client_max_size=MAX_SDP_BYTES * 2,
+    )
+    app[CONFIG] = config
+    app[METRICS] = ServerMetrics()
+    app.cleanup_ctx.append(_engines_context(engines))
+    app.cleanup_ctx.append(_calls_context)
+    app.router.add_get("/", _index)
+    app.router.add_get("/config", _client_config)
+    app.router.add_post("/offer", _offer)
+    app.router.add_delete("/sessions/{session_id}", _hangup)
+    app.router.add_get("/healthz", _health)
+    app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/playbooks", _playbooks)
+    if config.web_client_dir.is_dir():
+        app.router.add_static("/client/", config.web_client_dir)
+    return app
+
+
+def _engines_context(
+    given: Engines | None,
+) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def context(app: web.Application) -> AsyncIterator[None]:
+        engines = given or await Engines.load(app[CONFIG])
+        app[ENGINES] = engines
+        yield
+        if given is None:
+            await engines.close()
+
+    return context
+
+
+async def _calls_context(app: web.Application) -> AsyncIterator[None]:
+    metrics = app[METRICS]
+
+    def observe(event: VoiceEvent) -> None:
+        metrics.observe(event)
+
+    calls = CallRegistry(app[CONFIG], app[ENGINES], observe)
+    app[CALLS] = calls
+    metrics.active_sessions.set_function(lambda: len(calls))
+    yield
+    await calls.close_all()
+
+
+# -- middlewares -------------------------------------------------------------------------------
+
+
+def _error(status: int, message: str, **headers: str) -> web.Response:
+    return web.json_response({"error": message}, status=status, headers=headers or None)
+
+
+@web.middleware
+async def _errors_as_json(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:  # aiohttp's own 404, 405, 413...: JSON like ours
+        if exc.status < 400 or exc.content_type == "application/json":
+            raise
+        return _error(exc.status, exc.reason)
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return _error(500, "internal server error")
+
+
+def _cors(origins: tuple[str, ...]) -> Any:
+    allowed = set(origins)
+
+    @web.middleware
+    async def cors(request: web.Request, handler: Handler) -> web.StreamResponse:
+        origin = request.headers.get("Origin")
+        permitted = origin is not None and ("*" in allowed or origin in allowed)
+        if request.method == "OPTIONS" and permitted:
+            response: web.StreamResponse = web.Response(status=204)
+        else:
+            response = await handler(request)
+        if permitted and origin is not None:
+            response.headers["Access-Control-Allow-Origin"] = origin
+            response.headers["Access-Control-Allow-Methods"] = "GET, POST, DELETE, OPTIONS"
+            response.headers["Access-Control-Allow-Headers"] = "Authorization, Content-Type"
+            response.headers["Vary"] = "Origin"
+        return response
+
+    return cors
+
+
+def _require_token(request: web.Request) -> None:
+    token = request.app[CONFIG].auth_token
+    if token is None:
+        return
+    given = request.headers.get("Authorization", "")
+    expected = f"Bearer {token}"
+    if not hmac.compare_digest(given.encode(), expected.encode()):
+        raise web.HTTPUnauthorized(
+            text=json.dumps({"error": "missing or wrong bearer token"}),
+            content_type="application/json",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+
+# -- handlers ----------------------------------------------------------------------------------
+
+
+async def _index(request: web.Request) -> web.StreamResponse:
+    index = request.app[CONFIG].web_client_dir / "index.html"
+    if not index.is_file():
+        return _error(404, "the web client is not installed")
+    return web.FileResponse(index)
+
+
+async def _client_config(request: web.Request) -> web.Response:
+    config = request.app[CONFIG]
+    engines = request.app[ENGINES]
+    return web.json_response(
+        {
+            "ice_servers": [server.to_client() for server in config.ice_servers],
+            "auth_required": config.auth_token is not None,
+            "llm_configured": engines.llm is not None,
+            "default_playbook": engines.default_playbook,
+        }
+    )
+
+
+async def _offer(request: web.Request) -> web.Response:
+    _require_token(request)
+    if request.content_length is not None and request.content_length > MAX_SDP_BYTES:
+        return _error(413, f"offer too large (at most {MAX_SDP_BYTES} bytes)")
+    try:
+        body = await request.json()
+    except (ValueError, UnicodeDecodeError):
+        return _error(400, 'the body must be JSON: {"sdp": ..., "type": "offer"}')
+    if not isinstance(body, dict):
+        return _error(400, "the body must be a JSON object")
+    sdp, kind, playbook = body.get("sdp"), body.get("type"), body.get("playbook")
+    if kind != "offer":
+        return _error(400, 'type must be "offer"')
+    if not isinstance(sdp, str) or not sdp.strip():
+        return _error(400, "sdp must be a non-empty string")
+    if len(sdp.encode()) > MAX_SDP_BYTES:
+        return _error(413, f"offer too large (at most {MAX_SDP_BYTES} bytes)")
+    if playbook is not None and not isinstance(playbook, str):
+        return _error(400, "playbook must be a string id")
+    calls = request.app[CALLS]
+    try:
+        call = await calls.open(sdp, playbook)
+    except BadOffer as exc:
+        return _error(400, str(exc))
+    except UnknownPlaybook as exc:
+        return _error(404, str(exc))
+    except OverCapacity as exc:
+        return _error(503, str(exc), **{"Retry-After": str(RETRY_AFTER_S)})
+    request.app[METRICS].sessions.inc()
+    return web.json_response(
+        {"sdp": call.pc.localDescription.sdp, "type": "answer", "session_id": call.id}
+    )
+
+
+async def _hangup(request: web.Request) -> web.Response:
+    _require_token(request)
+    if not await request.app[CALLS].hangup(request.match_info["session_id"]):
+        return _error(404, "no such session")
+    return web.json_response({"status": "hung up"})
+
+
+async def _health(request: web.Request) -> web.Response:
+    engines = request.app[ENGINES]
+    return web.json_response(
+        {
+            "status": "ok",
+            "models_loaded": True,
+            "llm_configured": engines.llm is not None,
+            "active_sessions": len(request.app[CALLS]),
+            "max_sessions": request.app[CONFIG].max_sessions,
+        }
+    )
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    return web.Response(
+        body=request.app[METRICS].render(),
+        headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
+    )
+
+
+async def _playbooks(request: web.Request) -> web.Response:
+    playbooks = request.app[ENGINES].playbooks
+    return web.json_response(
+        [
+            {"id": p.spec.id, "name": p.spec.name, "description": p.spec.description}
+            for p in playbooks.values()
+        ]
+    )

@@ -1,0 +1,288 @@
+"""Browser calls: one :class:`WebRTCCall` per peer connection, kept by a :class:`CallRegistry`.
+
+A call owns its ``RTCPeerConnection``, its :class:`Session` and the ``events`` data channel. It
+starts listening (and greets) once ICE connects, and ends on hang-up, peer failure, idle timeout or
+maximum duration, freeing everything; other calls are unaffected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from typing import Any
+
+from aiortc import (
+    MediaStreamTrack,
+    RTCConfiguration,
+    RTCDataChannel,
+    RTCIceServer,
+    RTCPeerConnection,
+    RTCSessionDescription,
+)
+
+from media import Speaker
+from playbooks import OrchestratorOptions, PlaybookOrchestrator
+
+from .config import ServerConfig
+from .engines import Engines
+from .events import VoiceEvent
+from .session import Session
+from .voice import VoicePlaybookOrchestrator
+from .webrtc import OUTPUT_RATE, SpeakerTrack, caller_frames
+
+__all__ = ["BadOffer", "CallRegistry", "OverCapacity", "UnknownPlaybook", "WebRTCCall"]
+
+log = logging.getLogger(__name__)
+
+NO_LLM_LINE = (
+    "No language model is configured on this server yet, so I can hear you but cannot answer."
+)
+MAX_MESSAGE_BYTES = 64 * 1024
+
+
+class BadOffer(ValueError):
+    """The SDP offer cannot be used; the message says why."""
+
+
+class OverCapacity(RuntimeError):
+    pass
+
+
+class UnknownPlaybook(LookupError):
+    pass
+
+
+class WebRTCCall:
+    """One browser call. Create through :meth:`CallRegistry.open`."""
+
+    def __init__(
+        self,
+        call_id: str,
+        pc: RTCPeerConnection,
+        session: Session,
+        on_end: Callable[[WebRTCCall, str], None],
+        on_event: Callable[[VoiceEvent], None],
+        config: ServerConfig,
+    ) -> None:
+        self.id = call_id
+        self.pc = pc
+        self.session = session
+        self.config = config
+        self.started_at = time.monotonic()
+        self.last_activity = self.started_at
+        self._on_end = on_end
+        self._on_event = on_event
+        self._channel: RTCDataChannel | None = None
+        self._outbox: list[str] = []
+        self._caller: MediaStreamTrack | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._ended = False
+        self._listening = False
+        pc.on("track", self._on_track)
+        pc.on("datachannel", self._on_datachannel)
+        pc.on("connectionstatechange", self._on_connection_state)
+
+    async def accept(self, offer_sdp: str) -> str:
+        """Apply the offer and return the answer SDP with all ICE candidates (non-trickle)."""
+        try:
+            await self.pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
+        except Exception as exc:  # aiortc raises ValueError and friends on bad SDP
+            raise BadOffer(f"cannot use this SDP offer: {exc}") from exc
+        if self._caller is None:
+            raise BadOffer("the offer carries no audio track")
+        self.pc.addTrack(SpeakerTrack(self.session.voice.speaker))
+        answer = await self.pc.createAnswer()
+        await self.pc.setLocalDescription(answer)
+        return str(self.pc.localDescription.sdp)
+
+    # -- events to the client ----------------------------------------------------------------
+
+    def emit(self, event: VoiceEvent) -> None:
+        if event.type == "speech_start":
+            self.last_activity = time.monotonic()
+        self._on_event(event)
+        self._send(event.to_dict())
+
+    def _send(self, payload: dict[str, Any]) -> None:
+        text = json.dumps(payload, ensure_ascii=False)
+        channel = self._channel
+        if channel is not None and channel.readyState == "open":
+            channel.send(text)
+        elif channel is None or channel.readyState == "connecting":
+            self._outbox.append(text)
+
+    # -- peer connection callbacks ------------------------------------------------------------
+
+    def _on_track(self, track: MediaStreamTrack) -> None:
+        if track.kind == "audio" and self._caller is None:
+            self._caller = track
+
+    def _on_datachannel(self, channel: RTCDataChannel) -> None:
+        if channel.label != "events":
+            return
+        self._channel = channel
+        channel.on("message", self._on_message)
+
+        def flush() -> None:
+            outbox, self._outbox = self._outbox, []
+            for text in outbox:
+                channel.send(text)
+
+        channel.on("open", flush)
+        if channel.readyState == "open":
+            flush()
+
+    async def _on_connection_state(self) -> None:
+        state = self.pc.connectionState
+        if state == "connected" and not self._listening and self._caller is not None:
+            self._listening = True
+            self._spawn(self._listen(self._caller), "listen")
+            self._spawn(self._watch(), "watchdog")
+        elif state in ("failed", "closed"):
+            await self.hangup(f"connection {state}")
+
+    def _on_message(self, message: str | bytes) -> None:
+        if isinstance(message, bytes) or len(message.encode()) > MAX_MESSAGE_BYTES:
+            self._send(
+                {"type": "error", "source": "client", "message": "message too large or binary"}
+            )
+            return
+        try:
+            data = json.loads(message)
+            kind = data["type"]
+        except (ValueError, KeyError, TypeError):
+            self._send(
+                {
+                    "type": "error",
+                    "source": "client",
+                    "message": "expected a JSON object with a type",
+                }
+            )
+            return
+        self.last_activity = time.monotonic()
+        if kind == "hangup":
+            self._spawn(self.hangup("caller hung up"), "hangup")
+        elif kind == "text" and isinstance(data.get("text"), str) and data["text"].strip():
+            self.session.submit_text(data["text"].strip()[:2000])
+        elif kind == "mute" and isinstance(data.get("muted"), bool):
+            self.session.muted = data["muted"]
+        else:
+            self._send(
+                {"type": "error", "source": "client", "message": f"unsupported message {kind!r}"}
+            )
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def _listen(self, track: MediaStreamTrack) -> None:
+        await self.session.run(caller_frames(track))
+        await self.hangup("caller audio ended")
+
+    async def _watch(self) -> None:
+        while not self._ended:
+            await asyncio.sleep(1.0)
+            now = time.monotonic()
+            if now - self.started_at >= self.config.max_call_s:
+                await self.hangup("maximum call duration reached")
+            elif now - self.last_activity >= self.config.idle_timeout_s and not self.session.busy:
+                await self.hangup("idle timeout")
+
+    def _spawn(self, work: Any, name: str) -> None:
+        task = asyncio.create_task(work, name=f"{name}:{self.id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def hangup(self, reason: str) -> None:
+        """End the call and free everything. Idempotent."""
+        if self._ended:
+            return
+        self._ended = True
+        log.info("call %s ended: %s", self.id, reason)
+        self._send({"type": "hangup", "reason": reason})
+        await self.session.close()
+        current = asyncio.current_task()
+        for task in list(self._tasks):
+            if task is not current:
+                task.cancel()
+        await self.pc.close()
+        self._on_end(self, reason)
+
+
+class CallRegistry:
+    """All live browser calls of this process, built from shared engines."""
+
+    def __init__(
+        self, config: ServerConfig, engines: Engines, on_event: Callable[[VoiceEvent], None]
+    ) -> None:
+        self.config = config
+        self.engines = engines
+        self.calls: dict[str, WebRTCCall] = {}
+        self._on_event = on_event
+
+    def __len__(self) -> int:
+        return len(self.calls)
+
+    async def open(self, offer_sdp: str, playbook_id: str | None) -> WebRTCCall:
+        """A new call answering ``offer_sdp``; raises BadOffer, OverCapacity, UnknownPlaybook."""
+        if len(self.calls) >= self.config.max_sessions:
+            raise OverCapacity(f"this server takes at most {self.config.max_sessions} calls")
+        if "m=audio" not in offer_sdp:
+            raise BadOffer("the offer has no audio (no m=audio line)")
+        playbook_id = playbook_id or self.engines.default_playbook
+        playbook = self.engines.playbooks.get(playbook_id)
+        if playbook is None:
+            raise UnknownPlaybook(f"unknown playbook {playbook_id!r}")
+        call_id = secrets.token_urlsafe(16)
+        pc = RTCPeerConnection(
+            RTCConfiguration(
+                iceServers=[
+                    RTCIceServer(s.urls, s.username, s.credential) for s in self.config.ice_servers
+                ]
+            )
+        )
+        session = self._session(call_id, playbook_id, lambda event: call.emit(event))
+        call = WebRTCCall(call_id, pc, session, self._ended, self._on_event, self.config)
+        self.calls[call_id] = call
+        try:
+            await call.accept(offer_sdp)
+        except BaseException:
+            await call.hangup("offer rejected")
+            raise
+        return call
+
+    def _session(
+        self, call_id: str, playbook_id: str, emit: Callable[[VoiceEvent], None]
+    ) -> Session:
+        engines = self.engines
+        options = OrchestratorOptions()
+        if engines.llm is None:
+            options = OrchestratorOptions(fallback_answer=NO_LLM_LINE)
+        orchestrator = PlaybookOrchestrator(engines.playbooks[playbook_id], engines.llm, options)
+        voice = VoicePlaybookOrchestrator(
+            orchestrator,
+            engines.transcriber,
+            engines.synthesizer,
+            Speaker(OUTPUT_RATE),
+            emit,
+        )
+        return Session(call_id, voice, self.config.session)
+
+    async def hangup(self, call_id: str, reason: str = "hung up by the client") -> bool:
+        call = self.calls.get(call_id)
+        if call is None:
+            return False
+        await call.hangup(reason)
+        return True
+
+    async def close_all(self, reason: str = "server shutting down") -> None:
+        calls = list(self.calls.values())
+        await asyncio.gather(*(call.hangup(reason) for call in calls), return_exceptions=True)
+
+    def _ended(self, call: WebRTCCall, reason: str) -> None:
+        self.calls.pop(call.id, None)
+        with contextlib.suppress(Exception):
+            self._on_event(VoiceEvent("state", {"state": "closed", "reason": reason}))

@@ -1,0 +1,178 @@
+"""``vocable serve`` settings: flags, each with a ``VOCABLE_*`` environment equivalent."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from media import TranscriberSettings, VadSettings
+from media.tts import SynthesizerSettings
+
+from .session import SessionSettings
+from .settings import ConfigError, LLMSettings, add_llm_arguments
+
+__all__ = ["EXAMPLES", "IceServer", "ServerConfig", "add_serve_arguments"]
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "playbooks" / "examples"
+
+
+@dataclass(frozen=True)
+class IceServer:
+    urls: str
+    username: str | None = None
+    credential: str | None = None
+
+    def to_client(self) -> dict[str, Any]:
+        """The RTCIceServer dictionary browsers take."""
+        out: dict[str, Any] = {"urls": self.urls}
+        if self.username:
+            out["username"] = self.username
+        if self.credential:
+            out["credential"] = self.credential
+        return out
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    playbook_path: Path = EXAMPLES
+    llm: LLMSettings | None = None
+    """None: no endpoint configured; calls still work but the agent cannot answer."""
+    llm_retries: int = 3
+    transcriber: TranscriberSettings = field(default_factory=TranscriberSettings)
+    synthesizer: SynthesizerSettings = field(default_factory=SynthesizerSettings)
+    session: SessionSettings = field(default_factory=SessionSettings)
+    ice_servers: tuple[IceServer, ...] = ()
+    max_sessions: int = 8
+    auth_token: str | None = None
+    cors_origins: tuple[str, ...] = ()
+    idle_timeout_s: float = 300.0
+    """Hang up after this long without caller speech."""
+    max_call_s: float = 3600.0
+    web_client_dir: Path = Path(__file__).resolve().parent.parent / "web-client"
+
+    @classmethod
+    def from_args(
+        cls, args: argparse.Namespace, env: Mapping[str, str] = os.environ
+    ) -> ServerConfig:
+        try:
+            llm: LLMSettings | None = LLMSettings.resolve(args, env)
+        except ConfigError:
+            llm = None
+        username, credential = args.turn_username, args.turn_credential
+        ice = tuple(
+            IceServer(url, username, credential) if url.startswith("turn") else IceServer(url)
+            for url in args.ice_server
+        )
+        return cls(
+            host=args.host,
+            port=args.port,
+            playbook_path=args.playbook,
+            llm=llm,
+            llm_retries=args.llm_retries,
+            transcriber=TranscriberSettings(model=args.stt_model, cpu_threads=args.stt_threads),
+            synthesizer=SynthesizerSettings(voice=args.tts_voice),
+            session=SessionSettings(
+                vad=VadSettings(
+                    aggressiveness=args.vad_aggressiveness, end_silence_ms=args.end_silence_ms
+                ),
+                barge_in_min_ms=args.barge_in_min_ms,
+            ),
+            ice_servers=ice,
+            max_sessions=args.max_sessions,
+            auth_token=args.auth_token or None,
+            cors_origins=tuple(args.cors_origin),
+            idle_timeout_s=args.idle_timeout_s,
+            max_call_s=args.max_call_s,
+        )
+
+
+def add_serve_arguments(
+    parser: argparse.ArgumentParser, env: Mapping[str, str] = os.environ
+) -> None:
+    """Flags of ``vocable serve``; each default comes from its ``VOCABLE_*`` variable."""
+
+    def default(name: str, cast: Callable[[str], Any], fallback: Any) -> Any:
+        value = env.get(f"VOCABLE_{name}")
+        if value is None or value == "":
+            return fallback
+        try:
+            return cast(value)
+        except ValueError:
+            raise SystemExit(f"vocable: VOCABLE_{name}={value!r} is not valid") from None
+
+    def listing(name: str) -> list[str]:
+        return [item.strip() for item in env.get(f"VOCABLE_{name}", "").split(",") if item.strip()]
+
+    net = parser.add_argument_group("network")
+    net.add_argument("--host", default=default("HOST", str, "127.0.0.1"), help="[VOCABLE_HOST]")
+    net.add_argument("--port", type=int, default=default("PORT", int, 8080), help="[VOCABLE_PORT]")
+    net.add_argument(
+        "--ice-server",
+        action="append",
+        default=listing("ICE_SERVERS"),
+        metavar="URL",
+        help="STUN/TURN URL, repeatable, e.g. stun:stun.example.org:3478 [VOCABLE_ICE_SERVERS, "
+        "comma-separated; default: none, which suits calls on one network]",
+    )
+    net.add_argument("--turn-username", default=default("TURN_USERNAME", str, None))
+    net.add_argument("--turn-credential", default=default("TURN_CREDENTIAL", str, None))
+    net.add_argument(
+        "--auth-token",
+        default=default("AUTH_TOKEN", str, None),
+        help="require 'Authorization: Bearer TOKEN' on /offer [VOCABLE_AUTH_TOKEN]",
+    )
+    net.add_argument(
+        "--cors-origin",
+        action="append",
+        default=listing("CORS_ORIGINS"),
+        metavar="ORIGIN",
+        help="allowed cross-origin page, repeatable [VOCABLE_CORS_ORIGINS]",
+    )
+
+    calls = parser.add_argument_group("calls")
+    calls.add_argument(
+        "--playbook",
+        type=Path,
+        default=default("PLAYBOOK", Path, EXAMPLES),
+        metavar="PATH",
+        help="a playbook file or a folder of them [VOCABLE_PLAYBOOK; default: the examples]",
+    )
+    calls.add_argument(
+        "--max-sessions", type=int, default=default("MAX_SESSIONS", int, 8), metavar="N"
+    )
+    calls.add_argument(
+        "--idle-timeout-s", type=float, default=default("IDLE_TIMEOUT_S", float, 300.0)
+    )
+    calls.add_argument("--max-call-s", type=float, default=default("MAX_CALL_S", float, 3600.0))
+
+    add_llm_arguments(parser)
+    parser.add_argument(
+        "--llm-retries", type=int, default=default("LLM_RETRIES", int, 3), metavar="N"
+    )
+
+    audio = parser.add_argument_group("speech")
+    audio.add_argument(
+        "--stt-model",
+        default=default("STT_MODEL", str, None),
+        help="CTranslate2 Whisper folder or size name [VOCABLE_STT_MODEL; default: tiny.en]",
+    )
+    audio.add_argument("--stt-threads", type=int, default=default("STT_THREADS", int, 2))
+    audio.add_argument(
+        "--tts-voice",
+        default=default("TTS_VOICE", str, None),
+        help="Piper .onnx voice [VOCABLE_TTS_VOICE; default: en_US-joe-medium]",
+    )
+    audio.add_argument(
+        "--vad-aggressiveness",
+        type=int,
+        choices=range(4),
+        default=default("VAD_AGGRESSIVENESS", int, 2),
+    )
+    audio.add_argument("--end-silence-ms", type=int, default=default("END_SILENCE_MS", int, 400))
+    audio.add_argument("--barge-in-min-ms", type=int, default=default("BARGE_IN_MIN_MS", int, 200))

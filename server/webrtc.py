@@ -1,0 +1,89 @@
+"""WebRTC media for one call: the caller's track into the session, the speaker out as a track.
+
+aiortc hands the caller's audio as Opus-decoded frames (typically s16 stereo 48 kHz, 960 samples);
+they are resampled to the pipeline's 16 kHz mono 20 ms frames. :class:`SpeakerTrack` is a pull-based
+track: aiortc calls ``recv()``, which paces itself to 20 ms and returns the speaker's next frame,
+silence when the agent is quiet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fractions
+import logging
+import time
+from collections.abc import AsyncIterator
+
+import av
+from aiortc import MediaStreamTrack
+from aiortc.mediastreams import MediaStreamError
+
+from media import FRAME_BYTES, FRAME_MS, SAMPLE_RATE, FrameSplitter, Resampler, Speaker
+
+__all__ = ["OUTPUT_RATE", "SpeakerTrack", "caller_frames"]
+
+log = logging.getLogger(__name__)
+
+OUTPUT_RATE = 48_000
+"""The speaker's rate for WebRTC calls: Opus's native rate, so aiortc does not resample."""
+
+
+class SpeakerTrack(MediaStreamTrack):
+    """An audio track that plays a :class:`Speaker`, one 20 ms frame per ``recv()``."""
+
+    kind = "audio"
+
+    def __init__(self, speaker: Speaker) -> None:
+        super().__init__()
+        if speaker.sample_rate != OUTPUT_RATE or speaker.frame_ms != FRAME_MS:
+            raise ValueError(f"the speaker must produce {FRAME_MS} ms frames at {OUTPUT_RATE} Hz")
+        self.speaker = speaker
+        self._samples = OUTPUT_RATE * FRAME_MS // 1000
+        self._time_base = fractions.Fraction(1, OUTPUT_RATE)
+        self._start: float | None = None
+        self._pts = 0
+
+    async def recv(self) -> av.AudioFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        if self._start is None:
+            self._start = time.monotonic()
+        else:
+            self._pts += self._samples
+            wait = self._start + self._pts / OUTPUT_RATE - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+        frame = av.AudioFrame(format="s16", layout="mono", samples=self._samples)
+        frame.planes[0].update(self.speaker.pull())
+        frame.pts = self._pts
+        frame.sample_rate = OUTPUT_RATE
+        frame.time_base = self._time_base
+        return frame
+
+
+async def caller_frames(track: MediaStreamTrack) -> AsyncIterator[bytes]:
+    """The caller's audio as 20 ms frames of 16 kHz mono PCM16, until the track ends."""
+    splitter = FrameSplitter(FRAME_BYTES)
+    resampler: Resampler | None = None
+    layout: tuple[int, int] | None = None
+    while True:
+        try:
+            frame = await track.recv()
+        except MediaStreamError:
+            return
+        if not isinstance(frame, av.AudioFrame):
+            continue
+        channels = len(frame.layout.channels)
+        if layout != (frame.sample_rate, channels):
+            layout = (frame.sample_rate, channels)
+            resampler = Resampler(frame.sample_rate, SAMPLE_RATE, in_channels=min(channels, 2))
+        assert resampler is not None
+        pcm = _interleaved_s16(frame)
+        for out in splitter.push(resampler.resample(pcm)):
+            yield out
+
+
+def _interleaved_s16(frame: av.AudioFrame) -> bytes:
+    if frame.format.name != "s16":  # aiortc's Opus, G.711 and G.722 decoders all give s16
+        raise ValueError(f"unexpected decoded audio format {frame.format.name!r}")
+    return bytes(frame.planes[0])[: frame.samples * 2 * len(frame.layout.channels)]

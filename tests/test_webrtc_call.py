@@ -1,0 +1,110 @@
+"""A real aiortc caller against the real server: speech in, the agent's voice out, barge-in."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from aiohttp.test_utils import TestServer
+
+from playbooks import ChatClient, load_playbooks
+from server.app import CALLS, create_app
+from server.config import ServerConfig
+from server.engines import Engines
+from tests.calls import piper_speech, synthesizer, transcriber, word_error_rate, words
+from tests.conftest import EXAMPLES
+from tests.scripted_llm import Reply, ScriptedLLM
+from tests.webrtc_client import WebRTCCaller
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+async def server(llm: ScriptedLLM) -> AsyncIterator[TestServer]:
+    engines = Engines(
+        transcriber(),
+        synthesizer(),
+        load_playbooks(EXAMPLES),
+        ChatClient.connect(llm.base_url, None, "scripted"),
+    )
+    server = TestServer(create_app(ServerConfig(), engines), host="127.0.0.1")
+    await server.start_server()
+    yield server
+    await server.close()
+    assert engines.llm is not None
+    await engines.llm.client.close()
+
+
+@pytest.fixture
+async def caller() -> AsyncIterator[WebRTCCaller]:
+    caller = WebRTCCaller()
+    yield caller
+    await caller.close()
+
+
+def _base(server: TestServer) -> str:
+    return str(server.make_url("")).rstrip("/")
+
+
+async def test_a_call_over_webrtc_hears_the_scripted_answer(
+    server: TestServer, caller: WebRTCCaller, llm: ScriptedLLM
+) -> None:
+    answer = "Your order is on its way. It will arrive on Tuesday."
+    llm.script([Reply(content=answer)])
+    await caller.connect(_base(server), playbook="support")
+    await caller.wait_for("tts_end", timeout_s=30)  # the greeting
+    greeting_bytes = len(caller.heard)
+    caller.say(piper_speech("Hello, where is my parcel?"))
+    await caller.wait_for("tts_end", count=2, timeout_s=40)
+    await asyncio.sleep(0.3)  # the last frames in flight
+
+    order = [
+        e["type"]
+        for e in caller.events
+        if e["type"] in ("speech_start", "transcript", "agent_sentence", "tts_end")
+    ]
+    turn = order[order.index("speech_start") :]
+    assert turn == ["speech_start", "transcript", "agent_sentence", "agent_sentence", "tts_end"]
+    (transcript,) = caller.of_type("transcript")
+    assert {"hello", "my", "parcel"} <= set(words(transcript["text"]))
+    said = (await transcriber().transcribe(bytes(caller.heard[greeting_bytes:]))).text
+    assert word_error_rate(said, answer) <= 0.2
+    (metrics,) = caller.of_type("turn_metrics")
+    assert metrics["voice_to_voice_ms"] > 0
+
+    # hang up through the API: the session is freed
+    calls = server.app[CALLS]
+    assert caller.session_id in calls.calls
+    await calls.hangup(caller.session_id)
+    assert caller.session_id not in calls.calls
+    hangup = await caller.wait_for("hangup", timeout_s=5)
+    assert hangup["reason"] == "hung up by the client"
+
+
+async def test_barge_in_over_webrtc_silences_the_agent_at_the_client(
+    server: TestServer, caller: WebRTCCaller, llm: ScriptedLLM
+) -> None:
+    long_answer = " ".join(
+        [
+            "Let me tell you everything about our delivery options.",
+            "Standard delivery takes three to five working days.",
+            "Express delivery arrives the next working day if you order before noon.",
+            "Weekend delivery is available in most cities for a small fee.",
+        ]
+    )
+    llm.script([Reply(content=long_answer), Reply(content="Sure, go ahead.")])
+    await caller.connect(_base(server), playbook="support")
+    await caller.wait_for("tts_end", timeout_s=30)  # the greeting: two sentences
+    caller.say(piper_speech("What are your delivery options?"))
+    await caller.wait_for("agent_sentence", count=3, timeout_s=40)  # greeting had 2 sentences
+    caller.say(piper_speech("Wait, I have another question."))
+    interrupted = await caller.wait_for("interrupted", timeout_s=10)
+    cut_at = interrupted["t_ms"] / 1000  # server monotonic clock; same machine
+    await asyncio.sleep(0.6)
+    # at the client, the agent's audio is silent shortly after the interrupt decision
+    late = [f for f in caller.frames if f.at > cut_at + 0.25]
+    assert late
+    assert max(f.dbfs for f in late[:10]) < -50
+    await caller.wait_for("tts_end", count=3, timeout_s=30)
+    assert caller.of_type("agent_sentence")[-1]["text"] == "Sure, go ahead."
