@@ -1,0 +1,109 @@
+"""The web client in real headless Chromium with a fake microphone, against the real server."""
+
+from __future__ import annotations
+
+import wave
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from aiohttp.test_utils import TestServer
+
+from media.audio import SAMPLE_RATE, silence
+from playbooks import ChatClient, load_playbooks
+from server.app import create_app
+from server.config import ServerConfig
+from server.engines import Engines
+from tests.browser import Browser
+from tests.calls import piper_speech, synthesizer, transcriber
+from tests.conftest import EXAMPLES
+from tests.scripted_llm import Reply, ScriptedLLM
+
+pytestmark = pytest.mark.slow
+
+ANSWER = "Your order is on its way. It will arrive on Tuesday."
+STATS = """(async () => {
+    const stats = await call.pc.getStats();
+    let bytes = 0, energy = 0;
+    stats.forEach((report) => {
+        if (report.type === "inbound-rtp" && report.kind === "audio") {
+            bytes = report.bytesReceived;
+            energy = report.totalAudioEnergy || 0;
+        }
+    });
+    return {bytes, energy};
+})()"""
+
+
+@pytest.fixture
+async def server(llm: ScriptedLLM) -> AsyncIterator[TestServer]:
+    engines = Engines(
+        transcriber(),
+        synthesizer(),
+        load_playbooks(EXAMPLES),
+        ChatClient.connect(llm.base_url, None, "scripted"),
+    )
+    server = TestServer(create_app(ServerConfig(), engines), host="127.0.0.1")
+    await server.start_server()
+    yield server
+    await server.close()
+
+
+def _microphone(path: Path) -> Path:
+    """Greeting-length silence, the question, then a long pause (Chromium loops the file)."""
+    pcm = silence(6000) + piper_speech("Hello, I am calling about my order.") + silence(20000)
+    with wave.open(str(path), "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(SAMPLE_RATE)
+        wav.writeframes(pcm)
+    return path
+
+
+async def test_a_browser_call_shows_both_sides_and_plays_the_agent(
+    server: TestServer, llm: ScriptedLLM, tmp_path: Path
+) -> None:
+    llm.script([Reply(content=ANSWER)])
+    base = str(server.make_url("")).rstrip("/")
+    async with Browser(tmp_path / "profile", _microphone(tmp_path / "mic.wav")) as browser:
+        try:
+            await browser.goto(f"{base}/?raw=1&playbook=support")
+            assert await browser.evaluate("document.getElementById('call').textContent") == "Call"
+            await browser.evaluate("document.getElementById('call').click()")
+            await browser.wait_until("call && call.pc.connectionState === 'connected'", 20)
+            first = await browser.evaluate(STATS)
+
+            user_line = await browser.wait_until(
+                "[...document.querySelectorAll('.line.user .text')].map(e => e.textContent)"
+                ".find(t => /order/i.test(t))",
+                40,
+            )
+            assert "calling" in user_line.lower()
+            agent_text = await browser.wait_until(
+                "[...document.querySelectorAll('.line.agent .text')].map(e => e.textContent)"
+                ".find(t => t.includes('Tuesday'))",
+                30,
+            )
+            assert agent_text == ANSWER
+            stage = await browser.evaluate("document.getElementById('stage').textContent")
+            assert stage == "Stage: Identify the order"
+            metrics = await browser.wait_until(
+                "document.querySelector('#metrics tbody').rows.length", 10
+            )
+            assert metrics == 7
+
+            later = await browser.wait_until(f"{STATS}.then(s => s.energy > 0 && s)", 10)
+            assert later["bytes"] > first["bytes"]
+            # the audio that arrived carried sound, not just silence frames
+            assert later["energy"] > 0
+            banner_hidden = await browser.evaluate("document.getElementById('banner').hidden")
+            assert banner_hidden is True
+
+            await browser.evaluate("document.getElementById('call').click()")
+            status = await browser.wait_until(
+                "document.getElementById('status').textContent.startsWith('Call ended') && 'ok'", 5
+            )
+            assert status == "ok"
+        except BaseException:
+            await browser.screenshot(tmp_path / "failure.png")
+            raise
