@@ -82,6 +82,8 @@ class WebRTCCall:
         self._caller: MediaStreamTrack | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._ended = False
+        self.ended = asyncio.Event()
+        """Set once the call has ended and everything it held is freed."""
         self._listening = False
         pc.on("track", self._on_track)
         pc.on("datachannel", self._on_datachannel)
@@ -210,6 +212,7 @@ class WebRTCCall:
                 task.cancel()
         await self.pc.close()
         self._on_end(self, reason)
+        self.ended.set()
 
 
 class CallRegistry:

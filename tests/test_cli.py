@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from tests.conftest import EXAMPLES, REPO
@@ -181,3 +183,38 @@ async def test_chat_without_any_endpoint_says_how_to_configure_one() -> None:
     assert code == 2
     assert "--llm-base-url" in err
     assert "OPENAI_API_KEY" in err
+
+
+async def test_serve_starts_says_where_and_stops_cleanly(unused_tcp_port: int) -> None:
+    clean_env = {k: v for k, v in os.environ.items() if not k.startswith(("VOCABLE_", "OPENAI_"))}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "server",
+        "serve",
+        "--port",
+        str(unused_tcp_port),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=REPO,
+        env=clean_env,
+    )
+    assert process.stdout is not None
+    try:
+        async with asyncio.timeout(90):
+            while b"ready" not in (line := await process.stdout.readline()):
+                assert line, "the server exited before it was ready"
+        assert f"http://127.0.0.1:{unused_tcp_port}".encode() in line
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"http://127.0.0.1:{unused_tcp_port}/healthz") as response,
+        ):
+            health = await response.json()
+        assert health["status"] == "ok"
+        assert health["llm_configured"] is False
+    finally:
+        process.send_signal(signal.SIGINT)
+        _, err = await asyncio.wait_for(process.communicate(), timeout=30)
+    assert process.returncode == 0, err.decode()
+    assert b"no LLM endpoint configured" in err
+    assert b"Traceback" not in err

@@ -108,3 +108,40 @@ async def test_barge_in_over_webrtc_silences_the_agent_at_the_client(
     assert max(f.dbfs for f in late[:10]) < -50
     await caller.wait_for("tts_end", count=3, timeout_s=30)
     assert caller.of_type("agent_sentence")[-1]["text"] == "Sure, go ahead."
+
+
+async def test_typed_text_mute_and_bad_messages_over_the_data_channel(
+    server: TestServer, caller: WebRTCCaller, llm: ScriptedLLM
+) -> None:
+    llm.script([Reply(content="Typed questions work too.")])
+    await caller.connect(_base(server), playbook="support")
+    await caller.wait_for("tts_end", timeout_s=30)  # the greeting
+    caller.send({"type": "mute", "muted": True})
+    caller.send({"type": "text", "text": "Can I type instead?"})
+    await caller.wait_for("tts_end", count=2, timeout_s=30)
+    assert caller.of_type("agent_sentence")[-1]["text"] == "Typed questions work too."
+    assert llm.requests[-1]["messages"][-1] == {"role": "user", "content": "Can I type instead?"}
+    session = server.app[CALLS].calls[caller.session_id].session
+    assert session.muted is True
+
+    caller.send({"type": "dance"})
+    caller.channel.send("not json")
+    first = await caller.wait_for("error", timeout_s=5)
+    second = await caller.wait_for("error", count=2, timeout_s=5)
+    assert first["message"] == "unsupported message 'dance'"
+    assert second["message"] == "expected a JSON object with a type"
+    assert caller.session_id in server.app[CALLS].calls  # bad input ends nothing
+
+
+async def test_a_vanishing_peer_frees_its_session(
+    server: TestServer, caller: WebRTCCaller, llm: ScriptedLLM
+) -> None:
+    await caller.connect(_base(server), playbook="restaurant")
+    await caller.wait_for("agent_sentence", timeout_s=30)
+    calls = server.app[CALLS]
+    (call,) = calls.calls.values()
+    await caller.pc.close()  # no hang-up message: the peer is simply gone
+    await asyncio.wait_for(call.ended.wait(), timeout=40)
+    assert len(calls) == 0
+    assert call.session.state == "closed"
+    assert llm.requests == []
