@@ -63,12 +63,41 @@ class SentenceChunker:
         self._released = 0
 
     def _next_cut(self) -> int | None:
+        """Where the next chunk ends, or None to wait for more text.
+
+        Each rule decides from the text up to its cut plus at most one character of lookahead.
+        The cut that a growing buffer would reveal first wins (ties: sentence, then clause, then
+        length), so the chunks do not depend on how the text was split into deltas.
+        """
+        buffer = self._buffer
+        sentence = self._sentence_cut()
+        # a run-on chunk is cut as soon as the buffer holds max_chars + 1 characters
+        overflow_at = self.max_chars + 1 if len(buffer) > self.max_chars else None
+        if self._released == 0 and self.first_clause_min_chars:
+            horizon = len(buffer)
+            if sentence is not None:
+                horizon = min(horizon, sentence[1] - 1)
+            if overflow_at is not None:
+                horizon = min(horizon, overflow_at)
+            early = self._clause_cut(self.first_clause_min_chars, horizon)
+            if early is not None:
+                return early
+        if sentence is not None and (overflow_at is None or sentence[1] <= overflow_at):
+            return sentence[0]
+        if overflow_at is not None:
+            return self._clause_cut(self.max_chars // 2, overflow_at) or _last_space(
+                buffer, self.max_chars
+            )
+        return None
+
+    def _sentence_cut(self) -> tuple[int, int] | None:
+        """The first sentence end: (cut, length of the prefix that decides it), or None."""
         buffer = self._buffer
         i = self._scanned
         while i < len(buffer):
             char = buffer[i]
             if char == "\n":
-                return i + 1
+                return i + 1, i + 1
             if char in _TERMINATORS:
                 end = i + 1
                 while end < len(buffer) and buffer[end] in _CLOSERS + _TERMINATORS:
@@ -76,21 +105,17 @@ class SentenceChunker:
                 if end >= len(buffer):
                     break  # need the next character to decide
                 if buffer[end].isspace() and not _is_abbreviation(buffer, i):
-                    return end
+                    return end, end + 1
             i += 1
         self._scanned = max(0, min(i, len(buffer) - 1))
-        if self._released == 0 and self.first_clause_min_chars:
-            early = self._clause_cut(self.first_clause_min_chars)
-            if early is not None:
-                return early
-        if len(buffer) > self.max_chars:
-            return self._clause_cut(self.max_chars // 2) or _last_space(buffer, self.max_chars)
         return None
 
-    def _clause_cut(self, min_chars: int) -> int | None:
-        if len(self._buffer) < min_chars:
+    def _clause_cut(self, min_chars: int, endpos: int) -> int | None:
+        """The end of the first clause boundary at or after ``min_chars`` that is decided
+        within the first ``endpos`` characters."""
+        if endpos < min_chars:
             return None
-        for match in _CLAUSE.finditer(self._buffer, min_chars - 1):
+        for match in _CLAUSE.finditer(self._buffer, min_chars - 1, endpos):
             return match.end()
         return None
 
@@ -123,6 +148,7 @@ _LIST_MARKER = re.compile(r"^\s*(?:[-*+•]|\d{1,3}[.)])\s+", re.MULTILINE)
 _EMPHASIS = re.compile(r"(\*{1,3}|_{2,3}|~~|`)")
 _LONE_UNDERSCORE = re.compile(r"(?<!\w)_|_(?!\w)")
 _SPACES = re.compile(r"\s+")
+_SPACE_BEFORE_PUNCTUATION = re.compile(r"\s+(?=[.,!?;:…]+(?:\s|$))")
 
 
 def speakable(text: str) -> str:
@@ -135,6 +161,7 @@ def speakable(text: str) -> str:
     text = _LONE_UNDERSCORE.sub("", text)
     text = "".join(char for char in text if _sayable(char))
     text = _SPACES.sub(" ", text).strip()
+    text = _SPACE_BEFORE_PUNCTUATION.sub("", text)  # "Great news 🎉!" -> "Great news!"
     return text if any(char.isalnum() for char in text) else ""
 
 

@@ -7,7 +7,7 @@ bounds how many syntheses run at once. Piper has no token-level streaming: feed 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Generator
+from collections.abc import AsyncGenerator, Generator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,7 +66,7 @@ class Synthesizer:
             pass
         return synthesizer
 
-    async def synthesize(self, text: str) -> AsyncIterator[bytes]:
+    async def synthesize(self, text: str) -> AsyncGenerator[bytes, None]:
         """PCM16 mono at :attr:`sample_rate`, piece by piece (each at most ``PIECE_MS``).
 
         Each Piper step runs in the worker pool; cancelling stops after the step in flight.

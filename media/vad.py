@@ -1,9 +1,10 @@
 """Speech segmentation of 20 ms frames with webrtcvad: ``SpeechStarted`` and ``SpeechEnded``.
 
 Speech starts after ``start_ms`` of consecutive voiced frames and ends after ``end_silence_ms`` of
-unvoiced ones (or is cut at ``max_utterance_ms``). A pre-roll ring buffer keeps the frames before
-the start so the onset reaches Whisper. Frames quieter than ``min_dbfs`` count as unvoiced, which
-keeps line noise and faint echo from starting an utterance.
+unvoiced ones (or is cut when its audio reaches ``max_utterance_ms``). A ring buffer keeps
+``pre_roll_ms`` of audio from before the first voiced frame so the onset reaches Whisper. Frames
+quieter than ``min_dbfs`` count as unvoiced, which keeps line noise and faint echo from starting an
+utterance.
 """
 
 from __future__ import annotations
@@ -33,9 +34,13 @@ class VadSettings:
     def __post_init__(self) -> None:
         if not 0 <= self.aggressiveness <= 3:
             raise ValueError("VAD aggressiveness must be 0..3")
+        if self.pre_roll_ms < 0:
+            raise ValueError("pre_roll_ms must not be negative")
         for name in ("start_ms", "end_silence_ms", "max_utterance_ms"):
             if getattr(self, name) < FRAME_MS:
                 raise ValueError(f"{name} must be at least {FRAME_MS}")
+        if self.max_utterance_ms <= self.pre_roll_ms + self.start_ms:
+            raise ValueError("max_utterance_ms must exceed pre_roll_ms + start_ms")
 
 
 @dataclass(frozen=True)
@@ -48,7 +53,8 @@ class SpeechStarted:
 
 @dataclass(frozen=True)
 class SpeechEnded:
-    """An utterance ended; ``audio`` is 16 kHz PCM16 including the pre-roll.
+    """An utterance ended; ``audio`` is 16 kHz PCM16 from ``pre_roll_ms`` before ``started_at``
+    (as far as audio had arrived) through the frame that decided the end.
 
     ``last_voiced_at``: arrival of the last voiced frame (the caller stopped talking);
     ``detected_at``: when the end was decided (``end_silence_ms`` later, or at a forced cut).
@@ -77,20 +83,30 @@ class VadSegmenter:
         self.settings = settings or VadSettings()
         self.clock = clock
         self._vad = webrtcvad.Vad(self.settings.aggressiveness)
-        self._pre_roll: deque[bytes] = deque(maxlen=max(1, self.settings.pre_roll_ms // FRAME_MS))
         self._start_frames = self.settings.start_ms // FRAME_MS
+        # the pre-roll plus the voiced run that starts the utterance
+        self._pre_roll: deque[bytes] = deque(
+            maxlen=self.settings.pre_roll_ms // FRAME_MS + self._start_frames
+        )
         self._end_frames = self.settings.end_silence_ms // FRAME_MS
         self._max_frames = self.settings.max_utterance_ms // FRAME_MS
         self._voiced_run = 0
         self._run_started_at = 0.0
         self._utterance: list[bytes] | None = None
         self._silent_run = 0
+        self._voiced_frames = 0
         self._started_at = 0.0
         self._last_voiced_at = 0.0
 
     @property
     def speaking(self) -> bool:
         return self._utterance is not None
+
+    @property
+    def voiced_ms(self) -> int:
+        """Voiced audio so far in the current utterance (0 when not speaking): how much the
+        caller has actually said, unlike the utterance's length, which includes pauses."""
+        return self._voiced_frames * FRAME_MS if self._utterance is not None else 0
 
     def is_voiced(self, frame: bytes) -> bool:
         return pcm_rms_dbfs(frame) >= self.settings.min_dbfs and self._vad.is_speech(
@@ -127,6 +143,7 @@ class VadSegmenter:
         self._utterance = list(self._pre_roll)
         self._pre_roll.clear()
         self._silent_run = 0
+        self._voiced_frames = self._voiced_run
         self._started_at = self._run_started_at
         self._last_voiced_at = at
         return [SpeechStarted(at=self._started_at, detected_at=at)]
@@ -136,6 +153,7 @@ class VadSegmenter:
         self._utterance.append(frame)
         if voiced:
             self._silent_run = 0
+            self._voiced_frames += 1
             self._last_voiced_at = at
         else:
             self._silent_run += 1

@@ -31,7 +31,7 @@ SessionState = Literal["listening", "thinking", "speaking", "closed"]
 class SessionSettings:
     vad: VadSettings = field(default_factory=VadSettings)
     barge_in_min_ms: int = 200
-    """Caller speech must last this long while the agent is busy to interrupt it."""
+    """Voiced caller speech needed, while the agent is busy, to interrupt it."""
     greet: bool = True
 
 
@@ -57,7 +57,6 @@ class Session:
         """The caller audio the running turn answers (empty for the greeting or typed text)."""
         self._pending: SpeechEnded | None = None
         self._carry: bytes = b""
-        self._speech_started_at: float | None = None
         self._interrupted_this_utterance = False
         self._closed = False
         self._state: SessionState = "listening"
@@ -113,7 +112,7 @@ class Session:
                 self._on_speech_started(event)
             else:
                 self._on_speech_ended(event)
-        self._check_barge_in(at)
+        self._check_barge_in()
         self._refresh_state()
 
     def submit_text(self, text: str) -> None:
@@ -123,12 +122,10 @@ class Session:
         self._start_turn(self.voice.answer_text(text), name="turn")
 
     def _on_speech_started(self, event: SpeechStarted) -> None:
-        self._speech_started_at = event.at
         self._interrupted_this_utterance = False
         self.voice.emit("speech_start", at_ms=round(event.at * 1000, 1))
 
     def _on_speech_ended(self, event: SpeechEnded) -> None:
-        self._speech_started_at = None
         self.voice.emit(
             "speech_end",
             duration_ms=round(event.duration_ms),
@@ -146,15 +143,15 @@ class Session:
             self._pending = event  # heard after the agent finishes
         # else: too short to interrupt the agent: a cough or a backchannel, not a turn
 
-    def _check_barge_in(self, at: float) -> None:
+    def _check_barge_in(self) -> None:
         if (
-            self._speech_started_at is None
+            not self.vad.speaking
             or self._interrupted_this_utterance
             or not self.busy
             or not self.voice.interruptible
         ):
             return
-        if (at - self._speech_started_at) * 1000 >= self.settings.barge_in_min_ms:
+        if self.vad.voiced_ms >= self.settings.barge_in_min_ms:
             self._interrupted_this_utterance = True
             self.interrupt()
 

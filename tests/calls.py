@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import functools
-import re
-import shutil
-import subprocess
 import tempfile
-import wave
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from media import Resampler, Speaker, Synthesizer, Transcriber
+from media import Speaker, Synthesizer, Transcriber
 from media.audio import SAMPLE_RATE, silence
 from playbooks import ChatClient, OrchestratorEvent, PlaybookOrchestrator, RetryPolicy
 from playbooks.loader import LoadedPlaybook
@@ -22,42 +17,34 @@ from server.events import VoiceEvent
 from server.loopback import LoopbackCall
 from server.session import Session, SessionSettings
 from server.voice import VoicePlaybookOrchestrator
+from tests.speech import (
+    espeak_wav,
+    piper_speech,
+    synthesizer,
+    to_16k,
+    transcriber,
+    word_error_rate,
+    words,
+)
+
+__all__ = [
+    "VoiceCall",
+    "espeak_speech",
+    "loudest",
+    "piper_speech",
+    "start_call",
+    "synthesizer",
+    "transcriber",
+    "word_error_rate",
+    "words",
+]
 
 
-@functools.cache
-def synthesizer() -> Synthesizer:
-    return Synthesizer.load()
-
-
-@functools.cache
-def transcriber() -> Transcriber:
-    return Transcriber.load()
-
-
-@functools.cache
-def piper_speech(text: str) -> bytes:
-    """``text`` spoken by the Piper voice, as 16 kHz PCM16."""
-    tts = synthesizer()
-    resampler = Resampler(tts.sample_rate, SAMPLE_RATE)
-    return resampler.resample(tts.synthesize_all(text)) + resampler.flush()
-
-
-@functools.cache
 def espeak_speech(text: str) -> bytes:
     """``text`` spoken by espeak-ng (a second, very different voice), as 16 kHz PCM16."""
-    espeak = shutil.which("espeak-ng")
-    if espeak is None:
-        raise RuntimeError(
-            "espeak-ng is required (make test installs it: apt-get install espeak-ng)"
-        )
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "speech.wav"
-        subprocess.run([espeak, "-v", "en-us", "-s", "150", "-w", str(path), text], check=True)
-        with wave.open(str(path)) as wav:
-            rate = wav.getframerate()
-            pcm = wav.readframes(wav.getnframes())
-    resampler = Resampler(rate, SAMPLE_RATE)
-    return resampler.resample(pcm) + resampler.flush()
+        pcm, rate = espeak_wav(text, Path(tmp) / "speech.wav", "-v", "en-us", "-s", "150")
+    return to_16k(pcm, rate)
 
 
 def loudest(pcm: bytes, ms: int) -> bytes:
@@ -67,24 +54,6 @@ def loudest(pcm: bytes, ms: int) -> bytes:
     energy = np.convolve(samples * samples, np.ones(width), mode="valid")
     start = int(np.argmax(energy))
     return pcm[start * 2 : (start + width) * 2]
-
-
-def words(text: str) -> list[str]:
-    return re.findall(r"[a-z0-9]+", text.lower())
-
-
-def word_error_rate(heard: str, expected: str) -> float:
-    """Word-level edit distance over the expected length (Whisper tiny is not perfect)."""
-    a, b = words(heard), words(expected)
-    previous = list(range(len(b) + 1))
-    for i, word in enumerate(a, 1):
-        current = [i]
-        for j, other in enumerate(b, 1):
-            current.append(
-                min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (word != other))
-            )
-        previous = current
-    return previous[-1] / max(1, len(b))
 
 
 @dataclass

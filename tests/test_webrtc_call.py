@@ -20,6 +20,21 @@ from tests.webrtc_client import WebRTCCaller
 pytestmark = pytest.mark.slow
 
 
+CALLER_PHRASES = (
+    "Hello, where is my parcel?",
+    "Wait, I have another question.",
+    "What are your delivery options?",
+)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _caller_speech_ready() -> None:
+    """Synthesize the caller's phrases before any call starts: Piper running on the test's
+    event loop mid-call would stall the call's 20 ms clock."""
+    for phrase in CALLER_PHRASES:
+        piper_speech(phrase)
+
+
 @pytest.fixture
 async def server(llm: ScriptedLLM) -> AsyncIterator[TestServer]:
     engines = Engines(

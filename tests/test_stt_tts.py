@@ -1,0 +1,254 @@
+"""Real Whisper and real Piper: speech round trips (Piper and a second voice, espeak-ng), noise is
+dropped, decoding and synthesis stay off the event loop, synthesis streams in short pieces and
+stops promptly when its consumer is cancelled."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable
+from pathlib import Path
+
+import pytest
+
+from media import Synthesizer, SynthesizerSettings, Transcriber, Transcript
+from media.audio import duration_ms, silence
+from media.tts import PIECE_MS
+from tests import speech
+from tests.speech import espeak_wav, to_16k, white_noise, word_error_rate, words
+
+pytestmark = pytest.mark.slow
+
+SENTENCES = [
+    f"This is sentence number {n} of a long answer about the opening hours." for n in range(12)
+]
+LONG_TEXT = " ".join(SENTENCES)
+
+
+@pytest.fixture(scope="module")
+def transcriber() -> Transcriber:
+    return speech.transcriber()
+
+
+@pytest.fixture(scope="module")
+def synth() -> Synthesizer:
+    return speech.synthesizer()
+
+
+async def max_tick_gap(work: Awaitable[object]) -> tuple[float, int]:
+    """Run ``work`` while a task ticks every 10 ms: (largest gap between ticks in s, ticks)."""
+    gaps: list[float] = []
+    running = True
+
+    async def tick() -> None:
+        last = time.perf_counter()
+        while running:
+            await asyncio.sleep(0.01)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    ticker = asyncio.create_task(tick())
+    await asyncio.sleep(0.03)  # the ticker is running before the work starts
+    gaps.clear()
+    try:
+        await work
+    finally:
+        running = False
+        await ticker
+    return max(gaps), len(gaps)
+
+
+# --- speech to text ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Please book a table for four people at seven o'clock tomorrow evening.",
+        "I would like to change my delivery address to the new office.",
+    ],
+)
+async def test_piper_speech_transcribes_back_to_the_same_words(
+    transcriber: Transcriber, text: str
+) -> None:
+    audio = silence(300) + speech.piper_speech(text) + silence(300)
+    transcript = await transcriber.transcribe(audio)
+    assert transcript.dropped is None
+    assert word_error_rate(transcript.text, text) <= 0.1, transcript.text
+    assert transcript.audio_ms == duration_ms(audio)
+    assert transcript.compute_ms > 0
+    assert transcript.avg_logprob is not None
+    assert transcript.no_speech_prob is not None
+    assert transcript.no_speech_prob < 0.5
+
+
+@pytest.mark.parametrize(
+    "text", ["Please call me back tomorrow morning.", "I want to cancel my subscription today."]
+)
+async def test_a_second_voice_espeak_ng_is_transcribed(
+    transcriber: Transcriber, tmp_path: Path, text: str
+) -> None:
+    pcm, rate = espeak_wav(text, tmp_path / "espeak.wav", "-v", "en-us", "-s", "140")
+    assert rate == 22_050
+    audio = to_16k(pcm, rate)
+    assert duration_ms(audio) == pytest.approx(len(pcm) / 2 / rate * 1000, abs=5)
+    transcript = await transcriber.transcribe(audio)
+    assert transcript.dropped is None
+    assert word_error_rate(transcript.text, text) <= 0.2, transcript.text
+
+
+@pytest.mark.parametrize(
+    "audio",
+    [
+        pytest.param(silence(2000), id="silence"),
+        pytest.param(white_noise(2000, -20, seed=1), id="loud-white-noise"),
+        pytest.param(white_noise(2000, -45, seed=2), id="faint-white-noise"),
+    ],
+)
+async def test_silence_and_noise_give_no_text(transcriber: Transcriber, audio: bytes) -> None:
+    transcript = await transcriber.transcribe(audio)
+    assert transcript.text == ""
+    assert transcript.dropped
+
+
+async def test_transcription_runs_off_the_event_loop(transcriber: Transcriber) -> None:
+    text = "Please book a table for four people at seven o'clock tomorrow evening."
+    audio = silence(300) + speech.piper_speech(text) + silence(300)
+    result: list[Transcript] = []
+
+    async def decode() -> None:
+        result.append(await transcriber.transcribe(audio))
+
+    gap, ticks = await max_tick_gap(decode())
+    decode_s = result[0].compute_ms / 1000
+    assert word_error_rate(result[0].text, text) <= 0.1
+    assert decode_s > 0.1
+    # the loop kept ticking all along: no pause anywhere near the decode time
+    assert gap < max(0.05, decode_s / 3), (gap, decode_s)
+    assert ticks >= decode_s / 0.01 / 4
+
+
+async def test_concurrent_transcriptions_each_get_their_own_text(transcriber: Transcriber) -> None:
+    first = "Please book a table for four people at seven o'clock tomorrow evening."
+    second = "I would like to change my delivery address to the new office."
+    heard = await asyncio.gather(
+        transcriber.transcribe(speech.piper_speech(first)),
+        transcriber.transcribe(speech.piper_speech(second)),
+    )
+    assert word_error_rate(heard[0].text, first) <= 0.1
+    assert word_error_rate(heard[1].text, second) <= 0.1
+
+
+async def test_a_cancelled_transcription_leaves_the_transcriber_working(
+    transcriber: Transcriber,
+) -> None:
+    text = "I would like to change my delivery address to the new office."
+    audio = speech.piper_speech(text)
+    task = asyncio.create_task(transcriber.transcribe(audio))
+    await asyncio.sleep(0.05)
+    started = time.perf_counter()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert time.perf_counter() - started < 0.2  # the caller is not held by the decode
+    transcript = await transcriber.transcribe(audio)
+    assert word_error_rate(transcript.text, text) <= 0.1
+
+
+# --- text to speech ---------------------------------------------------------------------------
+
+
+async def test_synthesis_streams_pieces_of_at_most_piece_ms(synth: Synthesizer) -> None:
+    text = "Hello there. Your table for four is booked for seven o'clock tomorrow evening."
+    assert synth.sample_rate == 22_050
+    max_piece = synth.sample_rate * PIECE_MS // 1000 * 2
+    pieces = [piece async for piece in synth.synthesize(text)]
+    assert len(pieces) > 5
+    assert all(0 < len(piece) <= max_piece and len(piece) % 2 == 0 for piece in pieces)
+    total = b"".join(pieces)
+    reference = synth.synthesize_all(text)
+    # Piper varies its timing slightly from run to run: the same text, about the same length
+    assert len(total) == pytest.approx(len(reference), rel=0.1)
+    heard = await speech.transcriber().transcribe(to_16k(total, synth.sample_rate))
+    assert word_error_rate(heard.text, text) <= 0.15, heard.text
+
+
+async def test_nothing_to_say_yields_nothing(synth: Synthesizer) -> None:
+    assert [piece async for piece in synth.synthesize("")] == []
+    assert [piece async for piece in synth.synthesize("   ")] == []
+
+
+async def test_synthesis_runs_off_the_event_loop(synth: Synthesizer) -> None:
+    pieces: list[bytes] = []
+
+    async def consume() -> None:
+        pieces.extend([piece async for piece in synth.synthesize(" ".join(SENTENCES[:5]))])
+
+    started = time.perf_counter()
+    gap, _ = await max_tick_gap(consume())
+    elapsed = time.perf_counter() - started
+    assert duration_ms(b"".join(pieces), synth.sample_rate) > 12_000
+    assert gap < max(0.05, elapsed / 10), (gap, elapsed)
+
+
+async def test_cancelling_the_consumer_stops_synthesis_promptly(synth: Synthesizer) -> None:
+    pieces: list[bytes] = []
+    first_piece = asyncio.Event()
+
+    async def consume() -> None:
+        async for piece in synth.synthesize(LONG_TEXT):
+            pieces.append(piece)
+            first_piece.set()
+
+    started = time.perf_counter()
+    task = asyncio.create_task(consume())
+    await first_piece.wait()
+    sentence_s = time.perf_counter() - started  # Piper synthesizes one sentence per step
+    cancelled_at = time.perf_counter()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert time.perf_counter() - cancelled_at < 0.2
+    assert duration_ms(b"".join(pieces), synth.sample_rate) < 10_000  # far from the whole text
+
+    # the worker is free again at once: at most the step in flight finishes, not the 11
+    # sentences left of the abandoned text
+    started = time.perf_counter()
+    agen = synth.synthesize("Are you still there?")
+    async with contextlib.aclosing(agen):
+        first = await anext(agen)
+        first_piece_s = time.perf_counter() - started
+        rest = [piece async for piece in agen]
+    assert first
+    assert first_piece_s < 4 * sentence_s, (first_piece_s, sentence_s)
+    heard = await speech.transcriber().transcribe(to_16k(first + b"".join(rest), synth.sample_rate))
+    assert words(heard.text) == ["are", "you", "still", "there"], heard.text
+
+
+async def test_a_consumer_cancelled_between_pieces_closes_the_stream(synth: Synthesizer) -> None:
+    """The consumer is cancelled while it holds a piece (e.g. waiting for the speaker)."""
+    pieces: list[bytes] = []
+    holding = asyncio.Event()
+
+    async def consume() -> None:
+        async with contextlib.aclosing(synth.synthesize(LONG_TEXT)) as stream:
+            async for piece in stream:
+                pieces.append(piece)
+                holding.set()
+                await asyncio.sleep(10)  # playing it
+
+    task = asyncio.create_task(consume())
+    await holding.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert len(pieces) == 1
+    again = [piece async for piece in synth.synthesize("Hello again.")]
+    assert duration_ms(b"".join(again), synth.sample_rate) > 300
+
+
+def test_a_missing_voice_is_reported(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="Piper voice"):
+        Synthesizer.load(SynthesizerSettings(voice=str(tmp_path / "nobody.onnx")))
