@@ -92,8 +92,17 @@ class PlaybookOrchestrator:
         """The current stage's greeting, recorded as said by the assistant; None if it has none."""
         greeting = self.engine.stage.greeting
         if greeting:
-            self.conversation.append({"role": "assistant", "content": greeting})
+            self.record_said(greeting)
         return greeting
+
+    def record_said(self, text: str, *, interrupted: bool = False) -> None:
+        """Record something the assistant said outside a turn (a spoken greeting: as far as it
+        was heard). Nothing is recorded for empty text."""
+        if text:
+            message: Message = {"role": "assistant", "content": text}
+            if interrupted:
+                message["interrupted"] = True
+            self.conversation.append(message)
 
     def turn(self, user_text: str) -> Turn:
         """A turn answering ``user_text``; use as ``async with`` and iterate it."""
@@ -205,6 +214,8 @@ class Turn:
         self._phase2_announced = False
         self._round_has_text = False
         self._completed = False
+        self._finishing: list[asyncio.Task[str]] = []
+        """Tools left to finish after an interruption (see ``Tool.on_interrupt``)."""
         self._deltas: AsyncIterator[str | Retraction] | None = None
         self._entered = False
 
@@ -227,9 +238,13 @@ class Turn:
             if self._deltas is not None:
                 await self._deltas.aclose()  # type: ignore[attr-defined]
         finally:
-            if exc_type is not None or not self._completed:
-                self._record_interruption()
-            self._o._turn_active = False
+            try:
+                if self._finishing:
+                    await asyncio.wait(self._finishing)  # bounded by each tool's own timeout
+            finally:
+                if exc_type is not None or not self._completed:
+                    self._record_interruption()
+                self._o._turn_active = False
 
     def __aiter__(self) -> AsyncIterator[str | Retraction]:
         if not self._entered:
@@ -430,9 +445,29 @@ class Turn:
         self.tool_call_count += min(len(calls), budget)
         if pending:
             started = time.monotonic()
+            finishing = {
+                call.id
+                for call in calls
+                if call.id in pending and self._finishes_on_interrupt(call.name)
+            }
             try:
                 async with asyncio.timeout_at(deadline):
-                    await asyncio.gather(*pending.values(), return_exceptions=True)
+                    await asyncio.gather(
+                        *(
+                            asyncio.shield(task) if call_id in finishing else task
+                            for call_id, task in pending.items()
+                        ),
+                        return_exceptions=True,
+                    )
+            except asyncio.CancelledError:
+                # interrupted: tools that must not stop half-way run on; the turn's exit
+                # waits for them so their real results enter the history
+                self._finishing = [
+                    task
+                    for call_id, task in pending.items()
+                    if call_id in finishing and not task.done()
+                ]
+                raise
             except TimeoutError:
                 # the timeout cancelled the gather and with it every unfinished tool
                 for call in calls:
@@ -445,7 +480,7 @@ class Turn:
                         )
             finally:
                 for task in pending.values():
-                    if not task.done():
+                    if not task.done() and task not in self._finishing:
                         task.cancel()
         self._close_open_calls(_error("no result"))
         if decision is None:
@@ -453,6 +488,10 @@ class Turn:
         transition, reason, data = decision
         o._transition(transition, reason=reason, data=data, keep=[user_message])
         return True
+
+    def _finishes_on_interrupt(self, name: str) -> bool:
+        tool = self._o.engine.playbook.tools.get(name)
+        return tool is not None and tool.on_interrupt == "finish"
 
     async def _call_tool(self, call: ToolCallRequest) -> str:
         o = self._o

@@ -14,13 +14,14 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, overload
+from typing import Any, Literal, overload
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 __all__ = ["DEFAULT_TOOL_TIMEOUT_S", "Tool", "ToolError", "tool"]
 
 DEFAULT_TOOL_TIMEOUT_S = 30.0
+OnInterrupt = Literal["cancel", "finish"]
 _MARKER = "__vocable_tool__"
 
 
@@ -37,6 +38,9 @@ class Tool:
     parameters: dict[str, Any]
     function: Callable[..., Any]
     timeout_s: float = DEFAULT_TOOL_TIMEOUT_S
+    on_interrupt: OnInterrupt = "cancel"
+    """When the caller barges in mid-call: ``cancel`` the tool, or let it ``finish`` (for
+    actions that must not stop half-way) and record its real result."""
     arguments_model: type[BaseModel] | None = field(default=None, repr=False)
 
     @classmethod
@@ -47,6 +51,7 @@ class Tool:
         name: str | None = None,
         description: str | None = None,
         timeout_s: float = DEFAULT_TOOL_TIMEOUT_S,
+        on_interrupt: OnInterrupt = "cancel",
     ) -> Tool:
         summary, arg_docs = _parse_docstring(inspect.getdoc(function) or "")
         model = _arguments_model(function, arg_docs)
@@ -58,6 +63,7 @@ class Tool:
             parameters=schema,
             function=function,
             timeout_s=timeout_s,
+            on_interrupt=on_interrupt,
             arguments_model=model,
         )
 
@@ -117,7 +123,11 @@ class Tool:
 def tool(function: Callable[..., Any], /) -> Callable[..., Any]: ...
 @overload
 def tool(
-    *, name: str | None = None, description: str | None = None, timeout_s: float = ...
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    timeout_s: float = ...,
+    on_interrupt: OnInterrupt = ...,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
 
 
@@ -128,6 +138,7 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     timeout_s: float = DEFAULT_TOOL_TIMEOUT_S,
+    on_interrupt: OnInterrupt = "cancel",
 ) -> Any:
     """Mark a function as a playbook tool; usable bare (``@tool``) or with options.
 
@@ -138,7 +149,13 @@ def tool(
         setattr(
             fn,
             _MARKER,
-            Tool.from_function(fn, name=name, description=description, timeout_s=timeout_s),
+            Tool.from_function(
+                fn,
+                name=name,
+                description=description,
+                timeout_s=timeout_s,
+                on_interrupt=on_interrupt,
+            ),
         )
         return fn
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from media import SentenceChunker, Speaker, SpeechEnded, Synthesizer, Transcriber
+from media import SentenceChunker, Speaker, SpeechEnded, Synthesizer, Transcriber, speakable
 from media.speaker import Playback, PlaybackResult
 from playbooks import OrchestratorEvent, PlaybookOrchestrator, Retraction, Turn
 
@@ -60,11 +60,16 @@ class VoicePlaybookOrchestrator:
         self._emit_event(VoiceEvent(type, data, self.clock()))
 
     async def greet(self) -> None:
-        """Speak the current stage's greeting, if it has one."""
-        greeting = self.orchestrator.greet()
-        if greeting:
-            self.heard = ""
+        """Speak the current stage's greeting, if it has one; history keeps what was heard."""
+        greeting = self.orchestrator.engine.stage.greeting
+        if not greeting:
+            return
+        self.heard = ""
+        try:
             await self._speak(_once(greeting), None, TurnTimeline())
+        finally:
+            heard = self.heard
+            self.orchestrator.record_said(heard, interrupted=heard != speakable(greeting))
 
     async def answer_utterance(self, utterance: SpeechEnded) -> None:
         """Transcribe the caller's utterance and answer it; noise makes no LLM call."""

@@ -95,6 +95,13 @@ async def pong() -> str:
     return "ponged"
 
 
+@tool(on_interrupt="finish")
+async def commit(seconds: float) -> str:
+    """Must not stop half-way, even when the caller interrupts."""
+    await asyncio.sleep(seconds)
+    return "committed"
+
+
 @tool
 def hidden() -> str:
     """Defined, but offered in no stage."""
@@ -111,7 +118,7 @@ stages:
   - id: main
     name: Main
     system_prompt: MAIN PROMPT
-    tools: [lookup, slow, boom, sleepy, ping, pong]
+    tools: [lookup, slow, boom, sleepy, ping, pong, commit]
   - id: other
     name: Other
     description: The other stage.
@@ -432,6 +439,7 @@ async def test_direct_answer_takes_one_request(
         "sleepy",
         "ping",
         "pong",
+        "commit",
         "playbook_transition",
     ]
     assert body["tool_choice"] == "auto"
@@ -1027,6 +1035,38 @@ async def test_cancel_during_a_slow_tool_leaves_a_cancelled_result(
     assert await orchestrator.respond("never mind") == "Where were we?"
     assert_valid_messages(llm.last_request["messages"])
     assert llm.last_request["messages"][-1] == {"role": "user", "content": "never mind"}
+
+
+async def test_a_finishing_tool_completes_despite_cancellation(
+    llm: ScriptedLLM, orchestrator: PlaybookOrchestrator
+) -> None:
+    llm.script(
+        [Reply(tool_calls=[call("commit", "c1", seconds=0.4), call("slow", "c2", seconds=30)])]
+    )
+    started = asyncio.Event()
+    orchestrator.on(lambda e: started.set() if e.type == "tool_call_start" else None)
+
+    async def consume() -> None:
+        async with orchestrator.turn("commit it") as turn:
+            async for _ in turn:
+                pass
+
+    task = asyncio.create_task(consume())
+    await asyncio.wait_for(started.wait(), 3)
+    await asyncio.sleep(0.05)
+    loop = asyncio.get_running_loop()
+    cancelled_at = loop.time()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    # the turn's exit waited for the finishing tool (~0.35 s more), not for the slow one
+    assert 0.25 <= loop.time() - cancelled_at < 5
+
+    messages = orchestrator.conversation.messages
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool", "tool"]
+    assert messages[2] == {"role": "tool", "tool_call_id": "c1", "content": "committed"}
+    assert messages[3]["tool_call_id"] == "c2"
+    assert "cancelled" in error_of(messages[3]["content"])
 
 
 @pytest.mark.parametrize("after_tools", [False, True])

@@ -349,3 +349,25 @@ async def test_the_greeting_is_spoken_when_the_call_starts(
     said = await _agent_said(call)
     assert word_error_rate(said, "Hello, this is Acme support. How can I help you today?") <= 0.25
     assert llm.requests == []
+    assert call.orchestrator.conversation.messages == [
+        {"role": "assistant", "content": "Hello, this is Acme support. How can I help you today?"}
+    ]
+
+
+async def test_talking_over_the_greeting_keeps_only_what_was_heard(
+    llm: ScriptedLLM, support: LoadedPlaybook, call_factory: list[VoiceCall]
+) -> None:
+    llm.script([Reply(content="Of course, tell me your order number.")])
+    call = _call(call_factory, support, llm.base_url, settings=SessionSettings())
+    await call.wait_event("agent_sentence", count=2)  # the first greeting sentence was heard
+    await call.say(piper_speech("Tell me about my order."), 200)
+    await call.wait_event("interrupted")
+    await call.wait_idle()
+    messages = call.orchestrator.conversation.messages
+    assert messages[0] == {
+        "role": "assistant",
+        "content": "Hello, this is Acme support.",
+        "interrupted": True,
+    }
+    assert messages[1]["role"] == "user"
+    assert messages[2] == {"role": "assistant", "content": "Of course, tell me your order number."}
