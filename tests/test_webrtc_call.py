@@ -10,6 +10,7 @@ from aiohttp.test_utils import TestServer
 
 from playbooks import ChatClient, load_playbooks
 from server.app import CALLS, create_app
+from server.calls import NO_LLM_LINE
 from server.config import ServerConfig
 from server.engines import Engines
 from tests.calls import piper_speech, synthesizer, transcriber, word_error_rate, words
@@ -160,3 +161,20 @@ async def test_a_vanishing_peer_frees_its_session(
     assert len(calls) == 0
     assert call.session.state == "closed"
     assert llm.requests == []
+
+
+async def test_without_an_llm_the_agent_says_so_in_one_sentence(caller: WebRTCCaller) -> None:
+    engines = Engines(transcriber(), synthesizer(), load_playbooks(EXAMPLES), None)
+    server = TestServer(create_app(ServerConfig(), engines), host="127.0.0.1")
+    await server.start_server()
+    try:
+        await caller.connect(_base(server), playbook="support")
+        await caller.wait_for("tts_end", timeout_s=30)  # the greeting still plays
+        caller.send({"type": "text", "text": "Hello?"})
+        await caller.wait_for("tts_end", count=2, timeout_s=30)
+        assert caller.of_type("agent_sentence")[-1]["text"] == NO_LLM_LINE
+        (error,) = caller.of_type("error")
+        assert error["source"] == "llm"
+        assert "no LLM endpoint" in error["message"]
+    finally:
+        await server.close()
