@@ -29,6 +29,9 @@ EXIT_USAGE = 2
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:  # every later argument belongs to the harness
+        return _bench(argv[1:])
     parser = _parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -75,6 +78,11 @@ def _parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="run the voice server (WebRTC and the web client)")
     add_serve_arguments(serve)
+
+    bench = commands.add_parser(
+        "bench", help="the latency benchmark harness (python -m benchmarks --help)", add_help=False
+    )
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER)
     return parser
 
 
@@ -127,6 +135,21 @@ def _serve(args: argparse.Namespace) -> int:
         access_log=None,
     )
     return 0
+
+
+def _bench(argv: list[str]) -> int:
+    """Run the harness, which lives beside the packages in a source checkout."""
+    root = Path(__file__).resolve().parent.parent
+    if not (root / "benchmarks" / "cli.py").is_file():
+        print(
+            "vocable: `vocable bench` needs a source checkout (the benchmarks/ folder)",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    sys.path.insert(0, str(root))
+    from benchmarks.cli import main as bench_main
+
+    return bench_main(argv)
 
 
 def _non_negative_int(text: str) -> int:

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp.test_utils import TestServer
 
+from benchmarks.client import WebRTCCaller
 from playbooks import ChatClient, load_playbooks
 from server.app import CALLS, create_app
 from server.calls import NO_LLM_LINE
@@ -16,7 +17,6 @@ from server.engines import Engines
 from tests.calls import piper_speech, synthesizer, transcriber, word_error_rate, words
 from tests.conftest import EXAMPLES
 from tests.scripted_llm import Reply, ScriptedLLM
-from tests.webrtc_client import WebRTCCaller
 
 pytestmark = pytest.mark.slow
 

@@ -1,0 +1,242 @@
+"""``python -m benchmarks`` (or ``vocable bench``): the voice-to-voice latency harness.
+
+It starts a paced scripted LLM and ``vocable serve`` in a child process (or targets ``--url`` and
+``--llm-base-url``), drives real aiortc callers through the corpus, and writes ``run.json``,
+``report.md`` and PNG plots under ``benchmarks/results/NAME/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from .corpus import load_corpus
+from .llm import LLMPacing, paced_llm
+from .report import plot, summarize, to_markdown
+from .scenarios import BenchTarget, backchannel, barge_in, concurrency_level, new_caller
+from .server_process import ServerProcess, free_port
+
+__all__ = ["main"]
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    command = "python -m benchmarks " + shlex.join(argv if argv is not None else sys.argv[1:])
+    try:
+        folder = asyncio.run(_run(args, command.strip()))
+    except KeyboardInterrupt:
+        return 130
+    print(f"results: {folder}")
+    print((folder / "report.md").read_text())
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    parser.add_argument("--url", help="a running Vocable server (default: start one)")
+    parser.add_argument("--token", help="bearer token for --url")
+    parser.add_argument("--llm-base-url", help="a real LLM (default: a paced scripted one)")
+    parser.add_argument("--llm-model", default="bench")
+    parser.add_argument("--llm-api-key")
+    parser.add_argument("--ttft-ms", type=float, default=200.0, help="scripted LLM (default 200)")
+    parser.add_argument("--tokens-per-s", type=float, default=50.0, help="scripted LLM (50)")
+    parser.add_argument("--sweep", default="1,2,4,8,16", help="simultaneous calls per level")
+    parser.add_argument("--turns", type=int, default=5, help="questions per call per level")
+    parser.add_argument("--barge-ins", type=int, default=8, help="barge-in tries")
+    parser.add_argument("--backchannels", type=int, default=4, help="tries per short sound")
+    parser.add_argument("--end-silence-ms", type=int, default=400)
+    parser.add_argument("--playbook", default=str(Path(__file__).parent / "playbook.yaml"))
+    parser.add_argument("--no-micro", action="store_true", help="skip component benchmarks")
+    parser.add_argument(
+        "--quick", action="store_true", help="a smoke run: 1 and 2 calls, 2 turns, 1 of each"
+    )
+    parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument("--name", help="results folder name (default: a timestamp)")
+    return parser
+
+
+async def _run(args: argparse.Namespace, command: str) -> Path:
+    if args.quick:
+        args.sweep, args.turns, args.barge_ins, args.backchannels = "1,2", 2, 1, 1
+    levels = [int(n) for n in args.sweep.split(",")]
+    corpus = load_corpus()
+    questions = [u for u in corpus.values() if u.kind in ("question", "long_question")]
+    questions = [u for u in questions if u.id != "piper_everything"]
+    folder = args.output / (args.name or time.strftime("%Y%m%d-%H%M%S"))
+    folder.mkdir(parents=True, exist_ok=True)
+
+    pacing = LLMPacing(args.ttft_ms, args.tokens_per_s)
+    llm = None if args.llm_base_url else paced_llm(pacing)
+    server: ServerProcess | None = None
+    try:
+        llm_url = args.llm_base_url if llm is None else await llm.start()
+        if args.url:
+            base_url = args.url.rstrip("/")
+        else:
+            server_args = [
+                "--playbook", args.playbook, "--llm-base-url", llm_url,
+                "--llm-model", args.llm_model, "--max-sessions", str(max(levels) + 2),
+                "--end-silence-ms", str(args.end_silence_ms), "--idle-timeout-s", "900",
+            ]  # fmt: skip
+            if args.llm_api_key:
+                server_args += ["--llm-api-key", args.llm_api_key]
+            server = ServerProcess(server_args, ROOT)
+            print("starting vocable serve (loading models)...", file=sys.stderr)
+            base_url = await server.start(free_port())
+        target = BenchTarget(
+            base_url=base_url,
+            playbook="bench" if not args.url else None,
+            end_silence_ms=args.end_silence_ms,
+            llm_first_sentence_ms=None if args.llm_base_url else pacing.first_sentence_ms(),
+            token=args.token,
+        )
+        total = sum(n * args.turns for n in levels) + args.barge_ins + 2 * args.backchannels
+        with tqdm(total=total, unit="turn", desc="benchmark", file=sys.stderr) as bar:
+            results = await _scenarios(args, target, levels, questions, corpus, server, bar)
+    finally:
+        if server is not None:
+            await server.stop()
+        if llm is not None:
+            await llm.close()
+
+    if not args.no_micro:
+        results["micro"] = await asyncio.to_thread(_micro, args.quick)
+    run = {
+        "command": command,
+        "started_at": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "git_commit": _git_commit(),
+        "machine": _machine(),
+        "settings": {
+            "llm": f"scripted, first token {args.ttft_ms:g} ms, {args.tokens_per_s:g} tokens/s"
+            if not args.llm_base_url
+            else f"{args.llm_base_url} ({args.llm_model})",
+            "stt_model": "tiny.en int8 (default)",
+            "tts_voice": "en_US-joe-medium (default)",
+            "end_silence_ms": args.end_silence_ms,
+            "sweep": levels,
+            "turns_per_call": args.turns,
+            "barge_in_repeats": args.barge_ins,
+            "backchannel_repeats": args.backchannels,
+            "server": args.url or "started by the harness",
+        },
+        **results,
+    }
+    summary = summarize(run)
+    run["summary"] = summary
+    (folder / "run.json").write_text(json.dumps(run, indent=1) + "\n")
+    (folder / "report.md").write_text(to_markdown(run, summary))
+    plot(run, summary, folder)
+    return Path(folder)
+
+
+async def _scenarios(
+    args: argparse.Namespace,
+    target: BenchTarget,
+    levels: list[int],
+    questions: list[Any],
+    corpus: dict[str, Any],
+    server: ServerProcess | None,
+    bar: Any,
+) -> dict[str, Any]:
+    results: dict[str, Any] = {"levels": [], "barge_in": [], "backchannel": []}
+
+    async def level(calls: int) -> None:
+        bar.set_postfix_str(f"{calls} call(s)")
+        record = await concurrency_level(
+            target, calls, args.turns, questions, server, on_turn=bar.update
+        )
+        results["levels"].append(record)
+
+    await level(levels[0])  # one call first: the quietest machine for the baseline
+    caller = await new_caller(target)
+    try:
+        await asyncio.sleep(0.5)
+        bar.set_postfix_str("barge-in")
+        for _ in range(args.barge_ins):
+            results["barge_in"].append(
+                await barge_in(caller, corpus["piper_everything"], corpus["piper_stop"], target)
+            )
+            bar.update()
+            await asyncio.sleep(1.0)
+        bar.set_postfix_str("backchannels")
+        for _ in range(args.backchannels):
+            for noise in ("synthetic_cough", "piper_mhm"):
+                results["backchannel"].append(
+                    await backchannel(caller, corpus["piper_everything"], corpus[noise], target)
+                )
+                bar.update()
+                await asyncio.sleep(1.0)
+    finally:
+        await caller.close()
+    for calls in levels[1:]:
+        await level(calls)
+    return results
+
+
+def _micro(quick: bool) -> dict[str, Any]:
+    from media import Synthesizer, Transcriber
+
+    from .micro import MicroSettings, run_micro
+
+    settings = (
+        MicroSettings(repeats=2, stt_lengths_s=(1.0, 3.0), vad_frames=500, chunker_repeats=20)
+        if quick
+        else MicroSettings()
+    )
+    print("component benchmarks (loading models)...", file=sys.stderr)
+    return run_micro(
+        settings,
+        Transcriber.load(),
+        Synthesizer.load(),
+        progress=lambda message: print(f"  {message}", file=sys.stderr),
+    )
+
+
+def _git_commit() -> str:
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except OSError:
+        return "unknown"
+    return f"{commit}{'-dirty' if dirty else ''}" or "unknown"
+
+
+def _machine() -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "system": platform.platform(),
+    }

@@ -1,0 +1,163 @@
+"""A real aiortc caller: plays 16 kHz speech on its microphone track, records the agent's audio
+with arrival times, and reads the server's events from the ``events`` data channel.
+
+Timing is taken where a browser would see it: a caller frame "leaves" when aiortc pulls it from
+the microphone track to encode and send it; an agent frame "arrives" when it has been received and
+decoded. Both use the system-wide monotonic clock, which the server's event timestamps share.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiortc import MediaStreamTrack, RTCPeerConnection, RTCSessionDescription
+
+from media import FRAME_BYTES, FRAME_MS, Speaker, VadSegmenter
+from media.audio import SAMPLE_RATE, pcm_rms_dbfs
+from media.speaker import Playback
+from server.webrtc import OUTPUT_RATE, SpeakerTrack, caller_frames
+
+__all__ = ["SILENCE_DBFS", "ReceivedFrame", "SpokenUtterance", "WebRTCCaller", "voiced_span_ms"]
+
+SILENCE_DBFS = -50.0
+"""Agent frames quieter than this count as silence."""
+
+
+@dataclass(frozen=True)
+class ReceivedFrame:
+    at: float
+    """Monotonic clock seconds when the decoded 20 ms frame was available."""
+    dbfs: float
+
+
+@dataclass(frozen=True)
+class SpokenUtterance:
+    """A caller utterance on its way out; its voiced span in ms from the start of the PCM."""
+
+    playback: Playback
+    first_voiced_ms: float
+    last_voiced_ms: float
+
+    async def first_voiced_sent_at(self) -> float:
+        started = await self.playback.started()
+        if started is None:
+            raise RuntimeError("the utterance was dropped before it was sent")
+        return started + self.first_voiced_ms / 1000
+
+    async def last_voiced_sent_at(self) -> float:
+        started = await self.playback.started()
+        if started is None:
+            raise RuntimeError("the utterance was dropped before it was sent")
+        return started + self.last_voiced_ms / 1000
+
+
+def voiced_span_ms(pcm: bytes) -> tuple[float, float]:
+    """(start of the first, end of the last) voiced 20 ms frame of 16 kHz PCM16, in ms."""
+    vad = VadSegmenter()
+    voiced = [
+        i
+        for i in range(len(pcm) // FRAME_BYTES)
+        if vad.is_voiced(pcm[i * FRAME_BYTES : (i + 1) * FRAME_BYTES])
+    ]
+    if not voiced:
+        raise ValueError("the utterance has no voiced frame")
+    return voiced[0] * FRAME_MS, (voiced[-1] + 1) * FRAME_MS
+
+
+@dataclass
+class WebRTCCaller:
+    """One browser-like caller. ``connect()``, then ``say()`` and read ``events`` / ``frames``."""
+
+    pc: RTCPeerConnection = field(default_factory=RTCPeerConnection)
+    microphone: Speaker = field(default_factory=lambda: Speaker(OUTPUT_RATE))
+    events: list[dict[str, Any]] = field(default_factory=list)
+    heard: bytearray = field(default_factory=bytearray)
+    """The agent's audio as received, 16 kHz PCM16."""
+    frames: list[ReceivedFrame] = field(default_factory=list)
+    session_id: str = ""
+    _arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    async def connect(self, base_url: str, *, token: str | None = None, **offer_extra: Any) -> None:
+        """Offer, get the answer, and start media; raises RuntimeError if the server refuses."""
+        self.channel = self.pc.createDataChannel("events")
+        self.channel.on("message", self._on_message)
+        self.pc.addTrack(SpeakerTrack(self.microphone))
+        self.pc.on("track", self._on_track)
+        await self.pc.setLocalDescription(await self.pc.createOffer())
+        body = {"sdp": self.pc.localDescription.sdp, "type": "offer", **offer_extra}
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(f"{base_url}/offer", json=body, headers=headers) as response,
+        ):
+            answer = await response.json()
+            if response.status != 200:
+                raise RuntimeError(f"offer refused: {response.status} {answer}")
+        self.session_id = answer["session_id"]
+        await self.pc.setRemoteDescription(RTCSessionDescription(answer["sdp"], answer["type"]))
+
+    def say(self, pcm16k: bytes) -> SpokenUtterance:
+        """Queue speech on the microphone (after anything still playing)."""
+        first, last = voiced_span_ms(pcm16k)
+        return SpokenUtterance(self.microphone.push(pcm16k, SAMPLE_RATE), first, last)
+
+    def send(self, message: dict[str, Any]) -> None:
+        self.channel.send(json.dumps(message))
+
+    def of_type(self, type: str) -> list[dict[str, Any]]:
+        return [event for event in self.events if event["type"] == type]
+
+    async def wait_for(self, type: str, count: int = 1, timeout_s: float = 30.0) -> dict[str, Any]:
+        """The ``count``-th event of ``type``, waiting for it up to ``timeout_s``."""
+        async with asyncio.timeout(timeout_s):
+            while len(self.of_type(type)) < count:
+                self._arrived.clear()
+                await self._arrived.wait()
+        return self.of_type(type)[count - 1]
+
+    def first_sound_after(self, t: float) -> float | None:
+        """Arrival time of the first non-silent agent frame after ``t``."""
+        for frame in self.frames:
+            if frame.at > t and frame.dbfs > SILENCE_DBFS:
+                return frame.at
+        return None
+
+    def silent_from(self, t: float, hold_ms: float = 300.0) -> float | None:
+        """The first arrival time after ``t`` from which the agent stays silent for ``hold_ms``."""
+        candidate: float | None = None
+        for frame in self.frames:
+            if frame.at <= t:
+                continue
+            if frame.dbfs > SILENCE_DBFS:
+                candidate = None
+            elif candidate is None:
+                candidate = frame.at
+            elif frame.at - candidate >= hold_ms / 1000:
+                return candidate
+        return None
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.pc.close()
+
+    def _on_message(self, message: str) -> None:
+        self.events.append(json.loads(message))
+        self._arrived.set()
+
+    def _on_track(self, track: MediaStreamTrack) -> None:
+        self._tasks.append(asyncio.create_task(self._record(track)))
+
+    async def _record(self, track: MediaStreamTrack) -> None:
+        async for frame in caller_frames(track):  # the same conversion the server uses
+            self.heard += frame
+            self.frames.append(ReceivedFrame(time.monotonic(), pcm_rms_dbfs(frame)))

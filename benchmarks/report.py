@@ -1,0 +1,257 @@
+"""Summaries, the Markdown report and the PNG plots of a benchmark run."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["GOALS", "percentile", "plot", "summarize", "to_markdown"]
+
+STAGES = (
+    ("end_of_speech_ms", "end of speech"),
+    ("stt_ms", "STT"),
+    ("llm_first_token_ms", "LLM first token"),
+    ("first_sentence_ms", "first sentence"),
+    ("tts_first_audio_ms", "TTS first audio"),
+    ("first_frame_out_ms", "first frame out"),
+    ("voice_to_voice_ms", "server voice-to-voice"),
+)
+
+GOALS = {
+    "v2v_p50_1_call_ms": 1000.0,
+    "v2v_p95_1_call_ms": 1300.0,
+    "barge_in_p95_ms": 300.0,
+    "false_cuts_cough": 0.0,
+    "v2v_p95_8_calls_ms": 1500.0,
+}
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile (``q`` in 0..100) of ``values``; None when empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def _stats(values: Sequence[float]) -> dict[str, float | None]:
+    return {
+        "n": float(len(values)),
+        "p50": percentile(values, 50),
+        "p90": percentile(values, 90),
+        "p95": percentile(values, 95),
+        "p99": percentile(values, 99),
+        "max": max(values) if values else None,
+    }
+
+
+def summarize(run: dict[str, Any]) -> dict[str, Any]:
+    """Percentiles per concurrency level and stage, barge-in and false-cut counts, goals."""
+    levels = []
+    for level in run["levels"]:
+        ok = [t for t in level["turns"] if t.get("ok")]
+        stages = {
+            key: _stats([t["server"][key] for t in ok if t["server"].get(key) is not None])
+            for key, _ in STAGES
+        }
+        levels.append(
+            {
+                "calls": level["calls"],
+                "turns": len(level["turns"]),
+                "failed": len(level["turns"]) - len(ok),
+                "client_v2v_ms": _stats([t["client_v2v_ms"] for t in ok]),
+                "floor_ms": _stats([t["floor_ms"] for t in ok]),
+                "overhead_ms": _stats([t["overhead_ms"] for t in ok]),
+                "server": stages,
+                "server_cpu_percent": level.get("server_cpu_percent"),
+                "server_rss_mb_peak": level.get("server_rss_mb_peak"),
+            }
+        )
+    barge = [r["silence_ms"] for r in run["barge_in"] if r.get("ok")]
+    cuts: dict[str, int] = {}
+    for record in run["backchannel"]:
+        cuts[record["utterance"]] = cuts.get(record["utterance"], 0) + bool(record.get("false_cut"))
+    by_calls = {level["calls"]: level for level in levels}
+    one, eight = by_calls.get(1), by_calls.get(8)
+    measured = {
+        "v2v_p50_1_call_ms": one["client_v2v_ms"]["p50"] if one else None,
+        "v2v_p95_1_call_ms": one["client_v2v_ms"]["p95"] if one else None,
+        "barge_in_p95_ms": percentile(barge, 95),
+        "false_cuts_cough": float(cuts.get("synthetic_cough", 0)),
+        "v2v_p95_8_calls_ms": eight["client_v2v_ms"]["p95"] if eight else None,
+    }
+    return {
+        "levels": levels,
+        "barge_in_ms": _stats(barge),
+        "barge_in_failed": sum(1 for r in run["barge_in"] if not r.get("ok")),
+        "false_cuts": cuts,
+        "goals": {name: {"goal": goal, "measured": measured[name]} for name, goal in GOALS.items()},
+    }
+
+
+def _ms(value: float | None) -> str:
+    return "–" if value is None else f"{value:.0f}"
+
+
+def to_markdown(run: dict[str, Any], summary: dict[str, Any]) -> str:
+    settings = run["settings"]
+    lines = [
+        "# Vocable latency benchmark",
+        "",
+        f"Command: `{run['command']}`  ",
+        f"Commit {run['git_commit']}, {run['started_at']}, {run['machine']['cpu']} "
+        f"({run['machine']['cores']} cores), Python {run['machine']['python']}.  ",
+        f"LLM: {settings['llm']}; STT {settings['stt_model']}; TTS {settings['tts_voice']}; "
+        f"end-of-speech silence {settings['end_silence_ms']} ms.",
+        "",
+        "## Voice-to-voice at the client, by simultaneous calls (ms)",
+        "",
+        "| calls | turns | failed | p50 | p90 | p95 | p99 | floor p50 | overhead p50 "
+        "| server CPU % | server RSS MB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for level in summary["levels"]:
+        v2v = level["client_v2v_ms"]
+        lines.append(
+            f"| {level['calls']} | {level['turns']} | {level['failed']} | {_ms(v2v['p50'])} "
+            f"| {_ms(v2v['p90'])} | {_ms(v2v['p95'])} | {_ms(v2v['p99'])} "
+            f"| {_ms(level['floor_ms']['p50'])} | {_ms(level['overhead_ms']['p50'])} "
+            f"| {_ms(level['server_cpu_percent'])} | {_ms(level['server_rss_mb_peak'])} |"
+        )
+    first = summary["levels"][0] if summary["levels"] else None
+    if first is not None:
+        lines += [
+            "",
+            f"## Server-side stages at {first['calls']} call(s) (ms, from `turn_metrics`)",
+            "",
+            "| stage | p50 | p90 | p99 |",
+            "|---|---|---|---|",
+        ]
+        for key, label in STAGES:
+            stats = first["server"][key]
+            lines.append(
+                f"| {label} | {_ms(stats['p50'])} | {_ms(stats['p90'])} | {_ms(stats['p99'])} |"
+            )
+    barge = summary["barge_in_ms"]
+    lines += [
+        "",
+        "## Barge-in and false cuts",
+        "",
+        f"Barge-in (caller starts talking -> agent silent at the client): p50 {_ms(barge['p50'])} "
+        f"ms, p95 {_ms(barge['p95'])} ms over {int(barge['n'] or 0)} tries "
+        f"({summary['barge_in_failed']} failed).  ",
+        "False cuts (a short sound over the agent cut it off): "
+        + ", ".join(f"{name} {count}" for name, count in summary["false_cuts"].items())
+        + f", out of {settings['backchannel_repeats']} each.",
+        "",
+        "## Against the goals",
+        "",
+        "| goal | target | measured |",
+        "|---|---|---|",
+    ]
+    names = {
+        "v2v_p50_1_call_ms": "voice-to-voice p50, 1 call (ms)",
+        "v2v_p95_1_call_ms": "voice-to-voice p95, 1 call (ms)",
+        "barge_in_p95_ms": "barge-in silence p95 (ms)",
+        "false_cuts_cough": "false cuts on the cough",
+        "v2v_p95_8_calls_ms": "voice-to-voice p95, 8 calls (ms)",
+    }
+    for key, goal in summary["goals"].items():
+        target = f"<= {goal['goal']:.0f}"
+        lines.append(f"| {names[key]} | {target} | {_ms(goal['measured'])} |")
+    micro = run.get("micro")
+    if micro:
+        lines += ["", "## Components", ""]
+        lines += [
+            "| STT audio (s) | median (ms) | p90 (ms) |",
+            "|---|---|---|",
+            *(
+                f"| {row['audio_s']:g} | {_ms(row['median_ms'])} | {_ms(row['p90_ms'])} |"
+                for row in micro["stt"]
+            ),
+            "",
+            "| TTS text (chars) | first audio (ms) | real-time factor |",
+            "|---|---|---|",
+            *(
+                f"| {row['chars']} | {_ms(row['first_audio_ms_median'])} "
+                f"| {row['rtf_median']:.3f} |"
+                for row in micro["tts"]
+            ),
+            "",
+            f"VAD: {micro['vad']['us_per_frame_median']:.1f} µs per 20 ms frame. "
+            f"Chunker: {micro['chunker']['chars_per_s'] / 1e6:.1f} M characters/s.",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def plot(run: dict[str, Any], summary: dict[str, Any], folder: Path) -> list[Path]:
+    """Two PNGs: latency distributions per stage (lowest concurrency) and the concurrency
+    curve. Returns their paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    level = run["levels"][0]
+    ok = [t for t in level["turns"] if t.get("ok")]
+    series = [
+        (label, [t["server"][key] for t in ok if t["server"].get(key) is not None])
+        for key, label in STAGES
+    ]
+    series.append(("client voice-to-voice", [t["client_v2v_ms"] for t in ok]))
+    series.append(("overhead over floor", [t["overhead_ms"] for t in ok]))
+    series = [(label, values) for label, values in series if values]
+    figure, axes = plt.subplots(figsize=(9, 4.8))
+    axes.boxplot([values for _, values in series], vert=False, showfliers=True)
+    axes.set_yticks(range(1, len(series) + 1), [label for label, _ in series])
+    axes.set_xlabel("ms")
+    axes.set_title(f"Latency per stage, {level['calls']} call(s), {len(ok)} turns")
+    axes.grid(axis="x", alpha=0.3)
+    figure.tight_layout()
+    paths.append(_save(figure, folder / "stages.png"))
+    plt.close(figure)
+
+    levels = summary["levels"]
+    calls = [lv["calls"] for lv in levels]
+    figure, axes = plt.subplots(figsize=(7, 4.2))
+    for key in ("p50", "p90", "p99"):
+        axes.plot(calls, [_nan(lv["client_v2v_ms"][key]) for lv in levels], marker="o", label=key)
+    axes.axhline(GOALS["v2v_p95_8_calls_ms"], color="grey", linestyle="--", linewidth=0.8)
+    axes.set_xscale("log", base=2)
+    axes.set_xticks(calls, [str(c) for c in calls])
+    axes.set_xlabel("simultaneous calls")
+    axes.set_ylabel("voice-to-voice at the client (ms)")
+    axes.set_title("Concurrency")
+    axes.grid(alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    paths.append(_save(figure, folder / "concurrency.png"))
+    plt.close(figure)
+    return paths
+
+
+def _nan(value: float | None) -> float:
+    return math.nan if value is None else value
+
+
+def _save(figure: Any, path: Path) -> Path:
+    figure.savefig(path, dpi=110)
+    return path
+
+
+def finite_numbers(data: Any) -> Iterable[float]:
+    """Every int or float inside ``data`` (for the smoke test's sanity check)."""
+    if isinstance(data, bool):
+        return
+    if isinstance(data, int | float):
+        yield float(data)
+    elif isinstance(data, dict):
+        for value in data.values():
+            yield from finite_numbers(value)
+    elif isinstance(data, list):
+        for value in data:
+            yield from finite_numbers(value)

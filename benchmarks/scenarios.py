@@ -1,0 +1,206 @@
+"""What the harness asks of calls: question turns, barge-ins, backchannels, a concurrency level.
+
+Every function returns plain JSON-able records; times are in ms; ``None`` means "did not happen".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .client import WebRTCCaller
+from .corpus import Utterance
+from .server_process import ServerProcess
+
+__all__ = ["BenchTarget", "backchannel", "barge_in", "concurrency_level", "question_turn"]
+
+log = logging.getLogger(__name__)
+
+FRAME_MS = 20.0
+TURN_TIMEOUT_S = 45.0
+Record = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class BenchTarget:
+    base_url: str
+    playbook: str | None
+    end_silence_ms: float
+    llm_first_sentence_ms: float | None
+    """The scripted LLM's known time to its first sentence; None: use the server's measurement."""
+    token: str | None = None
+
+
+async def new_caller(target: BenchTarget) -> WebRTCCaller:
+    caller = WebRTCCaller()
+    extra = {"playbook": target.playbook} if target.playbook else {}
+    await caller.connect(target.base_url, token=target.token, **extra)
+    return caller
+
+
+async def question_turn(
+    caller: WebRTCCaller, utterance: Utterance, target: BenchTarget, **labels: Any
+) -> Record:
+    """Ask one question and wait for the whole answer; measure voice-to-voice at the client."""
+    record: Record = {"kind": "question", "utterance": utterance.id, **labels}
+    answers_before = len(caller.of_type("tts_end"))
+    metrics_before = len(caller.of_type("turn_metrics"))
+    transcripts_before = len(caller.of_type("transcript"))
+    spoken = caller.say(utterance.pcm())
+    last_voiced = await spoken.last_voiced_sent_at()
+    try:
+        await caller.wait_for("tts_end", answers_before + 1, TURN_TIMEOUT_S)
+    except TimeoutError:
+        return {**record, "ok": False, "error": "no answer within the turn timeout"}
+    first_sound = caller.first_sound_after(last_voiced)
+    server = _nth(caller.of_type("turn_metrics"), metrics_before)
+    transcript = _nth(caller.of_type("transcript"), transcripts_before)
+    if first_sound is None or server is None or transcript is None:
+        return {**record, "ok": False, "error": "the answer was not heard or not measured"}
+    client_ms = (first_sound - last_voiced) * 1000
+    stt_ms = float(transcript["stt_ms"])
+    llm_ms = target.llm_first_sentence_ms
+    if llm_ms is None:
+        llm_ms = (server["llm_first_token_ms"] or 0) + (server["first_sentence_ms"] or 0)
+    floor = target.end_silence_ms + stt_ms + llm_ms + (server["tts_first_audio_ms"] or 0) + FRAME_MS
+    return {
+        **record,
+        "ok": True,
+        "transcript": transcript["text"],
+        "client_v2v_ms": round(client_ms, 1),
+        "server": {k: v for k, v in server.items() if k.endswith("_ms")},
+        "floor_ms": round(floor, 1),
+        "overhead_ms": round(client_ms - floor, 1),
+    }
+
+
+async def barge_in(
+    caller: WebRTCCaller, ask: Utterance, interrupt: Utterance, target: BenchTarget
+) -> Record:
+    """Ask for a long answer, talk over it, and time how fast the agent falls silent."""
+    record: Record = {"kind": "barge_in", "utterance": interrupt.id}
+    interrupted_before = len(caller.of_type("interrupted"))
+    answers_before = len(caller.of_type("tts_end"))
+    speaking = await _agent_speaking(caller, ask)
+    if speaking is None:
+        return {**record, "ok": False, "error": "the agent never started its long answer"}
+    await asyncio.sleep(1.2)  # well into the answer
+    spoken = caller.say(interrupt.pcm())
+    started = await spoken.first_voiced_sent_at()
+    await asyncio.sleep(2.0)  # let the silence that follows arrive
+    silent_at = caller.silent_from(started)
+    cut = len(caller.of_type("interrupted")) > interrupted_before
+    try:  # the interruption is itself a question: its answer ends the scenario
+        await caller.wait_for("tts_end", answers_before + 2, TURN_TIMEOUT_S)
+    except TimeoutError:
+        return {**record, "ok": False, "error": "the interrupting question was not answered"}
+    if silent_at is None or not cut:
+        return {**record, "ok": False, "error": "the agent did not stop talking"}
+    return {**record, "ok": True, "silence_ms": round((silent_at - started) * 1000, 1)}
+
+
+async def backchannel(
+    caller: WebRTCCaller, ask: Utterance, noise: Utterance, target: BenchTarget
+) -> Record:
+    """Ask for a long answer, make a short sound over it, and see whether the agent was cut."""
+    record: Record = {"kind": "backchannel", "utterance": noise.id}
+    interrupted_before = len(caller.of_type("interrupted"))
+    answers_before = len(caller.of_type("tts_end"))
+    if await _agent_speaking(caller, ask) is None:
+        return {**record, "ok": False, "error": "the agent never started its long answer"}
+    await asyncio.sleep(1.2)
+    caller.say(noise.pcm())
+    await asyncio.sleep(2.0)
+    false_cut = len(caller.of_type("interrupted")) > interrupted_before
+    expected_answers = answers_before + (2 if false_cut else 1)
+    try:  # the long answer (or, after a false cut, the answer to the noise) runs out
+        await caller.wait_for("tts_end", expected_answers, TURN_TIMEOUT_S * 2)
+    except TimeoutError:
+        return {**record, "ok": False, "false_cut": false_cut, "error": "the call got stuck"}
+    return {**record, "ok": True, "false_cut": false_cut}
+
+
+async def _agent_speaking(caller: WebRTCCaller, ask: Utterance) -> float | None:
+    spoken = caller.say(ask.pcm())
+    last_voiced = await spoken.last_voiced_sent_at()
+    deadline = time.monotonic() + TURN_TIMEOUT_S
+    while time.monotonic() < deadline:
+        heard = caller.first_sound_after(last_voiced)
+        if heard is not None:
+            return heard
+        await asyncio.sleep(0.05)
+    return None
+
+
+async def concurrency_level(
+    target: BenchTarget,
+    calls: int,
+    turns: int,
+    questions: Sequence[Utterance],
+    server: ServerProcess | None,
+    gap_s: float = 1.0,
+    on_turn: Callable[[], None] = lambda: None,
+) -> Record:
+    """``calls`` simultaneous calls, each asking ``turns`` questions, their turns staggered."""
+    cycle = itertools.cycle(questions)
+    scripts = [[next(cycle) for _ in range(turns)] for _ in range(calls)]
+    period_s = 4.0  # a turn takes roughly this long; spread the calls' turns across it
+    before = server.sample() if server else None
+    rss_peak = before.rss_bytes if before else 0
+    started = time.monotonic()
+
+    async def one_call(index: int, script: list[Utterance]) -> list[Record]:
+        await asyncio.sleep(index * period_s / calls)
+        records: list[Record] = []
+        try:
+            caller = await new_caller(target)
+        except Exception as exc:
+            log.warning("call %d could not connect: %s", index, exc)
+            return [
+                {"kind": "question", "call": index, "turn": n, "ok": False, "error": str(exc)}
+                for n in range(len(script))
+            ]
+        try:
+            await asyncio.sleep(0.5)  # media flowing
+            for n, utterance in enumerate(script):
+                records.append(await question_turn(caller, utterance, target, call=index, turn=n))
+                on_turn()
+                await asyncio.sleep(gap_s)
+        finally:
+            await caller.close()
+        return records
+
+    async def watch_memory() -> None:
+        nonlocal rss_peak
+        while server is not None:
+            rss_peak = max(rss_peak, server.sample().rss_bytes)
+            await asyncio.sleep(0.25)
+
+    watcher = asyncio.create_task(watch_memory())
+    try:
+        per_call = await asyncio.gather(*(one_call(i, s) for i, s in enumerate(scripts)))
+    finally:
+        watcher.cancel()
+    elapsed = time.monotonic() - started
+    after = server.sample() if server else None
+    usage: Record = {}
+    if before and after:
+        usage = {
+            "server_cpu_percent": round((after.cpu_s - before.cpu_s) / elapsed * 100, 1),
+            "server_rss_mb_peak": round(rss_peak / 2**20, 1),
+        }
+    return {
+        "calls": calls,
+        "turns": [record for records in per_call for record in records],
+        "elapsed_s": round(elapsed, 1),
+        **usage,
+    }
+
+
+def _nth(events: list[dict[str, Any]], index: int) -> dict[str, Any] | None:
+    return events[index] if len(events) > index else None

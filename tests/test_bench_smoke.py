@@ -1,0 +1,71 @@
+"""A short run of the latency harness end to end: real server process, real aiortc callers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks.report import finite_numbers
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+
+def _latencies(turn: dict[str, Any]) -> list[float]:
+    values = [turn["client_v2v_ms"], turn["floor_ms"]]
+    values += [v for v in turn["server"].values() if v is not None]
+    return values
+
+
+async def test_a_quick_benchmark_run_writes_a_complete_report(tmp_path: Path) -> None:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "benchmarks",
+        "--quick",
+        "--output",
+        str(tmp_path),
+        "--name",
+        "smoke",
+        cwd=REPO,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), timeout=900)
+    assert process.returncode == 0, err.decode()[-3000:]
+
+    folder = tmp_path / "smoke"
+    for name in ("run.json", "report.md", "stages.png", "concurrency.png"):
+        assert (folder / name).is_file(), name
+    for name in ("stages.png", "concurrency.png"):
+        assert (folder / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    run = json.loads((folder / "run.json").read_text())
+
+    assert all(math.isfinite(value) for value in finite_numbers(run))
+    assert [level["calls"] for level in run["levels"]] == [1, 2]
+    turns = [turn for level in run["levels"] for turn in level["turns"]]
+    assert len(turns) == 2 + 4
+    assert all(turn["ok"] for turn in turns), [t.get("error") for t in turns]
+    assert all(value > 0 for turn in turns for value in _latencies(turn))
+    for level in run["levels"]:
+        assert level["server_cpu_percent"] > 0
+        assert level["server_rss_mb_peak"] > 0
+    (barge,) = run["barge_in"]
+    assert barge["ok"], barge
+    assert barge["silence_ms"] > 0
+    assert {r["utterance"] for r in run["backchannel"]} == {"synthetic_cough", "piper_mhm"}
+    micro = run["micro"]
+    assert all(row["median_ms"] > 0 for row in micro["stt"])
+    assert micro["vad"]["us_per_frame_median"] > 0
+    summary = run["summary"]
+    assert summary["levels"][0]["client_v2v_ms"]["p50"] > 0
+    report = (folder / "report.md").read_text()
+    assert "Voice-to-voice at the client" in report
+    assert "Against the goals" in report
+    assert b"results:" in out
