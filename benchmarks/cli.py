@@ -97,7 +97,7 @@ async def _run(args: argparse.Namespace, command: str) -> Path:
             ]  # fmt: skip
             if args.llm_api_key:
                 server_args += ["--llm-api-key", args.llm_api_key]
-            server = ServerProcess(server_args, ROOT)
+            server = ServerProcess(server_args, ROOT, folder / "server.log")
             print("starting vocable serve (loading models)...", file=sys.stderr)
             base_url = await server.start(free_port())
         target = BenchTarget(

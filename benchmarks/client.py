@@ -44,17 +44,19 @@ class SpokenUtterance:
     first_voiced_ms: float
     last_voiced_ms: float
 
-    async def first_voiced_sent_at(self) -> float:
-        started = await self.playback.started()
-        if started is None:
-            raise RuntimeError("the utterance was dropped before it was sent")
-        return started + self.first_voiced_ms / 1000
+    async def first_voiced_sent_at(self, timeout_s: float = 15.0) -> float:
+        """When the first voiced frame left; raises TimeoutError if the microphone stalled."""
+        return await self._started(timeout_s) + self.first_voiced_ms / 1000
 
-    async def last_voiced_sent_at(self) -> float:
-        started = await self.playback.started()
+    async def last_voiced_sent_at(self, timeout_s: float = 15.0) -> float:
+        """When the last voiced frame left; raises TimeoutError if the microphone stalled."""
+        return await self._started(timeout_s) + self.last_voiced_ms / 1000
+
+    async def _started(self, timeout_s: float) -> float:
+        started = await asyncio.wait_for(self.playback.started(), timeout_s)
         if started is None:
             raise RuntimeError("the utterance was dropped before it was sent")
-        return started + self.last_voiced_ms / 1000
+        return started
 
 
 def voiced_span_ms(pcm: bytes) -> tuple[float, float]:

@@ -52,11 +52,12 @@ async def question_turn(
     metrics_before = len(caller.of_type("turn_metrics"))
     transcripts_before = len(caller.of_type("transcript"))
     spoken = caller.say(utterance.pcm())
-    last_voiced = await spoken.last_voiced_sent_at()
     try:
+        last_voiced = await spoken.last_voiced_sent_at()
         await caller.wait_for("tts_end", answers_before + 1, TURN_TIMEOUT_S)
     except TimeoutError:
-        return {**record, "ok": False, "error": "no answer within the turn timeout"}
+        state = caller.pc.connectionState
+        return {**record, "ok": False, "error": f"no answer in time (connection {state})"}
     first_sound = caller.first_sound_after(last_voiced)
     server = _nth(caller.of_type("turn_metrics"), metrics_before)
     transcript = _nth(caller.of_type("transcript"), transcripts_before)
@@ -91,7 +92,10 @@ async def barge_in(
         return {**record, "ok": False, "error": "the agent never started its long answer"}
     await asyncio.sleep(1.2)  # well into the answer
     spoken = caller.say(interrupt.pcm())
-    started = await spoken.first_voiced_sent_at()
+    try:
+        started = await spoken.first_voiced_sent_at()
+    except TimeoutError:
+        return {**record, "ok": False, "error": "the caller's microphone stalled"}
     await asyncio.sleep(2.0)  # let the silence that follows arrive
     silent_at = caller.silent_from(started)
     cut = len(caller.of_type("interrupted")) > interrupted_before
@@ -127,7 +131,10 @@ async def backchannel(
 
 async def _agent_speaking(caller: WebRTCCaller, ask: Utterance) -> float | None:
     spoken = caller.say(ask.pcm())
-    last_voiced = await spoken.last_voiced_sent_at()
+    try:
+        last_voiced = await spoken.last_voiced_sent_at()
+    except TimeoutError:
+        return None
     deadline = time.monotonic() + TURN_TIMEOUT_S
     while time.monotonic() < deadline:
         heard = caller.first_sound_after(last_voiced)

@@ -32,9 +32,11 @@ class ProcessSample:
 class ServerProcess:
     """Start with :meth:`start`; always :meth:`stop` (SIGINT, then kill after a timeout)."""
 
-    def __init__(self, args: list[str], cwd: Path) -> None:
+    def __init__(self, args: list[str], cwd: Path, log_path: Path | None = None) -> None:
         self.args = args
         self.cwd = cwd
+        self.log_path = log_path
+        """Where the server's output goes (besides the in-memory tail)."""
         self.process: asyncio.subprocess.Process | None = None
         self.base_url = ""
         self._log = b""
@@ -45,6 +47,7 @@ class ServerProcess:
             sys.executable,
             "-m",
             "server",
+            "-v",
             "serve",
             "--port",
             str(port),
@@ -76,6 +79,9 @@ class ServerProcess:
     async def _drain(self, stream: asyncio.StreamReader) -> None:
         while chunk := await stream.read(65536):
             self._log = (self._log + chunk)[-65536:]
+            if self.log_path is not None:
+                with self.log_path.open("ab") as log:
+                    log.write(chunk)
 
     def sample(self) -> ProcessSample:
         assert self.process is not None

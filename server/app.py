@@ -14,13 +14,16 @@ from typing import Any
 
 from aiohttp import web
 
-from .calls import BadOffer, CallRegistry, OverCapacity, UnknownPlaybook
+from .audiosocket import AudioSocketServer
+from .calls import BadOffer, open_webrtc_call
 from .config import ServerConfig
 from .engines import Engines
 from .events import VoiceEvent
 from .observability import ServerMetrics
+from .registry import CallRegistry, OverCapacity, UnknownPlaybook
+from .twilio import serve_media_stream
 
-__all__ = ["CALLS", "CONFIG", "ENGINES", "METRICS", "create_app"]
+__all__ = ["AUDIOSOCKET", "CALLS", "CONFIG", "ENGINES", "METRICS", "create_app"]
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +31,7 @@ CONFIG = web.AppKey("config", ServerConfig)
 ENGINES = web.AppKey("engines", Engines)
 CALLS = web.AppKey("calls", CallRegistry)
 METRICS = web.AppKey("metrics", ServerMetrics)
+AUDIOSOCKET = web.AppKey("audiosocket", AudioSocketServer)
 
 MAX_SDP_BYTES = 64 * 1024
 RETRY_AFTER_S = 5
@@ -53,6 +57,7 @@ def create_app(config: ServerConfig, engines: Engines | None = None) -> web.Appl
     app.router.add_get("/healthz", _health)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/playbooks", _playbooks)
+    app.router.add_get("/twilio/media", _media_stream)
     if config.web_client_dir.is_dir():
         app.router.add_static("/client/", config.web_client_dir)
     return app
@@ -77,10 +82,18 @@ async def _calls_context(app: web.Application) -> AsyncIterator[None]:
     def observe(event: VoiceEvent) -> None:
         metrics.observe(event)
 
-    calls = CallRegistry(app[CONFIG], app[ENGINES], observe)
+    config = app[CONFIG]
+    calls = CallRegistry(config, app[ENGINES], observe)
     app[CALLS] = calls
     metrics.active_sessions.set_function(lambda: len(calls))
+    audiosocket = None
+    if config.audiosocket is not None:
+        audiosocket = AudioSocketServer(calls, *config.audiosocket)
+        await audiosocket.start()
+        app[AUDIOSOCKET] = audiosocket
     yield
+    if audiosocket is not None:
+        await audiosocket.close()
     await calls.close_all()
 
 
@@ -125,11 +138,15 @@ def _cors(origins: tuple[str, ...]) -> Any:
     return cors
 
 
-def _require_token(request: web.Request) -> None:
+def _require_token(request: web.Request, *, in_query: bool = False) -> None:
+    """With a token configured, require ``Authorization: Bearer TOKEN`` (or, where the peer
+    cannot set headers, e.g. Twilio's WebSocket, ``?token=TOKEN``)."""
     token = request.app[CONFIG].auth_token
     if token is None:
         return
     given = request.headers.get("Authorization", "")
+    if in_query and not given and "token" in request.query:
+        given = f"Bearer {request.query['token']}"
     expected = f"Bearer {token}"
     if not hmac.compare_digest(given.encode(), expected.encode()):
         raise web.HTTPUnauthorized(
@@ -183,7 +200,7 @@ async def _offer(request: web.Request) -> web.Response:
         return _error(400, "playbook must be a string id")
     calls = request.app[CALLS]
     try:
-        call = await calls.open(sdp, playbook)
+        call = await open_webrtc_call(calls, sdp, playbook)
     except BadOffer as exc:
         return _error(400, str(exc))
     except UnknownPlaybook as exc:
@@ -194,6 +211,21 @@ async def _offer(request: web.Request) -> web.Response:
     return web.json_response(
         {"sdp": call.pc.localDescription.sdp, "type": "answer", "session_id": call.id}
     )
+
+
+async def _media_stream(request: web.Request) -> web.StreamResponse:
+    """A Twilio (or Telnyx) media stream: ``wss://HOST/twilio/media[?playbook=ID&token=T]``."""
+    _require_token(request, in_query=True)
+    calls = request.app[CALLS]
+    if len(calls) >= request.app[CONFIG].max_sessions:
+        return _error(503, "over capacity", **{"Retry-After": str(RETRY_AFTER_S)})
+    ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=MAX_SDP_BYTES)
+    await ws.prepare(request)
+    try:
+        await serve_media_stream(ws, calls, request.query.get("playbook"))
+    except (OverCapacity, UnknownPlaybook) as exc:
+        await ws.close(code=1008, message=str(exc).encode()[:120])
+    return ws
 
 
 async def _hangup(request: web.Request) -> web.Response:

@@ -1,4 +1,4 @@
-"""Browser calls: one :class:`WebRTCCall` per peer connection, kept by a :class:`CallRegistry`.
+"""Browser calls: one :class:`WebRTCCall` per peer connection, kept by the call registry.
 
 A call owns its ``RTCPeerConnection``, its :class:`Session` and the ``events`` data channel. It
 starts listening (and greets) once ICE connects, and ends on hang-up, peer failure, idle timeout or
@@ -8,10 +8,8 @@ maximum duration, freeing everything; other calls are unaffected.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-import secrets
 import time
 from collections.abc import Callable
 from typing import Any
@@ -26,35 +24,22 @@ from aiortc import (
 )
 
 from media import Speaker
-from playbooks import OrchestratorOptions, PlaybookOrchestrator
 
 from .config import ServerConfig
-from .engines import Engines
 from .events import VoiceEvent
+from .registry import CallRegistry
 from .session import Session
-from .voice import VoicePlaybookOrchestrator
 from .webrtc import OUTPUT_RATE, SpeakerTrack, caller_frames
 
-__all__ = ["BadOffer", "CallRegistry", "OverCapacity", "UnknownPlaybook", "WebRTCCall"]
+__all__ = ["BadOffer", "WebRTCCall", "open_webrtc_call"]
 
 log = logging.getLogger(__name__)
 
-NO_LLM_LINE = (
-    "No language model is configured on this server yet, so I can hear you but cannot answer."
-)
 MAX_MESSAGE_BYTES = 64 * 1024
 
 
 class BadOffer(ValueError):
     """The SDP offer cannot be used; the message says why."""
-
-
-class OverCapacity(RuntimeError):
-    pass
-
-
-class UnknownPlaybook(LookupError):
-    pass
 
 
 class WebRTCCall:
@@ -66,7 +51,6 @@ class WebRTCCall:
         pc: RTCPeerConnection,
         session: Session,
         on_end: Callable[[WebRTCCall, str], None],
-        on_event: Callable[[VoiceEvent], None],
         config: ServerConfig,
     ) -> None:
         self.id = call_id
@@ -76,7 +60,6 @@ class WebRTCCall:
         self.started_at = time.monotonic()
         self.last_activity = self.started_at
         self._on_end = on_end
-        self._on_event = on_event
         self._channel: RTCDataChannel | None = None
         self._outbox: list[str] = []
         self._caller: MediaStreamTrack | None = None
@@ -107,7 +90,6 @@ class WebRTCCall:
     def emit(self, event: VoiceEvent) -> None:
         if event.type == "speech_start":
             self.last_activity = time.monotonic()
-        self._on_event(event)
         self._send(event.to_dict())
 
     def _send(self, payload: dict[str, Any]) -> None:
@@ -215,77 +197,29 @@ class WebRTCCall:
         self.ended.set()
 
 
-class CallRegistry:
-    """All live browser calls of this process, built from shared engines."""
-
-    def __init__(
-        self, config: ServerConfig, engines: Engines, on_event: Callable[[VoiceEvent], None]
-    ) -> None:
-        self.config = config
-        self.engines = engines
-        self.calls: dict[str, WebRTCCall] = {}
-        self._on_event = on_event
-
-    def __len__(self) -> int:
-        return len(self.calls)
-
-    async def open(self, offer_sdp: str, playbook_id: str | None) -> WebRTCCall:
-        """A new call answering ``offer_sdp``; raises BadOffer, OverCapacity, UnknownPlaybook."""
-        if len(self.calls) >= self.config.max_sessions:
-            raise OverCapacity(f"this server takes at most {self.config.max_sessions} calls")
-        if "m=audio" not in offer_sdp:
-            raise BadOffer("the offer has no audio (no m=audio line)")
-        playbook_id = playbook_id or self.engines.default_playbook
-        playbook = self.engines.playbooks.get(playbook_id)
-        if playbook is None:
-            raise UnknownPlaybook(f"unknown playbook {playbook_id!r}")
-        call_id = secrets.token_urlsafe(16)
-        pc = RTCPeerConnection(
-            RTCConfiguration(
-                iceServers=[
-                    RTCIceServer(s.urls, s.username, s.credential) for s in self.config.ice_servers
-                ]
-            )
+async def open_webrtc_call(
+    registry: CallRegistry, offer_sdp: str, playbook: str | None
+) -> WebRTCCall:
+    """A new browser call answering ``offer_sdp``; raises BadOffer, OverCapacity,
+    UnknownPlaybook."""
+    call_id = registry.new_call_id()
+    if "m=audio" not in offer_sdp:
+        raise BadOffer("the offer has no audio (no m=audio line)")
+    playbook_id = registry.playbook_id(playbook)
+    config = registry.config
+    pc = RTCPeerConnection(
+        RTCConfiguration(
+            iceServers=[RTCIceServer(s.urls, s.username, s.credential) for s in config.ice_servers]
         )
-        session = self._session(call_id, playbook_id, lambda event: call.emit(event))
-        call = WebRTCCall(call_id, pc, session, self._ended, self._on_event, self.config)
-        self.calls[call_id] = call
-        try:
-            await call.accept(offer_sdp)
-        except BaseException:
-            await call.hangup("offer rejected")
-            raise
-        return call
-
-    def _session(
-        self, call_id: str, playbook_id: str, emit: Callable[[VoiceEvent], None]
-    ) -> Session:
-        engines = self.engines
-        options = OrchestratorOptions()
-        if engines.llm is None:
-            options = OrchestratorOptions(fallback_answer=NO_LLM_LINE)
-        orchestrator = PlaybookOrchestrator(engines.playbooks[playbook_id], engines.llm, options)
-        voice = VoicePlaybookOrchestrator(
-            orchestrator,
-            engines.transcriber,
-            engines.synthesizer,
-            Speaker(OUTPUT_RATE),
-            emit,
-        )
-        return Session(call_id, voice, self.config.session)
-
-    async def hangup(self, call_id: str, reason: str = "hung up by the client") -> bool:
-        call = self.calls.get(call_id)
-        if call is None:
-            return False
-        await call.hangup(reason)
-        return True
-
-    async def close_all(self, reason: str = "server shutting down") -> None:
-        calls = list(self.calls.values())
-        await asyncio.gather(*(call.hangup(reason) for call in calls), return_exceptions=True)
-
-    def _ended(self, call: WebRTCCall, reason: str) -> None:
-        self.calls.pop(call.id, None)
-        with contextlib.suppress(Exception):
-            self._on_event(VoiceEvent("state", {"state": "closed", "reason": reason}))
+    )
+    session = registry.new_session(
+        call_id, playbook_id, Speaker(OUTPUT_RATE), lambda event: call.emit(event)
+    )
+    call = WebRTCCall(call_id, pc, session, registry.release, config)
+    registry.admit(call)
+    try:
+        await call.accept(offer_sdp)
+    except BaseException:
+        await call.hangup("offer rejected")
+        raise
+    return call

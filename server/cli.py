@@ -35,10 +35,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.WARNING,
+        level=logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    if args.verbose:  # Vocable's own debug lines; libraries stay at warnings
+        for package in ("server", "media", "playbooks"):
+            logging.getLogger(package).setLevel(logging.DEBUG)
     try:
         if args.command == "chat":
             return _chat(args)
@@ -52,7 +55,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vocable", description="Real-time voice agent server.")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging to stderr")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="Vocable's debug logging to stderr"
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     chat = commands.add_parser("chat", help="talk to a playbook in text over stdin/stdout")

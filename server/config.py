@@ -15,7 +15,7 @@ from media.tts import SynthesizerSettings
 from .session import SessionSettings
 from .settings import ConfigError, LLMSettings, add_llm_arguments
 
-__all__ = ["EXAMPLES", "IceServer", "ServerConfig", "add_serve_arguments"]
+__all__ = ["EXAMPLES", "IceServer", "ServerConfig", "add_serve_arguments", "parse_address"]
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "playbooks" / "examples"
 
@@ -54,6 +54,8 @@ class ServerConfig:
     idle_timeout_s: float = 300.0
     """Hang up after this long without caller speech."""
     max_call_s: float = 3600.0
+    audiosocket: tuple[str, int] | None = None
+    """Where to accept Asterisk AudioSocket connections (None: not at all)."""
     web_client_dir: Path = Path(__file__).resolve().parent.parent / "web-client"
 
     @classmethod
@@ -89,7 +91,20 @@ class ServerConfig:
             cors_origins=tuple(args.cors_origin),
             idle_timeout_s=args.idle_timeout_s,
             max_call_s=args.max_call_s,
+            audiosocket=parse_address(args.audiosocket) if args.audiosocket else None,
         )
+
+
+def parse_address(text: str, default_host: str = "127.0.0.1") -> tuple[str, int]:
+    """``HOST:PORT`` or ``PORT`` -> (host, port); raises ConfigError."""
+    host, _, port = text.rpartition(":")
+    try:
+        number = int(port)
+    except ValueError:
+        raise ConfigError(f"{text!r} is not HOST:PORT") from None
+    if not 0 <= number <= 65535:
+        raise ConfigError(f"{text!r}: port out of range")
+    return (host.strip("[]") or default_host), number
 
 
 def add_serve_arguments(
@@ -133,6 +148,14 @@ def add_serve_arguments(
         default=listing("CORS_ORIGINS"),
         metavar="ORIGIN",
         help="allowed cross-origin page, repeatable [VOCABLE_CORS_ORIGINS]",
+    )
+
+    net.add_argument(
+        "--audiosocket",
+        default=default("AUDIOSOCKET", str, None),
+        metavar="[HOST:]PORT",
+        help="accept Asterisk AudioSocket calls here (host default 127.0.0.1) "
+        "[VOCABLE_AUDIOSOCKET]",
     )
 
     calls = parser.add_argument_group("calls")

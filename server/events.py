@@ -22,6 +22,7 @@ VoiceEventType = Literal[
     "interrupted",
     "turn_metrics",
     "state",
+    "dtmf",
     "error",
 ]
 

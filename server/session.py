@@ -25,6 +25,7 @@ __all__ = ["Session", "SessionSettings", "SessionState"]
 log = logging.getLogger(__name__)
 
 SessionState = Literal["listening", "thinking", "speaking", "closed"]
+DTMF_DIGITS = "0123456789*#ABCD"
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,8 @@ class SessionSettings:
     barge_in_min_ms: int = 200
     """Voiced caller speech needed, while the agent is busy, to interrupt it."""
     greet: bool = True
+    dtmf_pause_s: float = 1.5
+    """Keypad digits pressed within this pause of each other form one input."""
 
 
 class Session:
@@ -65,6 +68,8 @@ class Session:
         self.muted = False
         """While muted, the caller's frames are heard as silence."""
         self._silence = bytes(FRAME_BYTES)
+        self._digits = ""
+        self._digit_timer: asyncio.TimerHandle | None = None
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -114,6 +119,29 @@ class Session:
                 self._on_speech_ended(event)
         self._check_barge_in()
         self._refresh_state()
+
+    def dtmf(self, digit: str) -> None:
+        """A keypad digit (0-9, *, #, A-D). Digits are gathered until ``#`` or a pause of
+        ``dtmf_pause_s``, then answered like a spoken turn saying ``Keypad: 123#`` (which the LLM
+        sees and a keyword condition can match)."""
+        if self._closed or len(digit) != 1 or digit not in DTMF_DIGITS:
+            return
+        self.voice.emit("dtmf", digit=digit)
+        self._digits += digit
+        if self._digit_timer is not None:
+            self._digit_timer.cancel()
+            self._digit_timer = None
+        if digit == "#":
+            self._flush_digits()
+        else:
+            loop = asyncio.get_running_loop()
+            self._digit_timer = loop.call_later(self.settings.dtmf_pause_s, self._flush_digits)
+
+    def _flush_digits(self) -> None:
+        self._digit_timer = None
+        digits, self._digits = self._digits, ""
+        if digits and not self._closed:
+            self.submit_text(f"Keypad: {digits}")
 
     def submit_text(self, text: str) -> None:
         """A typed user turn, answered in voice like a spoken one (interrupts a busy agent)."""
@@ -222,6 +250,8 @@ class Session:
             return
         self._closed = True
         self._pending = None
+        if self._digit_timer is not None:
+            self._digit_timer.cancel()
         if self._turn is not None and not self._turn.done():
             self.voice.speaker.clear()
             self._turn.cancel()

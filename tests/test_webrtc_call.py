@@ -11,9 +11,9 @@ from aiohttp.test_utils import TestServer
 from benchmarks.client import WebRTCCaller
 from playbooks import ChatClient, load_playbooks
 from server.app import CALLS, create_app
-from server.calls import NO_LLM_LINE
 from server.config import ServerConfig
 from server.engines import Engines
+from server.registry import NO_LLM_LINE
 from tests.calls import piper_speech, synthesizer, transcriber, word_error_rate, words
 from tests.conftest import EXAMPLES
 from tests.scripted_llm import Reply, ScriptedLLM

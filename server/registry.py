@@ -1,0 +1,118 @@
+"""Every live call of this process, whatever its transport, and how a call's session is built.
+
+Transports (WebRTC, the Twilio-style media WebSocket, AudioSocket, SIP) create their calls through
+:meth:`CallRegistry.admit`, which enforces the session limit, and get a :class:`Session` wired to
+the shared engines from :meth:`CallRegistry.new_session`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+from collections.abc import Callable
+from typing import Protocol
+
+from media import Speaker
+from playbooks import OrchestratorOptions, PlaybookOrchestrator
+
+from .config import ServerConfig
+from .engines import Engines
+from .events import VoiceEvent
+from .session import Session
+from .voice import VoicePlaybookOrchestrator
+
+__all__ = ["NO_LLM_LINE", "Call", "CallRegistry", "OverCapacity", "UnknownPlaybook"]
+
+NO_LLM_LINE = (
+    "No language model is configured on this server yet, so I can hear you but cannot answer."
+)
+
+
+class OverCapacity(RuntimeError):
+    pass
+
+
+class UnknownPlaybook(LookupError):
+    pass
+
+
+class Call(Protocol):
+    id: str
+    session: Session
+    ended: asyncio.Event
+
+    async def hangup(self, reason: str) -> None: ...
+
+
+class CallRegistry:
+    """Live calls by id, built from shared engines; ``on_event`` sees every call's events."""
+
+    def __init__(
+        self, config: ServerConfig, engines: Engines, on_event: Callable[[VoiceEvent], None]
+    ) -> None:
+        self.config = config
+        self.engines = engines
+        self.calls: dict[str, Call] = {}
+        self.on_event = on_event
+
+    def __len__(self) -> int:
+        return len(self.calls)
+
+    def new_call_id(self) -> str:
+        """An unguessable id for a call about to be admitted; raises OverCapacity when full."""
+        if len(self.calls) >= self.config.max_sessions:
+            raise OverCapacity(f"this server takes at most {self.config.max_sessions} calls")
+        return secrets.token_urlsafe(16)
+
+    def playbook_id(self, requested: str | None) -> str:
+        """The playbook to use; raises UnknownPlaybook."""
+        playbook_id = requested or self.engines.default_playbook
+        if playbook_id not in self.engines.playbooks:
+            raise UnknownPlaybook(f"unknown playbook {playbook_id!r}")
+        return playbook_id
+
+    def new_session(
+        self,
+        call_id: str,
+        playbook_id: str,
+        speaker: Speaker,
+        emit: Callable[[VoiceEvent], None],
+    ) -> Session:
+        """A session on the shared models; its events go to ``emit`` and to ``on_event``."""
+        engines = self.engines
+        options = OrchestratorOptions()
+        if engines.llm is None:
+            options = OrchestratorOptions(fallback_answer=NO_LLM_LINE)
+        orchestrator = PlaybookOrchestrator(engines.playbooks[playbook_id], engines.llm, options)
+
+        def both(event: VoiceEvent) -> None:
+            self.on_event(event)
+            emit(event)
+
+        voice = VoicePlaybookOrchestrator(
+            orchestrator, engines.transcriber, engines.synthesizer, speaker, both
+        )
+        return Session(call_id, voice, self.config.session)
+
+    def admit(self, call: Call) -> None:
+        if len(self.calls) >= self.config.max_sessions:
+            raise OverCapacity(f"this server takes at most {self.config.max_sessions} calls")
+        self.calls[call.id] = call
+
+    def release(self, call: Call, reason: str) -> None:
+        """Forget an ended call (its transport calls this once everything is freed)."""
+        self.calls.pop(call.id, None)
+        with contextlib.suppress(Exception):
+            self.on_event(VoiceEvent("state", {"state": "closed", "reason": reason}))
+
+    async def hangup(self, call_id: str, reason: str = "hung up by the client") -> bool:
+        call = self.calls.get(call_id)
+        if call is None:
+            return False
+        await call.hangup(reason)
+        return True
+
+    async def close_all(self, reason: str = "server shutting down") -> None:
+        calls = list(self.calls.values())
+        await asyncio.gather(*(call.hangup(reason) for call in calls), return_exceptions=True)

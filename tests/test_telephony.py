@@ -1,0 +1,297 @@
+"""Phone transports with test clients speaking their documented protocols: Twilio-style media
+streams over a WebSocket and Asterisk AudioSocket over TCP. Real Whisper, Piper and webrtcvad."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestServer
+
+from media import Resampler
+from media.audio import SAMPLE_RATE, pcm_rms_dbfs, silence
+from media.g711 import pcm_to_ulaw, ulaw_to_pcm
+from playbooks import ChatClient, load_playbooks
+from server.app import AUDIOSOCKET, CALLS, create_app
+from server.audiosocket import DTMF, HANGUP, SLIN_8K, UUID, frame_message, read_message
+from server.config import ServerConfig
+from server.engines import Engines
+from server.twilio import TwilioCall
+from tests.calls import piper_speech, synthesizer, transcriber, word_error_rate
+from tests.conftest import EXAMPLES
+from tests.scripted_llm import Reply, ScriptedLLM
+
+pytestmark = pytest.mark.slow
+
+QUESTION = "Where is my order?"
+PARCEL = "Where is my parcel?"
+INTERRUPTION = "Stop, stop, that is enough."
+ANSWER = "Your order is on its way. It will arrive on Tuesday."
+LONG_ANSWER = " ".join(
+    [
+        "Let me tell you everything about our delivery options.",
+        "Standard delivery takes three to five working days.",
+        "Express delivery arrives the next working day if you order before noon.",
+        "Weekend delivery is available in most cities for a small fee.",
+    ]
+)
+
+
+def phone_audio(text: str) -> bytes:
+    """``text`` spoken by Piper at 8 kHz PCM16, computed before any call starts."""
+    resampler = Resampler(SAMPLE_RATE, 8000)
+    return resampler.resample(piper_speech(text)) + resampler.flush()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _speech_ready() -> None:
+    for text in (QUESTION, PARCEL, INTERRUPTION):
+        phone_audio(text)
+
+
+@pytest.fixture
+async def server(llm: ScriptedLLM) -> AsyncIterator[TestServer]:
+    engines = Engines(
+        transcriber(),
+        synthesizer(),
+        load_playbooks(EXAMPLES),
+        ChatClient.connect(llm.base_url, None, "scripted"),
+    )
+    config = ServerConfig(audiosocket=("127.0.0.1", 0))
+    server = TestServer(create_app(config, engines), host="127.0.0.1")
+    await server.start_server()
+    yield server
+    await server.close()
+
+
+@dataclass
+class Received:
+    """What a test phone heard: 8 kHz PCM16 with the arrival time of each 20 ms chunk."""
+
+    pcm: bytearray = field(default_factory=bytearray)
+    chunks: list[tuple[float, float]] = field(default_factory=list)  # (arrival, dBFS)
+    control: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
+
+    def add(self, pcm: bytes) -> None:
+        self.pcm += pcm
+        self.chunks.append((time.monotonic(), pcm_rms_dbfs(pcm)))
+
+    def loud_after(self, t: float) -> list[float]:
+        return [at for at, dbfs in self.chunks if at > t and dbfs > -45]
+
+    async def said(self) -> str:
+        resampler = Resampler(8000, SAMPLE_RATE)
+        pcm16k = resampler.resample(bytes(self.pcm)) + resampler.flush()
+        return (await transcriber().transcribe(pcm16k)).text
+
+
+async def _paced(chunks: list[bytes], send: Any) -> None:
+    """Send 20 ms chunks at real-time pace, like a phone."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time()
+    for chunk in chunks:
+        await send(chunk)
+        deadline += 0.02
+        await asyncio.sleep(max(0.0, deadline - loop.time()))
+
+
+def _chunks(pcm8k: bytes, ms: int = 20) -> list[bytes]:
+    size = 8000 * ms // 1000 * 2
+    return [pcm8k[i : i + size].ljust(size, b"\0") for i in range(0, len(pcm8k), size)]
+
+
+class TwilioPhone:
+    """Speaks the Twilio Media Streams protocol like Twilio does."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        self.ws = ws
+        self.heard = Received()
+        self.sequence = 0
+        self.reader = asyncio.create_task(self._read())
+
+    async def start(self, playbook: str) -> None:
+        await self._send({"event": "connected", "protocol": "Call", "version": "1.0.0"})
+        await self._send(
+            {
+                "event": "start",
+                "streamSid": "MZ0001",
+                "start": {
+                    "accountSid": "AC0001",
+                    "callSid": "CA0001",
+                    "streamSid": "MZ0001",
+                    "tracks": ["inbound"],
+                    "customParameters": {"playbook": playbook},
+                    "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1},
+                },
+            }
+        )
+
+    async def say(self, pcm8k: bytes) -> None:
+        await _paced(_chunks(pcm8k), self._media)
+
+    async def dtmf(self, digit: str) -> None:
+        await self._send({"event": "dtmf", "dtmf": {"track": "inbound_track", "digit": digit}})
+
+    async def stop(self) -> None:
+        if not self.ws.closed:
+            await self._send({"event": "stop", "stop": {"callSid": "CA0001"}})
+        try:  # the server hangs up: the socket closes and the reader ends
+            await asyncio.wait_for(self.reader, 5)
+        except TimeoutError:
+            self.reader.cancel()
+
+    async def _media(self, chunk: bytes) -> None:
+        payload = base64.b64encode(pcm_to_ulaw(chunk)).decode()
+        await self._send({"event": "media", "media": {"track": "inbound", "payload": payload}})
+
+    async def _send(self, message: dict[str, Any]) -> None:
+        self.sequence += 1
+        await self.ws.send_str(
+            json.dumps({"sequenceNumber": str(self.sequence), "streamSid": "MZ0001", **message})
+        )
+
+    async def _read(self) -> None:
+        async for message in self.ws:
+            data = json.loads(message.data)
+            if data["event"] == "media":
+                assert data["streamSid"] == "MZ0001"
+                self.heard.add(ulaw_to_pcm(base64.b64decode(data["media"]["payload"])))
+            else:
+                self.heard.control.append((time.monotonic(), data))
+                if data["event"] == "mark":  # a phone echoes marks as playback reaches them
+                    await self._send({"event": "mark", "mark": data["mark"]})
+
+
+@pytest.fixture
+async def twilio(server: TestServer) -> AsyncIterator[TwilioPhone]:
+    async with aiohttp.ClientSession() as http:
+        ws = await http.ws_connect(server.make_url("/twilio/media"))
+        phone = TwilioPhone(ws)
+        yield phone
+        with contextlib.suppress(Exception):
+            await phone.stop()
+        await ws.close()
+
+
+async def _wait(condition: Any, timeout_s: float) -> None:
+    """Poll a condition over state of several peers (the phone, the scripted LLM)."""
+    async with asyncio.timeout(timeout_s):
+        while not condition():  # noqa: ASYNC110 - no single event covers every peer's state
+            await asyncio.sleep(0.05)
+
+
+def _replies(body: dict[str, Any]) -> Reply:
+    """Intent checks get "none"; a keypad input gets the long answer; anything else the short."""
+    if not body.get("stream"):
+        return Reply(content='{"intent": "none", "confidence": 0.1}')
+    last = body["messages"][-1]["content"]
+    if last.startswith("Keypad") or "parcel" in last.lower():
+        return Reply(content=LONG_ANSWER)
+    return Reply(content=ANSWER)
+
+
+def _events(phone: TwilioPhone, kind: str) -> list[tuple[float, dict[str, Any]]]:
+    return [(t, d) for t, d in phone.heard.control if d["event"] == kind]
+
+
+async def test_a_twilio_stream_hears_the_answer_with_marks(
+    server: TestServer, twilio: TwilioPhone, llm: ScriptedLLM
+) -> None:
+    llm.script(_replies)
+    await twilio.start("support")
+    await _wait(lambda: len(_events(twilio, "mark")) >= 2, 20)  # the greeting's sentences
+    await asyncio.sleep(3.0)
+    greeting_end = len(twilio.heard.pcm)
+    await twilio.say(phone_audio(QUESTION) + silence(600, 8000))
+    await _wait(lambda: len(_events(twilio, "mark")) >= 4, 20)  # the answer's two sentences
+    await asyncio.sleep(3.0)
+    said = await Received(pcm=twilio.heard.pcm[greeting_end:]).said()
+    assert word_error_rate(said, ANSWER) <= 0.25
+    names = [d["mark"]["name"] for _, d in _events(twilio, "mark")]
+    assert names == ["sentence-1", "sentence-2", "sentence-3", "sentence-4"]
+    (call,) = server.app[CALLS].calls.values()
+    assert isinstance(call, TwilioCall)
+    assert call.marks_played == names  # the phone's echoes came back
+    await twilio.stop()
+    await asyncio.wait_for(call.ended.wait(), 5)
+    assert len(server.app[CALLS]) == 0
+
+
+async def test_barge_in_on_a_twilio_stream_sends_clear_and_stops_the_audio(
+    server: TestServer, twilio: TwilioPhone, llm: ScriptedLLM
+) -> None:
+    llm.script(_replies)
+    await twilio.start("support")
+    await _wait(lambda: len(_events(twilio, "mark")) >= 2, 20)
+    await asyncio.sleep(3.0)
+    await twilio.say(phone_audio(PARCEL) + silence(600, 8000))
+    await _wait(lambda: len(_events(twilio, "mark")) >= 4, 20)  # well into the long answer
+    await asyncio.sleep(0.5)
+    talking = asyncio.create_task(twilio.say(phone_audio(INTERRUPTION)[: 8000 * 2]))
+    await _wait(lambda: bool(_events(twilio, "clear")), 5)
+    (cleared_at, _) = _events(twilio, "clear")[0]
+    await talking
+    await asyncio.sleep(0.5)
+    # after the clear the agent's audio stops: nothing loud until it answers the interruption
+    assert [t for t in twilio.heard.loud_after(cleared_at + 0.1) if t < cleared_at + 1.2] == []
+
+
+async def test_audiosocket_call_with_dtmf_and_barge_in(
+    server: TestServer, llm: ScriptedLLM
+) -> None:
+    llm.script(_replies)
+    port = server.app[AUDIOSOCKET].port
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    heard = Received()
+
+    async def read() -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                kind, payload = await read_message(reader)
+                if kind == SLIN_8K:
+                    assert len(payload) == 320  # 20 ms frames at 8 kHz
+                    heard.add(payload)
+                elif kind == HANGUP:
+                    return
+
+    async def send_audio(chunk: bytes) -> None:
+        writer.write(frame_message(SLIN_8K, chunk))
+        await writer.drain()
+
+    reading = asyncio.create_task(read())
+    try:
+        writer.write(frame_message(UUID, uuid.uuid4().bytes))
+        await _paced(_chunks(silence(4500, 8000)), send_audio)  # the greeting plays
+        start = len(heard.pcm)
+        await _paced(_chunks(phone_audio(QUESTION) + silence(3500, 8000)), send_audio)
+        answer = Received(pcm=heard.pcm[start:])
+        assert word_error_rate(await answer.said(), ANSWER) <= 0.25
+
+        for digit in "12#":
+            writer.write(frame_message(DTMF, digit.encode()))
+        await writer.drain()
+        await _wait(lambda: llm.requests[-1]["messages"][-1]["content"] == "Keypad: 12#", 10)
+        await _paced(_chunks(silence(2500, 8000)), send_audio)  # the long answer is playing
+        assert heard.loud_after(time.monotonic() - 0.5)
+        talk_at = time.monotonic()
+        await _paced(_chunks(phone_audio(INTERRUPTION)[: 8000 * 2]), send_audio)
+        # cut within ~0.5 s of talking; the answer to the interruption comes much later
+        assert [t for t in heard.loud_after(talk_at + 0.6) if t < talk_at + 1.0] == []
+    finally:
+        writer.write(frame_message(HANGUP))
+        await writer.drain()
+        writer.close()
+        reading.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reading
+    calls = server.app[CALLS]
+    await _wait(lambda: len(calls) == 0, 5)
