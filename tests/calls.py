@@ -3,16 +3,27 @@
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from aiohttp.test_utils import TestServer
 
 from media import Speaker, Synthesizer, Transcriber
 from media.audio import SAMPLE_RATE, silence
-from playbooks import ChatClient, OrchestratorEvent, PlaybookOrchestrator, RetryPolicy
+from playbooks import (
+    ChatClient,
+    OrchestratorEvent,
+    PlaybookOrchestrator,
+    RetryPolicy,
+    load_playbooks,
+)
 from playbooks.loader import LoadedPlaybook
+from server.app import create_app
+from server.config import ServerConfig
+from server.engines import Engines
 from server.events import VoiceEvent
 from server.loopback import LoopbackCall
 from server.session import Session, SessionSettings
@@ -35,6 +46,7 @@ __all__ = [
     "start_call",
     "synthesizer",
     "transcriber",
+    "voice_server",
     "word_error_rate",
     "words",
 ]
@@ -123,3 +135,23 @@ def start_call(
     orchestrator.on(lambda event: call.llm_events.append((voice.clock(), event)))
     call.line.start()
     return call
+
+
+@asynccontextmanager
+async def voice_server(
+    llm_url: str | None, config: ServerConfig | None = None
+) -> AsyncIterator[TestServer]:
+    """The real app on 127.0.0.1 with the shared models and the example playbooks; no LLM when
+    ``llm_url`` is None."""
+    from tests.conftest import EXAMPLES
+
+    llm = ChatClient.connect(llm_url, None, "scripted") if llm_url else None
+    engines = Engines(transcriber(), synthesizer(), load_playbooks(EXAMPLES), llm)
+    server = TestServer(create_app(config or ServerConfig(), engines), host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield server
+    finally:
+        await server.close()
+        if llm is not None:
+            await llm.client.close()

@@ -21,6 +21,21 @@ async def llm() -> AsyncIterator[ScriptedLLM]:
         yield server
 
 
+class FakeSleep:
+    """Records the delays a retry policy asks for, without waiting."""
+
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+
+    async def __call__(self, delay: float) -> None:
+        self.delays.append(delay)
+
+
+@pytest.fixture
+def sleeps() -> FakeSleep:
+    return FakeSleep()
+
+
 @pytest.fixture
 def write_playbook(tmp_path: Path) -> Callable[..., Path]:
     """Write a playbook (YAML text, dedented) and optionally its tools module; returns its path."""

@@ -10,13 +10,8 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from media.audio import SAMPLE_RATE, silence
-from playbooks import ChatClient, load_playbooks
-from server.app import create_app
-from server.config import ServerConfig
-from server.engines import Engines
 from tests.browser import Browser
-from tests.calls import piper_speech, synthesizer, transcriber
-from tests.conftest import EXAMPLES
+from tests.calls import piper_speech, voice_server
 from tests.scripted_llm import Reply, ScriptedLLM
 
 pytestmark = pytest.mark.slow
@@ -37,16 +32,8 @@ STATS = """(async () => {
 
 @pytest.fixture
 async def server(llm: ScriptedLLM) -> AsyncIterator[TestServer]:
-    engines = Engines(
-        transcriber(),
-        synthesizer(),
-        load_playbooks(EXAMPLES),
-        ChatClient.connect(llm.base_url, None, "scripted"),
-    )
-    server = TestServer(create_app(ServerConfig(), engines), host="127.0.0.1")
-    await server.start_server()
-    yield server
-    await server.close()
+    async with voice_server(llm.base_url) as server:
+        yield server
 
 
 def _microphone(path: Path) -> Path:

@@ -24,24 +24,10 @@ from playbooks.llm import (
     StreamDelta,
     ToolCallRequest,
 )
+from tests.conftest import FakeSleep
 from tests.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
 
 MESSAGES: list[dict[str, Any]] = [{"role": "user", "content": "hello"}]
-
-
-class FakeSleep:
-    """Records the delays the retry policy asks for, without waiting."""
-
-    def __init__(self) -> None:
-        self.delays: list[float] = []
-
-    async def __call__(self, delay: float) -> None:
-        self.delays.append(delay)
-
-
-@pytest.fixture
-def sleeps() -> FakeSleep:
-    return FakeSleep()
 
 
 @pytest.fixture

@@ -28,7 +28,7 @@ from playbooks import (
     load_playbook,
 )
 from playbooks.orchestrator import DEFAULT_FALLBACK
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, FakeSleep
 from tests.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
 
 SPEC_EVENTS = {
@@ -155,21 +155,6 @@ transitions:
     condition: {type: keyword, keywords: [plainly], in: user}
     action: {target_stage: plain}
 """
-
-
-class FakeSleep:
-    """Records the delays the retry policy asks for, without waiting."""
-
-    def __init__(self) -> None:
-        self.delays: list[float] = []
-
-    async def __call__(self, delay: float) -> None:
-        self.delays.append(delay)
-
-
-@pytest.fixture
-def sleeps() -> FakeSleep:
-    return FakeSleep()
 
 
 @pytest.fixture

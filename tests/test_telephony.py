@@ -20,14 +20,11 @@ from aiohttp.test_utils import TestServer
 from media import Resampler
 from media.audio import SAMPLE_RATE, pcm_rms_dbfs, silence
 from media.g711 import pcm_to_ulaw, ulaw_to_pcm
-from playbooks import ChatClient, load_playbooks
-from server.app import AUDIOSOCKET, CALLS, create_app
+from server.app import AUDIOSOCKET, CALLS
 from server.audiosocket import DTMF, HANGUP, SLIN_8K, UUID, frame_message, read_message
 from server.config import ServerConfig
-from server.engines import Engines
 from server.twilio import TwilioCall
-from tests.calls import piper_speech, synthesizer, transcriber, word_error_rate
-from tests.conftest import EXAMPLES
+from tests.calls import piper_speech, transcriber, voice_server, word_error_rate
 from tests.scripted_llm import Reply, ScriptedLLM
 
 pytestmark = pytest.mark.slow
@@ -60,17 +57,8 @@ def _speech_ready() -> None:
 
 @pytest.fixture
 async def server(llm: ScriptedLLM) -> AsyncIterator[TestServer]:
-    engines = Engines(
-        transcriber(),
-        synthesizer(),
-        load_playbooks(EXAMPLES),
-        ChatClient.connect(llm.base_url, None, "scripted"),
-    )
-    config = ServerConfig(audiosocket=("127.0.0.1", 0))
-    server = TestServer(create_app(config, engines), host="127.0.0.1")
-    await server.start_server()
-    yield server
-    await server.close()
+    async with voice_server(llm.base_url, ServerConfig(audiosocket=("127.0.0.1", 0))) as server:
+        yield server
 
 
 @dataclass

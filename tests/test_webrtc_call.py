@@ -9,13 +9,9 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from benchmarks.client import WebRTCCaller
-from playbooks import ChatClient, load_playbooks
-from server.app import CALLS, create_app
-from server.config import ServerConfig
-from server.engines import Engines
+from server.app import CALLS
 from server.registry import NO_LLM_LINE
-from tests.calls import piper_speech, synthesizer, transcriber, word_error_rate, words
-from tests.conftest import EXAMPLES
+from tests.calls import piper_speech, transcriber, voice_server, word_error_rate, words
 from tests.scripted_llm import Reply, ScriptedLLM
 
 pytestmark = pytest.mark.slow
@@ -38,18 +34,8 @@ def _caller_speech_ready() -> None:
 
 @pytest.fixture
 async def server(llm: ScriptedLLM) -> AsyncIterator[TestServer]:
-    engines = Engines(
-        transcriber(),
-        synthesizer(),
-        load_playbooks(EXAMPLES),
-        ChatClient.connect(llm.base_url, None, "scripted"),
-    )
-    server = TestServer(create_app(ServerConfig(), engines), host="127.0.0.1")
-    await server.start_server()
-    yield server
-    await server.close()
-    assert engines.llm is not None
-    await engines.llm.client.close()
+    async with voice_server(llm.base_url) as server:
+        yield server
 
 
 @pytest.fixture
@@ -164,10 +150,7 @@ async def test_a_vanishing_peer_frees_its_session(
 
 
 async def test_without_an_llm_the_agent_says_so_in_one_sentence(caller: WebRTCCaller) -> None:
-    engines = Engines(transcriber(), synthesizer(), load_playbooks(EXAMPLES), None)
-    server = TestServer(create_app(ServerConfig(), engines), host="127.0.0.1")
-    await server.start_server()
-    try:
+    async with voice_server(None) as server:
         await caller.connect(_base(server), playbook="support")
         await caller.wait_for("tts_end", timeout_s=30)  # the greeting still plays
         caller.send({"type": "text", "text": "Hello?"})
@@ -176,5 +159,3 @@ async def test_without_an_llm_the_agent_says_so_in_one_sentence(caller: WebRTCCa
         (error,) = caller.of_type("error")
         assert error["source"] == "llm"
         assert "no LLM endpoint" in error["message"]
-    finally:
-        await server.close()
