@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .client import WebRTCCaller
+from .client import SpokenUtterance, WebRTCCaller
 from .corpus import Utterance
 from .server_process import ServerProcess
 
@@ -87,11 +87,9 @@ async def barge_in(
     record: Record = {"kind": "barge_in", "utterance": interrupt.id}
     interrupted_before = len(caller.of_type("interrupted"))
     answers_before = len(caller.of_type("tts_end"))
-    speaking = await _agent_speaking(caller, ask)
-    if speaking is None:
+    spoken = await _talk_over_long_answer(caller, ask, interrupt)
+    if spoken is None:
         return {**record, "ok": False, "error": "the agent never started its long answer"}
-    await asyncio.sleep(1.2)  # well into the answer
-    spoken = caller.say(interrupt.pcm())
     try:
         started = await spoken.first_voiced_sent_at()
     except TimeoutError:
@@ -115,10 +113,8 @@ async def backchannel(
     record: Record = {"kind": "backchannel", "utterance": noise.id}
     interrupted_before = len(caller.of_type("interrupted"))
     answers_before = len(caller.of_type("tts_end"))
-    if await _agent_speaking(caller, ask) is None:
+    if await _talk_over_long_answer(caller, ask, noise) is None:
         return {**record, "ok": False, "error": "the agent never started its long answer"}
-    await asyncio.sleep(1.2)
-    caller.say(noise.pcm())
     await asyncio.sleep(2.0)
     false_cut = len(caller.of_type("interrupted")) > interrupted_before
     expected_answers = answers_before + (2 if false_cut else 1)
@@ -127,6 +123,17 @@ async def backchannel(
     except TimeoutError:
         return {**record, "ok": False, "false_cut": false_cut, "error": "the call got stuck"}
     return {**record, "ok": True, "false_cut": false_cut}
+
+
+async def _talk_over_long_answer(
+    caller: WebRTCCaller, ask: Utterance, sound: Utterance
+) -> SpokenUtterance | None:
+    """Ask for a long answer, wait until it is well under way, then make ``sound`` over it;
+    None if the agent never started answering."""
+    if await _agent_speaking(caller, ask) is None:
+        return None
+    await asyncio.sleep(1.2)
+    return caller.say(sound.pcm())
 
 
 async def _agent_speaking(caller: WebRTCCaller, ask: Utterance) -> float | None:

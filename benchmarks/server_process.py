@@ -77,11 +77,15 @@ class ServerProcess:
         return self._log.decode(errors="replace")[-4000:]
 
     async def _drain(self, stream: asyncio.StreamReader) -> None:
-        while chunk := await stream.read(65536):
-            self._log = (self._log + chunk)[-65536:]
-            if self.log_path is not None:
-                with self.log_path.open("ab") as log:
+        log = self.log_path.open("ab") if self.log_path is not None else None
+        try:
+            while chunk := await stream.read(65536):
+                self._log = (self._log + chunk)[-65536:]
+                if log is not None:
                     log.write(chunk)
+        finally:
+            if log is not None:
+                log.close()
 
     def sample(self) -> ProcessSample:
         assert self.process is not None

@@ -44,12 +44,20 @@ __all__ = [
     "loudest",
     "piper_speech",
     "start_call",
+    "synthesize_ahead",
     "synthesizer",
     "transcriber",
     "voice_server",
     "word_error_rate",
     "words",
 ]
+
+
+def synthesize_ahead(*phrases: str) -> None:
+    """Synthesize (and cache) the caller's phrases before any call starts: Piper running on the
+    test's event loop mid-call would stall the call's 20 ms clock."""
+    for phrase in phrases:
+        piper_speech(phrase)
 
 
 def espeak_speech(text: str) -> bytes:

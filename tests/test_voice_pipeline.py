@@ -18,6 +18,7 @@ from tests.calls import (
     loudest,
     piper_speech,
     start_call,
+    synthesize_ahead,
     synthesizer,
     transcriber,
     word_error_rate,
@@ -46,10 +47,7 @@ CALLER_PHRASES = (
 
 @pytest.fixture(scope="module", autouse=True)
 def _caller_speech_ready() -> None:
-    """Synthesize the caller's phrases before any call starts: Piper running on the test's
-    event loop mid-call would stall the call's 20 ms clock."""
-    for phrase in CALLER_PHRASES:
-        piper_speech(phrase)
+    synthesize_ahead(*CALLER_PHRASES)
 
 
 @pytest.fixture(scope="module")

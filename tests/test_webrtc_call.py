@@ -11,7 +11,14 @@ from aiohttp.test_utils import TestServer
 from benchmarks.client import WebRTCCaller
 from server.app import CALLS
 from server.registry import NO_LLM_LINE
-from tests.calls import piper_speech, transcriber, voice_server, word_error_rate, words
+from tests.calls import (
+    piper_speech,
+    synthesize_ahead,
+    transcriber,
+    voice_server,
+    word_error_rate,
+    words,
+)
 from tests.scripted_llm import Reply, ScriptedLLM
 
 pytestmark = pytest.mark.slow
@@ -26,10 +33,7 @@ CALLER_PHRASES = (
 
 @pytest.fixture(scope="module", autouse=True)
 def _caller_speech_ready() -> None:
-    """Synthesize the caller's phrases before any call starts: Piper running on the test's
-    event loop mid-call would stall the call's 20 ms clock."""
-    for phrase in CALLER_PHRASES:
-        piper_speech(phrase)
+    synthesize_ahead(*CALLER_PHRASES)
 
 
 @pytest.fixture
