@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 # Debian packages the tests use as real peers and voices (installed when missing; needs root).
-TEST_PACKAGES := espeak-ng chromium
+TEST_PACKAGES := espeak-ng chromium sip-tester baresip-core sox
 
 .PHONY: run test lint typecheck unit clean system-deps
 

@@ -21,6 +21,7 @@ from .engines import Engines
 from .events import VoiceEvent
 from .observability import ServerMetrics
 from .registry import CallRegistry, OverCapacity, UnknownPlaybook
+from .sip import SipServer
 from .twilio import serve_media_stream
 
 __all__ = ["AUDIOSOCKET", "CALLS", "CONFIG", "ENGINES", "METRICS", "create_app"]
@@ -32,6 +33,7 @@ ENGINES = web.AppKey("engines", Engines)
 CALLS = web.AppKey("calls", CallRegistry)
 METRICS = web.AppKey("metrics", ServerMetrics)
 AUDIOSOCKET = web.AppKey("audiosocket", AudioSocketServer)
+SIP = web.AppKey("sip", SipServer)
 
 MAX_SDP_BYTES = 64 * 1024
 RETRY_AFTER_S = 5
@@ -91,7 +93,14 @@ async def _calls_context(app: web.Application) -> AsyncIterator[None]:
         audiosocket = AudioSocketServer(calls, *config.audiosocket)
         await audiosocket.start()
         app[AUDIOSOCKET] = audiosocket
+    sip = None
+    if config.sip is not None:
+        sip = SipServer(calls, config.sip)
+        await sip.start()
+        app[SIP] = sip
     yield
+    if sip is not None:
+        await sip.close()
     if audiosocket is not None:
         await audiosocket.close()
     await calls.close_all()

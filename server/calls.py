@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +28,7 @@ from .config import ServerConfig
 from .events import VoiceEvent
 from .registry import CallRegistry
 from .session import Session
+from .watchdog import CallClock
 from .webrtc import OUTPUT_RATE, SpeakerTrack, caller_frames
 
 __all__ = ["BadOffer", "WebRTCCall", "open_webrtc_call"]
@@ -57,8 +57,7 @@ class WebRTCCall:
         self.pc = pc
         self.session = session
         self.config = config
-        self.started_at = time.monotonic()
-        self.last_activity = self.started_at
+        self.clock = CallClock(config.max_call_s, config.idle_timeout_s)
         self._on_end = on_end
         self._channel: RTCDataChannel | None = None
         self._outbox: list[str] = []
@@ -88,8 +87,7 @@ class WebRTCCall:
     # -- events to the client ----------------------------------------------------------------
 
     def emit(self, event: VoiceEvent) -> None:
-        if event.type == "speech_start":
-            self.last_activity = time.monotonic()
+        self.clock.observe(event)
         self._send(event.to_dict())
 
     def _send(self, payload: dict[str, Any]) -> None:
@@ -126,7 +124,7 @@ class WebRTCCall:
         if state == "connected" and not self._listening and self._caller is not None:
             self._listening = True
             self._spawn(self._listen(self._caller), "listen")
-            self._spawn(self._watch(), "watchdog")
+            self._spawn(self.clock.watch(lambda: self.session.busy, self.hangup), "watchdog")
         elif state in ("failed", "closed"):
             await self.hangup(f"connection {state}")
 
@@ -148,7 +146,7 @@ class WebRTCCall:
                 }
             )
             return
-        self.last_activity = time.monotonic()
+        self.clock.touch()
         if kind == "hangup":
             self._spawn(self.hangup("caller hung up"), "hangup")
         elif kind == "text" and isinstance(data.get("text"), str) and data["text"].strip():
@@ -165,15 +163,6 @@ class WebRTCCall:
     async def _listen(self, track: MediaStreamTrack) -> None:
         await self.session.run(caller_frames(track))
         await self.hangup("caller audio ended")
-
-    async def _watch(self) -> None:
-        while not self._ended:
-            await asyncio.sleep(1.0)
-            now = time.monotonic()
-            if now - self.started_at >= self.config.max_call_s:
-                await self.hangup("maximum call duration reached")
-            elif now - self.last_activity >= self.config.idle_timeout_s and not self.session.busy:
-                await self.hangup("idle timeout")
 
     def _spawn(self, work: Any, name: str) -> None:
         task = asyncio.create_task(work, name=f"{name}:{self.id}")

@@ -131,6 +131,8 @@ def _serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     url = f"http://{config.host}:{config.port}"
+    if config.sip is not None:
+        print(f"vocable: SIP on {config.sip.host}:{config.sip.port} (UDP and TCP)", flush=True)
     print(f"vocable: loading models and playbooks from {config.playbook_path} ...", flush=True)
     web.run_app(
         create_app(config),

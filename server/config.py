@@ -6,6 +6,7 @@ import argparse
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from ipaddress import IPv4Network, IPv6Network, ip_network
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,15 @@ from media.tts import SynthesizerSettings
 from .session import SessionSettings
 from .settings import ConfigError, LLMSettings, add_llm_arguments
 
-__all__ = ["EXAMPLES", "IceServer", "ServerConfig", "add_serve_arguments", "parse_address"]
+__all__ = [
+    "EXAMPLES",
+    "IceServer",
+    "ServerConfig",
+    "SipSettings",
+    "add_serve_arguments",
+    "parse_address",
+    "parse_port_range",
+]
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "playbooks" / "examples"
 
@@ -34,6 +43,24 @@ class IceServer:
         if self.credential:
             out["credential"] = self.credential
         return out
+
+
+@dataclass(frozen=True)
+class SipSettings:
+    """The native SIP endpoint (``--sip``): where it listens and whom it answers."""
+
+    host: str = "127.0.0.1"
+    port: int = 5060
+    advertise: str | None = None
+    """The address put in SDP and Contact, when the bind address is not what peers reach
+    (behind NAT, or bound to 0.0.0.0). None: the bind address, or the local address facing
+    the caller."""
+    allow: tuple[IPv4Network | IPv6Network, ...] = ()
+    """Source networks whose SIP messages are answered; empty: any source."""
+    rtp_ports: tuple[int, int] = (10000, 20000)
+    """RTP/RTCP port pairs are taken from this range (low inclusive, high exclusive)."""
+    media_timeout_s: float = 30.0
+    """Hang up when no RTP arrives this long (a peer that vanished without a BYE)."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +83,8 @@ class ServerConfig:
     max_call_s: float = 3600.0
     audiosocket: tuple[str, int] | None = None
     """Where to accept Asterisk AudioSocket connections (None: not at all)."""
+    sip: SipSettings | None = None
+    """The native SIP endpoint (None: off)."""
     web_client_dir: Path = Path(__file__).resolve().parent.parent / "web-client"
 
     @classmethod
@@ -92,7 +121,38 @@ class ServerConfig:
             idle_timeout_s=args.idle_timeout_s,
             max_call_s=args.max_call_s,
             audiosocket=parse_address(args.audiosocket) if args.audiosocket else None,
+            sip=_sip_settings(args),
         )
+
+
+def _sip_settings(args: argparse.Namespace) -> SipSettings | None:
+    if not args.sip:
+        return None
+    host, port = parse_address(args.sip)
+    try:
+        allow = tuple(ip_network(item, strict=False) for item in args.sip_allow)
+    except ValueError as exc:
+        raise ConfigError(f"--sip-allow: {exc}") from None
+    return SipSettings(
+        host=host,
+        port=port,
+        advertise=args.sip_advertise or None,
+        allow=allow,
+        rtp_ports=parse_port_range(args.rtp_ports),
+    )
+
+
+def parse_port_range(text: str) -> tuple[int, int]:
+    """``LOW-HIGH`` -> (low, high + 1), a range of at least one even/odd pair; raises
+    ConfigError."""
+    low, _, high = text.partition("-")
+    try:
+        first, last = int(low), int(high)
+    except ValueError:
+        raise ConfigError(f"{text!r} is not LOW-HIGH") from None
+    if not 1024 <= first < last <= 65535:
+        raise ConfigError(f"{text!r}: need 1024 <= LOW < HIGH <= 65535")
+    return first, last + 1
 
 
 def parse_address(text: str, default_host: str = "127.0.0.1") -> tuple[str, int]:
@@ -156,6 +216,35 @@ def add_serve_arguments(
         metavar="[HOST:]PORT",
         help="accept Asterisk AudioSocket calls here (host default 127.0.0.1) "
         "[VOCABLE_AUDIOSOCKET]",
+    )
+
+    sip = parser.add_argument_group("SIP")
+    sip.add_argument(
+        "--sip",
+        default=default("SIP", str, None),
+        metavar="[HOST:]PORT",
+        help="answer SIP calls (UDP and TCP) here; host default 127.0.0.1 [VOCABLE_SIP]",
+    )
+    sip.add_argument(
+        "--sip-allow",
+        action="append",
+        default=listing("SIP_ALLOW"),
+        metavar="CIDR",
+        help="answer SIP only from these networks, repeatable, e.g. 10.0.0.0/8 "
+        "[VOCABLE_SIP_ALLOW, comma-separated; default: any source]",
+    )
+    sip.add_argument(
+        "--sip-advertise",
+        default=default("SIP_ADVERTISE", str, None),
+        metavar="IP",
+        help="address to put in SDP and Contact when peers reach this host by another "
+        "(NAT, or --sip 0.0.0.0:PORT) [VOCABLE_SIP_ADVERTISE]",
+    )
+    sip.add_argument(
+        "--rtp-ports",
+        default=default("RTP_PORTS", str, "10000-19999"),
+        metavar="LOW-HIGH",
+        help="UDP ports for call audio [VOCABLE_RTP_PORTS; default: 10000-19999]",
     )
 
     calls = parser.add_argument_group("calls")

@@ -1,0 +1,520 @@
+"""The native SIP endpoint (``--sip HOST:PORT``): a user agent server any gateway, PBX or trunk
+can route calls to.
+
+Signalling is aiosipua's (RFC 3261 parsing with size caps, 100 Trying, 2xx retransmitted until the
+ACK, CANCEL, BYE, OPTIONS, in-dialog checks), over UDP and TCP on the same port; media is aiortp's
+(jitter buffer that reorders, loss concealment, RFC 4733 telephone-events, symmetric RTP).
+Vocable decides which calls to take and runs each as a :class:`SipCall`:
+
+- INVITE: from a source outside ``--sip-allow`` nothing is answered at all; at capacity 503; an
+  offer without PCMU/PCMA audio 488; otherwise 180 then 200 with the SDP answer. The request URI's
+  user part picks the playbook when one has that id (``sip:support@host``), else the default.
+- re-INVITE: answered from the same port with the new direction (hold stops our audio).
+- Audio: the agent's speaker is pulled on a steady 20 ms clock and sent as G.711, silence when
+  the agent is quiet; barge-in clears the speaker, so the next packet is already silence.
+  Caller audio is decoded, resampled to 16 kHz with swresample and fed to the session.
+- Ends: BYE from the caller, our BYE when the session ends it (idle, maximum duration, no RTP
+  for ``media_timeout_s``, server shutdown), or a missing ACK.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import secrets
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+from aiortp.port_allocator import PortAllocator
+from aiosipua import (
+    DialogState,
+    IncomingCall,
+    SdpMessage,
+    SdpNegotiationError,
+    SipMessage,
+    SipRequest,
+    SipResponse,
+    SipUAS,
+    negotiate_sdp,
+)
+from aiosipua.headers import parse_via, stringify_via
+from aiosipua.rtp_bridge import CallSession
+from aiosipua.transport import SipTransport, TcpSipTransport, UdpSipTransport
+
+from media import FRAME_BYTES, Speaker
+
+from .config import SipSettings
+from .events import VoiceEvent
+from .registry import CallRegistry, OverCapacity
+from .session import Session
+from .telephony import CallerAudio, Encoding, FramePacer, encode
+from .watchdog import CallClock
+
+__all__ = ["SipCall", "SipServer"]
+
+log = logging.getLogger(__name__)
+
+PHONE_RATE = 8000
+SAMPLES_PER_FRAME = 160
+USER_AGENT = "Vocable"
+CALLER_GAP_S = 0.1
+"""After this long without caller audio, silence stands in for it."""
+_SILENT_FRAME = bytes(FRAME_BYTES)
+_CODECS: dict[int, Encoding] = {0: "ulaw", 8: "alaw"}
+_SENDING_DIRECTIONS = ("sendrecv", "sendonly")
+
+
+class SipCall:
+    """One answered SIP call: RTP both ways between the peer and a :class:`Session`."""
+
+    session: Session
+
+    def __init__(
+        self,
+        registry: CallRegistry,
+        invite: IncomingCall,
+        media: CallSession,
+        call_id: str,
+        settings: SipSettings,
+        on_end: Callable[[SipCall], None],
+    ) -> None:
+        self.registry = registry
+        self.invite = invite
+        self.media = media
+        self.id = call_id
+        self.settings = settings
+        self.encoding = _CODECS[media.chosen_payload_type]
+        self.ended = asyncio.Event()
+        self.clock = CallClock(registry.config.max_call_s, registry.config.idle_timeout_s)
+        self.last_packet_at = time.monotonic()
+        self.answer = media.sdp_answer
+        """The SDP answer in force (a re-INVITE replaces it)."""
+        self.sending = _direction(self.answer) in _SENDING_DIRECTIONS
+        self._audio = CallerAudio("slin", PHONE_RATE)
+        self._timestamp = secrets.randbelow(1 << 32)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._on_end = on_end
+        self._ended = False
+        self._heard_caller = False
+
+    @property
+    def sip_call_id(self) -> str:
+        return self.invite.call_id
+
+    def emit(self, event: VoiceEvent) -> None:
+        self.clock.observe(event)
+
+    async def start(self) -> None:
+        """Bind RTP, answer with 200 OK and start the agent (greeting first)."""
+        await self.media.start()
+        if self._ended:  # cancelled while binding
+            return
+        self.media.on_audio = self._on_audio
+        self.media.on_dtmf = self._on_dtmf
+        self.invite.accept(self.answer)
+        pacer = FramePacer(self.session.voice.speaker, self._send, when_idle="silence")
+        self._tasks = [
+            asyncio.create_task(pacer.run(), name=f"sip-pacer:{self.id}"),
+            asyncio.create_task(
+                self.clock.watch(lambda: self.session.busy, self.hangup, self._media_silent),
+                name=f"sip-watchdog:{self.id}",
+            ),
+        ]
+        self.session.start()
+
+    def _on_audio(self, pcm: bytes, _timestamp: int) -> None:
+        if not self._heard_caller:
+            self._heard_caller = True
+            log.debug("SIP call %s: first RTP audio from the caller", self.id)
+        self.last_packet_at = time.monotonic()
+        for frame in self._audio.frames(pcm):
+            self.session.feed(frame, self.last_packet_at)
+
+    def _on_dtmf(self, digit: str, _duration: int) -> None:
+        self.last_packet_at = time.monotonic()
+        self.clock.touch()
+        self.session.dtmf(digit)
+
+    async def _send(self, pcm: bytes) -> None:
+        """Every 20 ms: our next frame out; and silence in for the session when the caller sends
+        nothing (silence suppression, comfort noise, a stream that ended), so end of turn is
+        still detected."""
+        if self.sending:
+            self.media.send_audio(encode(pcm, self.encoding), self._timestamp)
+        self._timestamp = (self._timestamp + SAMPLES_PER_FRAME) & 0xFFFFFFFF
+        now = time.monotonic()
+        if now - self.last_packet_at > CALLER_GAP_S:
+            self.session.feed(_SILENT_FRAME, now)
+
+    def _media_silent(self, now: float) -> str | None:
+        if now - self.last_packet_at >= self.settings.media_timeout_s and self.receiving:
+            return "no audio from the peer"
+        return None
+
+    @property
+    def receiving(self) -> bool:
+        """Whether the peer should be sending us audio (not on hold)."""
+        return _direction(self.answer) in ("sendrecv", "recvonly")
+
+    def reoffer(self, invite: IncomingCall) -> None:
+        """Answer a re-INVITE on the same port; a changed address or direction applies at once."""
+        offer = invite.sdp_offer
+        if offer is None:  # no offer: repeat our answer (RFC 3264 allows that)
+            invite.accept(self.answer)
+            return
+        try:
+            answer = _reanswer(offer, self.answer, self.media.chosen_payload_type)
+        except (SdpNegotiationError, ValueError) as exc:
+            log.warning("SIP call %s: re-INVITE refused: %s", self.id, exc)
+            invite.reject(488, "Not Acceptable Here")
+            return
+        remote = offer.rtp_address
+        if remote is not None and remote[1] != 0:
+            self.media.update_remote(remote)
+        self.answer = answer
+        self.sending = _direction(answer) in _SENDING_DIRECTIONS
+        self.last_packet_at = time.monotonic()
+        invite.accept(answer)
+
+    async def hangup(self, reason: str, *, by_peer: bool = False) -> None:
+        """End the call (our BYE unless the peer ended it) and free everything. Idempotent."""
+        if self._ended:
+            return
+        self._ended = True
+        log.info("SIP call %s ended: %s", self.id, reason)
+        if not by_peer:
+            with contextlib.suppress(Exception):
+                self.invite.hangup()
+        current = asyncio.current_task()
+        for task in self._tasks:
+            if task is not current:
+                task.cancel()
+        await self.session.close()
+        with contextlib.suppress(Exception):
+            await self.media.close()
+        self.registry.release(self, reason)
+        self._on_end(self)
+        self.ended.set()
+
+
+class SipServer:
+    """Listens for SIP over UDP and TCP on one port and runs each accepted INVITE as a call of
+    ``registry``. Malformed or hostile messages are logged and dropped (or answered 4xx)."""
+
+    def __init__(self, registry: CallRegistry, settings: SipSettings) -> None:
+        self.registry = registry
+        self.settings = settings
+        self.port = settings.port
+        self.calls: dict[str, SipCall] = {}
+        """Live calls by SIP Call-ID."""
+        self._ports = PortAllocator(settings.rtp_ports)
+        self._agents: list[SipUAS] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._refused: set[str] = set()
+
+    async def start(self) -> None:
+        host = self.settings.host
+        if self.port == 0:
+            self.port = _free_port(host)
+        for transport in (
+            _UdpTransport(local_addr=(host, self.port)),
+            _TcpTransport(local_addr=(host, self.port)),
+        ):
+            agent = SipUAS(transport, user_agent=USER_AGENT, advertised_addr=self._advertised())
+            agent.on_invite = self._on_invite
+            agent.on_reinvite = self._on_reinvite
+            agent.on_bye = self._on_bye
+            agent.on_cancel = self._on_cancel
+            agent.on_ack_timeout = self._on_ack_timeout
+            await agent.start()
+            _guard(transport, self._allowed)
+            self._agents.append(agent)
+        if not self.settings.allow and not ipaddress.ip_address(_host_ip(host)).is_loopback:
+            log.warning("SIP on %s:%d answers any source; set --sip-allow", host, self.port)
+
+    async def close(self) -> None:
+        await asyncio.gather(
+            *(call.hangup("server shutting down") for call in list(self.calls.values())),
+            return_exceptions=True,
+        )
+        for task in list(self._tasks):
+            task.cancel()
+        for agent in self._agents:
+            with contextlib.suppress(Exception):
+                await agent.stop()
+        self._agents.clear()
+
+    # -- admission -----------------------------------------------------------------------------
+
+    def _allowed(self, addr: tuple[str, int]) -> bool:
+        if not self.settings.allow:
+            return True
+        try:
+            source = ipaddress.ip_address(addr[0])
+        except ValueError:
+            return False
+        if any(source in network for network in self.settings.allow):
+            return True
+        if addr[0] not in self._refused:  # log each refused source once
+            self._refused.add(addr[0])
+            log.warning("SIP from %s ignored: not in --sip-allow", addr[0])
+        return False
+
+    def _advertised(self) -> tuple[str, int] | None:
+        ip = self.settings.advertise or _host_ip(self.settings.host)
+        if ipaddress.ip_address(ip).is_unspecified:
+            return None
+        return (ip, self.port)
+
+    def _on_invite(self, invite: IncomingCall) -> None:
+        task = asyncio.create_task(self._answer(invite), name=f"sip-invite:{invite.call_id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _answer(self, invite: IncomingCall) -> None:
+        registry = self.registry
+        try:
+            call_id = registry.new_call_id()
+        except OverCapacity:
+            log.warning("SIP call from %s refused: over capacity", invite.caller)
+            invite.reject(503, "Service Unavailable")
+            return
+        offer = invite.sdp_offer
+        if offer is None:
+            invite.reject(488, "Not Acceptable Here")  # late offer (SDP in the ACK): unsupported
+            return
+        try:
+            rtp_port, _ = await self._ports.allocate()
+        except RuntimeError:
+            log.error("SIP call refused: no free RTP port in %s", self.settings.rtp_ports)
+            invite.reject(503, "Service Unavailable")
+            return
+        try:
+            media = CallSession(
+                local_ip=self.settings.host,
+                rtp_port=rtp_port,
+                offer=offer,
+                advertised_ip=self._media_ip(invite.source_addr),
+                supported_codecs=list(_CODECS),
+                dtmf_payload_type=_offered_dtmf_type(offer),
+                symmetric_rtp=True,
+            )
+        except (SdpNegotiationError, ValueError) as exc:
+            await self._ports.release(rtp_port)
+            log.warning("SIP call from %s refused: %s", invite.caller, exc)
+            invite.reject(488, "Not Acceptable Here")
+            return
+        if invite.dialog.state is DialogState.TERMINATED:  # cancelled while we prepared
+            await self._ports.release(rtp_port)
+            return
+
+        async def released(call: SipCall) -> None:
+            await self._ports.release(rtp_port)
+
+        def on_end(call: SipCall) -> None:
+            self.calls.pop(call.sip_call_id, None)
+            task = asyncio.create_task(released(call))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+        call = SipCall(registry, invite, media, call_id, self.settings, on_end)
+        playbook = _requested_playbook(invite, registry.engines.playbooks)
+        call.session = registry.new_session(
+            call_id, registry.playbook_id(playbook), Speaker(PHONE_RATE), call.emit
+        )
+        try:
+            registry.admit(call)
+        except OverCapacity:
+            await self._ports.release(rtp_port)
+            invite.reject(503, "Service Unavailable")
+            return
+        self.calls[invite.call_id] = call
+        invite.ringing()
+        try:
+            await call.start()
+        except Exception:
+            log.exception("SIP call %s could not start", call_id)
+            if invite.dialog.state is not DialogState.CONFIRMED:
+                invite.reject(500, "Server Internal Error")
+            await call.hangup("could not start")
+            return
+        log.info(
+            "SIP call %s from %s (%s, playbook %s)",
+            call_id,
+            invite.caller,
+            call.encoding,
+            registry.playbook_id(playbook),
+        )
+
+    def _media_ip(self, peer: tuple[str, int]) -> str | None:
+        """The address to put in SDP: the advertised one, else the bind address, else the local
+        address that routes to ``peer``."""
+        if self.settings.advertise:
+            return self.settings.advertise
+        host = _host_ip(self.settings.host)
+        if not ipaddress.ip_address(host).is_unspecified:
+            return None
+        return _local_ip_towards(peer[0])
+
+    # -- in-dialog -----------------------------------------------------------------------------
+
+    def _on_reinvite(self, invite: IncomingCall) -> None:
+        call = self.calls.get(invite.call_id)
+        if call is None:
+            invite.reject(481, "Call/Transaction Does Not Exist")
+            return
+        call.reoffer(invite)
+
+    def _on_bye(self, invite: IncomingCall, _request: SipRequest) -> None:
+        self._end(invite.call_id, "caller hung up")
+
+    def _on_cancel(self, request: SipRequest, _addr: tuple[str, int]) -> None:
+        # A CANCEL racing our 200 OK cannot undo the answer: end that dialog with a BYE.
+        call = self.calls.get(request.call_id or "")
+        answered = call is not None and call.invite.dialog.state is DialogState.CONFIRMED
+        self._end(request.call_id or "", "caller cancelled", by_peer=not answered)
+
+    def _on_ack_timeout(self, invite: IncomingCall) -> None:
+        self._end(invite.call_id, "no ACK for the answer", by_peer=True)
+
+    def _end(self, sip_call_id: str, reason: str, *, by_peer: bool = True) -> None:
+        call = self.calls.get(sip_call_id)
+        if call is None:
+            return
+        task = asyncio.create_task(call.hangup(reason, by_peer=by_peer))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+class _UdpTransport(UdpSipTransport):
+    """aiosipua's UDP transport with a protocol that accepts Python 3.11's selector datagram
+    transport (which is not registered as an ``asyncio.DatagramTransport`` there, so aiosipua's
+    own ``connection_made`` assertion fails and logs an error for every start)."""
+
+    async def start(self) -> None:
+        owner = self
+
+        class Protocol(asyncio.DatagramProtocol):
+            def datagram_received(self, data: bytes, addr: tuple[str | Any, int]) -> None:
+                owner._dispatch(data, (str(addr[0]), int(addr[1])))
+
+            def error_received(self, exc: Exception) -> None:
+                log.debug("SIP UDP error: %s", exc)
+
+        loop = asyncio.get_running_loop()
+        transport, _ = await loop.create_datagram_endpoint(Protocol, local_addr=self.local_addr)
+        self._udp_transport = transport
+
+
+class _TcpTransport(TcpSipTransport):
+    """aiosipua's TCP transport, answering on the connection each request came in on (RFC 3261
+    §18.2.2): the top Via gets the true source as ``received``/``rport``, which aiosipua's reply
+    routing follows. (As shipped it replies to the Via's sent-by port, where no connection is.)"""
+
+    def _dispatch(self, data: bytes, addr: tuple[str, int]) -> None:
+        try:
+            message = SipMessage.parse(data)
+            if isinstance(message, SipRequest):
+                _stamp_source(message, addr)
+        except Exception:
+            log.warning("unparsable SIP message over TCP from %s", addr[0], exc_info=True)
+            return
+        if self.on_message is not None:
+            try:
+                self.on_message(message, addr)
+            except Exception:
+                log.exception("SIP message from %s failed", addr[0])
+
+
+def _stamp_source(request: SipRequest, addr: tuple[str, int]) -> None:
+    vias = request.headers.get("via")
+    if not vias:
+        return
+    top = parse_via(vias[0])
+    top.params["received"] = addr[0]
+    top.params["rport"] = str(addr[1])
+    request.headers.remove("Via")
+    for value in (stringify_via(top), *vias[1:]):
+        request.headers.append("Via", value)
+
+
+def _guard(transport: SipTransport, allowed: Any) -> None:
+    """Drop every message from a source ``allowed`` refuses, before any parsing result is used."""
+    handler = transport.on_message
+    assert handler is not None
+
+    def filtered(message: SipRequest | SipResponse, addr: tuple[str, int]) -> None:
+        if allowed(addr):
+            handler(message, addr)
+
+    transport.on_message = filtered
+
+
+def _reanswer(offer: SdpMessage, current: SdpMessage, payload_type: int) -> SdpMessage:
+    """An answer to a re-INVITE's ``offer`` keeping the call's address, port and codec; raises
+    SdpNegotiationError when the offer drops that codec."""
+    address = current.connection.address if current.connection else "0.0.0.0"
+    answer, _ = negotiate_sdp(
+        offer,
+        local_ip=address,
+        rtp_port=current.audio.port if current.audio else 0,
+        supported_codecs=[payload_type],
+        dtmf_payload_type=_offered_dtmf_type(offer),
+    )
+    return answer
+
+
+def _direction(sdp: SdpMessage) -> str:
+    audio = sdp.audio
+    return audio.direction if audio is not None else "inactive"
+
+
+def _offered_dtmf_type(offer: SdpMessage) -> int:
+    """The payload type the offer uses for telephone-event at 8 kHz (answers must reuse it);
+    101 when it offers none (the answer then carries no telephone-event)."""
+    audio = offer.audio
+    for codec in audio.codecs if audio is not None else []:
+        if codec.encoding_name.lower() == "telephone-event" and codec.clock_rate in (0, 8000):
+            return codec.payload_type
+    return 101
+
+
+def _requested_playbook(invite: IncomingCall, playbooks: dict[str, Any]) -> str | None:
+    user = invite.invite.uri.partition(":")[2].partition("@")[0].partition(";")[0]
+    return user if user in playbooks else None
+
+
+def _host_ip(host: str) -> str:
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        return socket.gethostbyname(host)
+
+
+def _local_ip_towards(peer: str) -> str:
+    family = socket.AF_INET6 if ":" in peer else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.connect((peer, 9))  # UDP connect sends nothing; it only picks the route
+        return str(probe.getsockname()[0])
+
+
+def _free_port(host: str) -> int:
+    """A port free for both UDP and TCP on ``host`` (for ``--sip HOST:0`` in tests)."""
+    for _ in range(50):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+            udp.bind((host, 0))
+            port = int(udp.getsockname()[1])
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp:
+                try:
+                    tcp.bind((host, port))
+                except OSError:
+                    continue
+                return port
+    raise OSError("no free port for SIP")

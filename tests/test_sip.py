@@ -1,0 +1,373 @@
+"""The native SIP endpoint with real peers: sipp (the Debian ``sip-tester`` package) placing calls
+that stream speech as G.711 RTP, and a scriptable phone (hand-written SIP, aiortp media) for
+digits, barge-in, hold, CANCEL, limits and hostile messages. Real Whisper, Piper and webrtcvad."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import shutil
+import time
+from collections.abc import AsyncIterator
+from ipaddress import ip_network
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestServer
+from aiosipua import parse_sdp
+
+from media import Resampler
+from media.audio import SAMPLE_RATE, silence
+from media.g711 import pcm_to_ulaw
+from server.app import CALLS, SIP
+from server.config import ServerConfig, SipSettings
+from tests.calls import piper_speech, transcriber, voice_server, word_error_rate
+from tests.scripted_llm import Reply, ScriptedLLM
+from tests.sip_phone import SipPhone, offer_sdp
+
+pytestmark = pytest.mark.slow
+
+SCENARIOS = Path(__file__).parent / "sip"
+QUESTION = "Please check the status of my order."
+INTERRUPTION = "Stop, stop, that is enough."
+ANSWER = "Your order is on its way. It will arrive on Tuesday."
+LONG_ANSWER = " ".join(
+    [
+        "Let me tell you everything about our delivery options.",
+        "Standard delivery takes three to five working days.",
+        "Express delivery arrives the next working day if you order before noon.",
+        "Weekend delivery is available in most cities for a small fee.",
+    ]
+)
+
+
+def phone_audio(text: str) -> bytes:
+    """``text`` spoken by Piper as 8 kHz PCM16."""
+    resampler = Resampler(SAMPLE_RATE, 8000)
+    return resampler.resample(piper_speech(text)) + resampler.flush()
+
+
+def _replies(body: dict[str, Any]) -> Reply:
+    """Intent checks get "none"; a keypad input gets the long answer; anything else the short."""
+    if not body.get("stream"):
+        return Reply(content='{"intent": "none", "confidence": 0.1}')
+    last = body["messages"][-1]["content"]
+    return Reply(content=LONG_ANSWER if last.startswith("Keypad") else ANSWER)
+
+
+def _transcripts(llm: ScriptedLLM) -> list[str]:
+    """What the server heard callers say (the user turns it sent to the LLM)."""
+    return [
+        body["messages"][-1]["content"]
+        for body in llm.requests
+        if body.get("stream") and body["messages"][-1]["role"] == "user"
+    ]
+
+
+async def _wait(condition: Any, timeout_s: float) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not condition():  # noqa: ASYNC110 - state spread over the server, LLM and phone
+            await asyncio.sleep(0.05)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _speech_ready() -> None:
+    for text in (QUESTION, INTERRUPTION):
+        phone_audio(text)
+
+
+def _sipp() -> str:
+    path = shutil.which("sipp")
+    if path is None:
+        pytest.fail("sipp is missing: apt-get install -y sip-tester (make test does this)")
+    return path
+
+
+async def _server(llm: ScriptedLLM, **sip: Any) -> Any:
+    settings = SipSettings(host="127.0.0.1", port=0, **sip)
+    return voice_server(llm.base_url, ServerConfig(sip=settings, max_sessions=12))
+
+
+@pytest.fixture
+async def server(llm: ScriptedLLM) -> AsyncIterator[TestServer]:
+    llm.script(_replies)
+    async with await _server(llm) as server:
+        yield server
+
+
+@pytest.fixture
+async def phone(server: TestServer) -> AsyncIterator[SipPhone]:
+    phone = await SipPhone.open(server.app[SIP].port)
+    try:
+        yield phone
+    finally:
+        await phone.close()
+
+
+# -- sipp --------------------------------------------------------------------------------------
+
+
+async def _run_sipp(
+    tmp_path: Path, port: int, calls: int, hold_ms: int, transport: str = "u1"
+) -> tuple[int, str]:
+    """sipp places ``calls`` calls at once, each saying QUESTION then staying ``hold_ms``;
+    returns sipp's exit status (0 iff every call succeeded) and its output."""
+    speech = tmp_path / "question.ulaw"
+    speech.write_bytes(pcm_to_ulaw(silence(300, 8000) + phone_audio(QUESTION)))
+    scenario = tmp_path / "speak.xml"
+    template = (SCENARIOS / "speak.xml").read_text()
+    scenario.write_text(
+        template.replace("{speech}", str(speech)).replace("{hold_ms}", str(hold_ms))
+    )
+    process = await asyncio.create_subprocess_exec(
+        _sipp(),
+        f"127.0.0.1:{port}",
+        "-sf",
+        str(scenario),
+        "-s",
+        "support",
+        "-t",
+        transport,
+        "-m",
+        str(calls),
+        "-l",
+        str(calls),
+        "-r",
+        str(calls),
+        "-i",
+        "127.0.0.1",
+        "-p",
+        "0",
+        "-mi",
+        "127.0.0.1",
+        "-mp",
+        str(random.randrange(30000, 40000, 2)),
+        "-nostdin",
+        "-timeout",
+        "90",
+        "-timeout_error",
+        "-trace_err",
+        "-error_file",
+        str(tmp_path / "errors.log"),
+        cwd=tmp_path,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        output, _ = await asyncio.wait_for(process.communicate(), 120)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    errors = tmp_path / "errors.log"
+    detail = errors.read_text(errors="replace")[-3000:] if errors.exists() else ""
+    return int(process.returncode or 0), output.decode(errors="replace")[-3000:] + detail
+
+
+@pytest.mark.parametrize("transport", ["u1", "t1"], ids=["udp", "tcp"])
+async def test_sipp_call_is_transcribed(
+    server: TestServer, llm: ScriptedLLM, tmp_path: Path, transport: str
+) -> None:
+    status, output = await _run_sipp(tmp_path, server.app[SIP].port, 1, 9000, transport)
+    assert status == 0, output
+    heard = _transcripts(llm)
+    assert len(heard) == 1, heard
+    assert word_error_rate(heard[0], QUESTION) <= 0.25
+    await _wait(lambda: len(server.app[CALLS]) == 0, 5)
+
+
+async def test_sipp_ten_simultaneous_calls(
+    server: TestServer, llm: ScriptedLLM, tmp_path: Path
+) -> None:
+    started = time.monotonic()
+    status, output = await _run_sipp(tmp_path, server.app[SIP].port, 10, 20000)
+    assert status == 0, output
+    heard = _transcripts(llm)
+    assert len(heard) == 10, heard
+    assert all(word_error_rate(text, QUESTION) <= 0.25 for text in heard), heard
+    assert time.monotonic() - started < 60
+    await _wait(lambda: len(server.app[CALLS]) == 0, 5)
+
+
+# -- a scriptable phone ------------------------------------------------------------------------
+
+
+async def test_phone_call_answer_digits_and_barge_in(
+    server: TestServer, phone: SipPhone, llm: ScriptedLLM
+) -> None:
+    answer = await phone.invite("support")
+    assert answer.status_code == 200
+    sdp = parse_sdp(answer.text)
+    assert sdp.audio is not None
+    assert [c.encoding_name for c in sdp.audio.codecs] == ["PCMU", "telephone-event"]
+
+    await phone.say(silence(4500, 8000))  # the greeting plays
+    steady_from = time.monotonic() - 2.0
+    packets = phone.heard.count_between(steady_from, time.monotonic())
+    assert 90 <= packets <= 110  # a steady 20 ms clock, speech or silence
+    start = len(phone.heard.pcm)
+    await phone.say(phone_audio(QUESTION) + silence(3500, 8000))
+    said = await _said(bytes(phone.heard.pcm[start:]))
+    assert word_error_rate(said, ANSWER) <= 0.25, said
+
+    for digit in "12#":
+        phone.press(digit)
+    await _wait(lambda: _transcripts(llm)[-1:] == ["Keypad: 12#"], 10)
+    await phone.say(silence(2500, 8000))  # the long answer is playing
+    assert phone.heard.loud_between(time.monotonic() - 0.5, time.monotonic())
+    talk_at = time.monotonic()
+    await phone.say(phone_audio(INTERRUPTION)[: 8000 * 2])
+    # cut within ~0.5 s of talking; the answer to the interruption comes much later
+    assert phone.heard.loud_between(talk_at + 0.6, talk_at + 1.0) == []
+
+    assert (await phone.bye()).status_code == 200
+    await _wait(lambda: len(server.app[CALLS]) == 0, 5)
+
+
+async def _said(pcm8k: bytes) -> str:
+    resampler = Resampler(8000, SAMPLE_RATE)
+    return (await transcriber().transcribe(resampler.resample(pcm8k) + resampler.flush())).text
+
+
+async def test_hold_stops_our_audio_and_resume_restarts_it(
+    server: TestServer, phone: SipPhone
+) -> None:
+    assert (await phone.invite()).status_code == 200
+    await phone.say(silence(600, 8000))
+    assert phone.heard.count_between(time.monotonic() - 0.4, time.monotonic()) >= 15
+
+    phone.request("INVITE", body=offer_sdp(phone.rtp_port, direction="sendonly"))
+    held = await phone.response()
+    assert held.status_code == 200
+    assert parse_sdp(held.text).audio is not None
+    assert parse_sdp(held.text).audio.direction == "recvonly"  # type: ignore[union-attr]
+    phone.ack(held)
+    await asyncio.sleep(0.3)
+    quiet_from = time.monotonic()
+    await asyncio.sleep(1.0)
+    assert phone.heard.count_between(quiet_from, time.monotonic()) == 0
+
+    phone.request("INVITE", body=offer_sdp(phone.rtp_port))
+    resumed = await phone.response()
+    assert resumed.status_code == 200
+    phone.ack(resumed)
+    await asyncio.sleep(0.5)
+    assert phone.heard.count_between(time.monotonic() - 0.4, time.monotonic()) >= 15
+    assert (await phone.bye()).status_code == 200
+
+
+async def test_options_cancel_and_codec_mismatch(server: TestServer, phone: SipPhone) -> None:
+    phone.request("OPTIONS")
+    options = await phone.response()
+    assert options.status_code == 200
+    assert "INVITE" in (options.headers.get_first("allow") or "")
+
+    refused = await phone.invite(payload_types=(9,))  # G.722 only
+    assert refused.status_code == 488
+
+    cancelled = await SipPhone.open(server.app[SIP].port)
+    try:
+        branch = cancelled.request("INVITE", body=offer_sdp(40000))
+        cancelled.request("CANCEL", cseq=cancelled.cseq, branch=branch)
+        statuses = {(await cancelled.response()).status_code for _ in range(2)}
+        assert statuses in ({200, 487}, {200})  # a CANCEL racing our 200 OK ends with our BYE
+    finally:
+        await cancelled.close()
+    await _wait(lambda: len(server.app[CALLS]) == 0, 5)
+
+
+async def test_at_capacity_a_call_gets_503(llm: ScriptedLLM) -> None:
+    llm.script(_replies)
+    settings = SipSettings(host="127.0.0.1", port=0)
+    config = ServerConfig(sip=settings, max_sessions=1)
+    async with voice_server(llm.base_url, config) as server:
+        first = await SipPhone.open(server.app[SIP].port)
+        second = await SipPhone.open(server.app[SIP].port)
+        try:
+            assert (await first.invite()).status_code == 200
+            assert (await second.invite()).status_code == 503
+            assert (await first.bye()).status_code == 200
+        finally:
+            await first.close()
+            await second.close()
+
+
+async def test_sources_outside_the_allowlist_get_no_answer(llm: ScriptedLLM) -> None:
+    async with await _server(llm, allow=(ip_network("10.0.0.0/8"),)) as server:
+        phone = await SipPhone.open(server.app[SIP].port)
+        try:
+            phone.request("OPTIONS")
+            with pytest.raises(TimeoutError):
+                await phone.response(1.0)
+            assert len(server.app[CALLS]) == 0
+        finally:
+            await phone.close()
+
+
+HOSTILE: list[bytes] = [
+    b"",
+    b"\x00\xff" * 600,
+    b"INVITE\r\n\r\n",
+    b"INVITE sip:x SIP/2.0\r\n\r\n",
+    b"SIP/2.0 200 OK\r\nVia: SIP/2.0/UDP 127.0.0.1:9;branch=z9hG4bKx\r\n\r\n",
+    b"BYE sip:a@b SIP/2.0\r\nVia: SIP/2.0/UDP 127.0.0.1:9;branch=z9hG4bK1\r\n"
+    b"From: <sip:a@b>;tag=1\r\nTo: <sip:b@c>;tag=2\r\nCall-ID: nobody\r\nCSeq: 1 BYE\r\n\r\n",
+    b"INVITE sip:a@b SIP/2.0\r\nVia: SIP/2.0/UDP 127.0.0.1:9;branch=z9hG4bK2\r\n"
+    b"From: <sip:a@b>;tag=1\r\nTo: <sip:b@c>\r\nCall-ID: bad-cseq\r\nCSeq: banana INVITE\r\n"
+    b"Content-Length: 0\r\n\r\n",
+    b"INVITE sip:a@b SIP/2.0\r\nVia: SIP/2.0/UDP 127.0.0.1:9;branch=z9hG4bK3\r\n"
+    b"From: <sip:a@b>;tag=1\r\nTo: <sip:b@c>\r\nCall-ID: bad-sdp\r\nCSeq: 1 INVITE\r\n"
+    b"Content-Type: application/sdp\r\nContent-Length: 30\r\n\r\n"
+    b"m=audio banana RTP/AVP x\r\nc=\r\n",
+    b"INVITE sip:a@b SIP/2.0\r\nVia: SIP/2.0/UDP 127.0.0.1:9;branch=z9hG4bK4\r\n"
+    b"Content-Length: -5\r\n\r\n",
+    b"OPTIONS sip:a@b SIP/2.0\r\n" + b"X-Flood: " + b"A" * 60000 + b"\r\n\r\n",
+]
+
+
+async def test_hostile_messages_do_not_disturb_a_live_call(
+    server: TestServer, phone: SipPhone, llm: ScriptedLLM
+) -> None:
+    assert (await phone.invite()).status_code == 200
+    await phone.say(silence(500, 8000))
+    refused_codec = offer_sdp(40000, payload_types=(9,)).encode()  # mutants must not start calls
+    rng = random.Random(6)
+    mutants = []
+    for number in range(200):  # a valid INVITE with random bytes changed, then cut
+        invite = bytearray(_invite_bytes(phone, refused_codec, number))
+        for _ in range(rng.randint(1, 8)):
+            invite[rng.randrange(len(invite))] = rng.randrange(256)
+        mutants.append(bytes(invite[: rng.randint(1, len(invite))]))
+    for datagram in HOSTILE + mutants:
+        phone.send_raw(datagram)
+        await asyncio.sleep(0.002)
+    await asyncio.sleep(0.5)
+    # the live call kept its clock and still answers
+    assert phone.heard.count_between(time.monotonic() - 1.0, time.monotonic()) >= 40
+    start = len(phone.heard.pcm)
+    await phone.say(phone_audio(QUESTION) + silence(3500, 8000))
+    said = await _said(bytes(phone.heard.pcm[start:]))
+    assert word_error_rate(said, ANSWER) <= 0.25, said
+    assert (await phone.bye()).status_code == 200
+    # and the endpoint still answers new requests
+    fresh = await SipPhone.open(server.app[SIP].port)
+    try:
+        fresh.request("OPTIONS")
+        assert (await fresh.response()).status_code == 200
+    finally:
+        await fresh.close()
+    # mutants that still parsed as new INVITEs were answered and have ended or will time out
+    for call in list(server.app[CALLS].calls.values()):
+        await call.hangup("test over")
+
+
+def _invite_bytes(phone: SipPhone, body: bytes, number: int) -> bytes:
+    head = (
+        f"INVITE sip:support@127.0.0.1:{phone.server[1]} SIP/2.0\r\n"
+        f"Via: SIP/2.0/UDP 127.0.0.1:{phone.port};branch=z9hG4bKfuzz{number}\r\n"
+        f"From: <sip:fuzz@127.0.0.1>;tag=f\r\nTo: <sip:support@127.0.0.1>\r\n"
+        f"Call-ID: fuzz-{number}\r\nCSeq: 1 INVITE\r\n"
+        f"Content-Type: application/sdp\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
