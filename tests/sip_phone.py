@@ -102,6 +102,7 @@ class SipPhone:
         self.remote_tag = ""
         self.rtp: RTPSession | None = None
         self.rtp_port = 0
+        self._next_timestamp = 0
         self.heard = Heard()
         self.last_invite_branch = ""
 
@@ -209,13 +210,16 @@ class SipPhone:
         deadline = loop.time()
         for start in range(0, len(pcm8k), FRAME_BYTES):
             chunk = pcm8k[start : start + FRAME_BYTES].ljust(FRAME_BYTES, b"\0")
-            self.rtp.send_audio_pcm_auto(chunk)
+            self._next_timestamp = (self.rtp.send_audio_pcm_auto(chunk) + 160) & 0xFFFFFFFF
             deadline += 0.02
             await asyncio.sleep(max(0.0, deadline - loop.time()))
 
-    def press(self, digit: str) -> None:
+    async def press(self, digit: str) -> None:
+        """Send ``digit`` as an RFC 4733 event stamped with the media clock, then 200 ms of
+        silence (each digit is a separate event, as a phone keypad makes them)."""
         assert self.rtp is not None
-        self.rtp.send_dtmf(digit, 100)
+        self.rtp.send_dtmf(digit, 100, timestamp=self._next_timestamp)
+        await self.say(bytes(8000 * 2 // 5))
 
     async def close(self) -> None:
         if self.rtp is not None:
