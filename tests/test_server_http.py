@@ -205,3 +205,30 @@ def test_config_reads_the_environment() -> None:
     args = parser.parse_args(["--port", "7000"])
     assert ServerConfig.from_args(args, env={}).port == 7000
     assert ServerConfig.from_args(args, env={}).llm is None
+    assert ServerConfig.from_args(args, env={}).sip is None
+
+
+def test_sip_settings_from_flags_and_environment() -> None:
+    import argparse
+    from ipaddress import ip_network
+
+    from server.config import add_serve_arguments
+    from server.settings import ConfigError
+
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser, env={"VOCABLE_SIP_ALLOW": "10.0.0.0/8, 192.0.2.7"})
+    args = parser.parse_args(["--sip", "0.0.0.0:5080", "--rtp-ports", "20000-20099"])
+    sip = ServerConfig.from_args(args, env={}).sip
+    assert sip is not None
+    assert (sip.host, sip.port, sip.rtp_ports) == ("0.0.0.0", 5080, (20000, 20100))
+    assert sip.allow == (ip_network("10.0.0.0/8"), ip_network("192.0.2.7/32"))
+    assert ServerConfig.from_args(parser.parse_args(["--sip", "5070"]), env={}).sip == replace(
+        sip, host="127.0.0.1", port=5070, rtp_ports=(10000, 20000)
+    )
+    for bad in (["--sip", "5060", "--rtp-ports", "99-5"], ["--sip", "x:y"]):
+        with pytest.raises(ConfigError):
+            ServerConfig.from_args(parser.parse_args(bad), env={})
+    bad_allow = argparse.ArgumentParser()
+    add_serve_arguments(bad_allow, env={"VOCABLE_SIP_ALLOW": "10.0.0.0/33"})
+    with pytest.raises(ConfigError, match="sip-allow"):
+        ServerConfig.from_args(bad_allow.parse_args(["--sip", "5060"]), env={})
