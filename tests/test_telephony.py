@@ -260,7 +260,7 @@ async def test_audiosocket_call_with_dtmf_and_barge_in(
         writer.write(frame_message(UUID, uuid.uuid4().bytes))
         await _paced(_chunks(silence(4500, 8000)), send_audio)  # the greeting plays
         start = len(heard.pcm)
-        await _paced(_chunks(phone_audio(QUESTION) + silence(3500, 8000)), send_audio)
+        await _paced(_chunks(phone_audio(QUESTION) + silence(5500, 8000)), send_audio)
         answer = Received(pcm=heard.pcm[start:])
         assert word_error_rate(await answer.said(), ANSWER) <= 0.25
 
