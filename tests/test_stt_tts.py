@@ -84,6 +84,22 @@ async def test_piper_speech_transcribes_back_to_the_same_words(
     assert transcript.no_speech_prob < 0.5
 
 
+async def test_the_short_context_hears_what_the_full_window_hears(
+    transcriber: Transcriber,
+) -> None:
+    """Short utterances are where a trimmed encoder context makes Whisper loop; the margin and
+    the length cap must keep the words of the 30 s window."""
+    full = transcriber.variant(context_margin_s=None)
+    try:
+        for text in ("Yes.", "No thanks.", "Can I still cancel it?", "Tell me all about it."):
+            audio = silence(200) + speech.piper_speech(text) + silence(400)
+            short, reference = await transcriber.transcribe(audio), await full.transcribe(audio)
+            assert word_error_rate(short.text, reference.text) == 0, (short.text, reference.text)
+            assert word_error_rate(short.text, text) <= 0.25, short.text
+    finally:
+        full.close()
+
+
 @pytest.mark.parametrize(
     "text", ["Please call me back tomorrow morning.", "I want to cancel my subscription today."]
 )
