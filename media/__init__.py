@@ -8,7 +8,15 @@ from .chunker import SentenceChunker, speakable
 from .speaker import Playback, PlaybackResult, Speaker
 from .stt import Transcriber, TranscriberSettings, Transcript
 from .tts import Synthesizer, SynthesizerSettings
-from .vad import SpeechEnded, SpeechStarted, VadEvent, VadSegmenter, VadSettings
+from .vad import (
+    SpeechEnded,
+    SpeechPaused,
+    SpeechResumed,
+    SpeechStarted,
+    VadEvent,
+    VadSegmenter,
+    VadSettings,
+)
 
 __all__ = [
     "FRAME_BYTES",
@@ -21,6 +29,8 @@ __all__ = [
     "SentenceChunker",
     "Speaker",
     "SpeechEnded",
+    "SpeechPaused",
+    "SpeechResumed",
     "SpeechStarted",
     "Synthesizer",
     "SynthesizerSettings",

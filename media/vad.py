@@ -1,7 +1,10 @@
 """Speech segmentation of 20 ms frames with webrtcvad: ``SpeechStarted`` and ``SpeechEnded``.
 
 Speech starts after ``start_ms`` of consecutive voiced frames and ends after ``end_silence_ms`` of
-unvoiced ones (or is cut when its audio reaches ``max_utterance_ms``). A ring buffer keeps
+unvoiced ones (or is cut when its audio reaches ``max_utterance_ms``, or ended early by
+:meth:`VadSegmenter.end_now`). After ``pause_ms`` of silence inside an utterance a
+``SpeechPaused`` carries the audio so far (a caller may speculatively transcribe it); a voiced
+frame after that pause gives ``SpeechResumed``. A ring buffer keeps
 ``pre_roll_ms`` of audio from before the first voiced frame so the onset reaches Whisper. Frames
 quieter than ``min_dbfs`` count as unvoiced, which keeps line noise and faint echo from starting an
 utterance.
@@ -18,7 +21,15 @@ import webrtcvad
 
 from .audio import FRAME_BYTES, FRAME_MS, SAMPLE_RATE, pcm_rms_dbfs
 
-__all__ = ["SpeechEnded", "SpeechStarted", "VadEvent", "VadSegmenter", "VadSettings"]
+__all__ = [
+    "SpeechEnded",
+    "SpeechPaused",
+    "SpeechResumed",
+    "SpeechStarted",
+    "VadEvent",
+    "VadSegmenter",
+    "VadSettings",
+]
 
 
 @dataclass(frozen=True)
@@ -30,6 +41,8 @@ class VadSettings:
     pre_roll_ms: int = 300
     max_utterance_ms: int = 20_000
     min_dbfs: float = -50.0
+    pause_ms: int = 160
+    """Silence inside an utterance that emits ``SpeechPaused`` (0: never)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.aggressiveness <= 3:
@@ -39,6 +52,8 @@ class VadSettings:
         for name in ("start_ms", "end_silence_ms", "max_utterance_ms"):
             if getattr(self, name) < FRAME_MS:
                 raise ValueError(f"{name} must be at least {FRAME_MS}")
+        if self.pause_ms < 0:
+            raise ValueError("pause_ms must not be negative")
         if self.max_utterance_ms <= self.pre_roll_ms + self.start_ms:
             raise ValueError("max_utterance_ms must exceed pre_roll_ms + start_ms")
 
@@ -71,7 +86,25 @@ class SpeechEnded:
         return len(self.audio) / 2 / SAMPLE_RATE * 1000
 
 
-VadEvent = SpeechStarted | SpeechEnded
+@dataclass(frozen=True)
+class SpeechPaused:
+    """``pause_ms`` of silence inside an utterance; ``audio`` is the utterance so far (pre-roll
+    through the frame that made the pause), ``last_voiced_at`` the caller's last voiced frame."""
+
+    audio: bytes = field(repr=False)
+    started_at: float
+    last_voiced_at: float
+    at: float
+
+
+@dataclass(frozen=True)
+class SpeechResumed:
+    """Voice again after a ``SpeechPaused``: the utterance goes on."""
+
+    at: float
+
+
+VadEvent = SpeechStarted | SpeechPaused | SpeechResumed | SpeechEnded
 
 
 class VadSegmenter:
@@ -89,6 +122,8 @@ class VadSegmenter:
             maxlen=self.settings.pre_roll_ms // FRAME_MS + self._start_frames
         )
         self._end_frames = self.settings.end_silence_ms // FRAME_MS
+        self._pause_frames = self.settings.pause_ms // FRAME_MS
+        self._paused = False
         self._max_frames = self.settings.max_utterance_ms // FRAME_MS
         self._voiced_run = 0
         self._run_started_at = 0.0
@@ -107,6 +142,11 @@ class VadSegmenter:
         """Voiced audio so far in the current utterance (0 when not speaking): how much the
         caller has actually said, unlike the utterance's length, which includes pauses."""
         return self._voiced_frames * FRAME_MS if self._utterance is not None else 0
+
+    @property
+    def silent_ms(self) -> int:
+        """Silence since the last voiced frame of the current utterance (0 when not speaking)."""
+        return self._silent_run * FRAME_MS if self._utterance is not None else 0
 
     def is_voiced(self, frame: bytes) -> bool:
         return pcm_rms_dbfs(frame) >= self.settings.min_dbfs and self._vad.is_speech(
@@ -129,6 +169,14 @@ class VadSegmenter:
         self._utterance = None
         self._voiced_run = 0
         self._silent_run = 0
+        self._paused = False
+
+    def end_now(self, at: float | None = None) -> SpeechEnded | None:
+        """End the current utterance here (its trailing silence included); None if there is
+        none."""
+        if self._utterance is None:
+            return None
+        return self._end(self.clock() if at is None else at, forced=False)
 
     def _idle(self, frame: bytes, voiced: bool, at: float) -> list[VadEvent]:
         self._pre_roll.append(frame)
@@ -143,6 +191,7 @@ class VadSegmenter:
         self._utterance = list(self._pre_roll)
         self._pre_roll.clear()
         self._silent_run = 0
+        self._paused = False
         self._voiced_frames = self._voiced_run
         self._started_at = self._run_started_at
         self._last_voiced_at = at
@@ -151,23 +200,42 @@ class VadSegmenter:
     def _in_speech(self, frame: bytes, voiced: bool, at: float) -> list[VadEvent]:
         assert self._utterance is not None
         self._utterance.append(frame)
+        events: list[VadEvent] = []
         if voiced:
             self._silent_run = 0
             self._voiced_frames += 1
             self._last_voiced_at = at
+            if self._paused:
+                self._paused = False
+                events.append(SpeechResumed(at))
         else:
             self._silent_run += 1
         forced = len(self._utterance) >= self._max_frames
         if self._silent_run < self._end_frames and not forced:
-            return []
+            if self._pause_frames and self._silent_run == self._pause_frames:
+                self._paused = True
+                events.append(
+                    SpeechPaused(
+                        audio=b"".join(self._utterance),
+                        started_at=self._started_at,
+                        last_voiced_at=self._last_voiced_at,
+                        at=at,
+                    )
+                )
+            return events
+        return [*events, self._end(at, forced=forced and self._silent_run < self._end_frames)]
+
+    def _end(self, at: float, forced: bool) -> SpeechEnded:
+        assert self._utterance is not None
         ended = SpeechEnded(
             audio=b"".join(self._utterance),
             started_at=self._started_at,
             last_voiced_at=self._last_voiced_at,
             detected_at=at,
-            forced=forced and self._silent_run < self._end_frames,
+            forced=forced,
         )
         self._utterance = None
         self._voiced_run = 0
         self._silent_run = 0
-        return [ended]
+        self._paused = False
+        return ended

@@ -1,5 +1,6 @@
 """VAD segmentation with real webrtcvad on real (Piper) speech: start and end, pre-roll, timestamps,
-configurable end silence, forced ends, noise rejection, frame and settings validation."""
+configurable end silence, forced ends, pauses and early ends, noise rejection, frame and settings
+validation."""
 
 from __future__ import annotations
 
@@ -8,7 +9,16 @@ import itertools
 import numpy as np
 import pytest
 
-from media import FRAME_BYTES, FRAME_MS, SpeechEnded, SpeechStarted, VadEvent, VadSegmenter
+from media import (
+    FRAME_BYTES,
+    FRAME_MS,
+    SpeechEnded,
+    SpeechPaused,
+    SpeechResumed,
+    SpeechStarted,
+    VadEvent,
+    VadSegmenter,
+)
 from media import VadSettings as Settings
 from media.audio import pcm_rms_dbfs, silence
 from tests.speech import piper_speech, tone, white_noise
@@ -29,12 +39,15 @@ def frames_of(pcm: bytes) -> list[bytes]:
     return [pcm[i : i + FRAME_BYTES] for i in range(0, len(pcm), FRAME_BYTES)]
 
 
-def run(segmenter: VadSegmenter, pcm: bytes) -> list[VadEvent]:
-    """Push every frame of ``pcm``; frame k arrives at T0 + k * 20 ms."""
+def run(segmenter: VadSegmenter, pcm: bytes, pauses: bool = False) -> list[VadEvent]:
+    """Push every frame of ``pcm``; frame k arrives at T0 + k * 20 ms. Pause and resume events
+    are left out unless ``pauses``."""
     events: list[VadEvent] = []
     for k, frame in enumerate(frames_of(pcm)):
         events += segmenter.push(frame, at=T0 + k * FRAME_S)
-    return events
+    if pauses:
+        return events
+    return [e for e in events if isinstance(e, SpeechStarted | SpeechEnded)]
 
 
 def index_at(at: float) -> int:
@@ -234,7 +247,9 @@ def test_frames_are_stamped_with_the_segmenters_clock(speech: bytes) -> None:
     events: list[VadEvent] = []
     for frame in frames_of(silence(400) + speech + silence(600)):
         events += segmenter.push(frame)
-    started, ended = one_utterance(events)
+    started, ended = one_utterance(
+        [e for e in events if isinstance(e, SpeechStarted | SpeechEnded)]
+    )
     assert 0.4 <= started.at < started.detected_at < ended.last_voiced_at < ended.detected_at
     assert ended.detected_at - ended.last_voiced_at == pytest.approx(0.4)
 
@@ -267,3 +282,39 @@ def test_invalid_settings_are_rejected(kwargs: dict[str, int], message: str) -> 
 def test_extreme_valid_settings_are_accepted() -> None:
     Settings(aggressiveness=0, start_ms=20, end_silence_ms=20, pre_roll_ms=0, max_utterance_ms=60)
     Settings(aggressiveness=3, max_utterance_ms=381)
+
+
+def test_a_pause_carries_the_audio_so_far_and_voice_resumes_it(speech: bytes) -> None:
+    segmenter = VadSegmenter(Settings(pause_ms=160, end_silence_ms=600))
+    stream = silence(400) + speech + silence(300) + speech + silence(800)
+    events = run(segmenter, stream, pauses=True)
+    kinds = [type(e) for e in events]
+    assert kinds[0] is SpeechStarted
+    assert kinds[-1] is SpeechEnded
+    paused = [e for e in events if isinstance(e, SpeechPaused)]
+    resumed = [e for e in events if isinstance(e, SpeechResumed)]
+    assert len(resumed) == len(paused) - 1  # every pause but the last was resumed
+    assert kinds.index(SpeechResumed) > kinds.index(SpeechPaused)
+    first, last = paused[0], paused[-1]
+    ended = events[-1]
+    assert isinstance(ended, SpeechEnded)
+    # the last pause's audio is the ended utterance without its final silence
+    assert ended.audio.startswith(last.audio)
+    assert len(ended.audio) - len(last.audio) == (600 - 160) * 32
+    assert last.last_voiced_at == ended.last_voiced_at
+    assert index_at(last.at) - index_at(last.last_voiced_at) == 160 // FRAME_MS
+    assert len(first.audio) < len(last.audio)
+
+
+def test_end_now_closes_the_utterance_at_once(speech: bytes) -> None:
+    segmenter = VadSegmenter(Settings(pause_ms=0, end_silence_ms=2000))
+    assert segmenter.end_now(T0) is None
+    events = run(segmenter, silence(400) + speech + silence(300), pauses=True)
+    assert [type(e) for e in events] == [SpeechStarted]
+    assert segmenter.silent_ms >= 200
+    ended = segmenter.end_now(T0 + 99)
+    assert ended is not None
+    assert ended.detected_at == T0 + 99
+    assert not ended.forced
+    assert not segmenter.speaking
+    assert segmenter.silent_ms == 0
