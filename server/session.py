@@ -13,11 +13,20 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterable, Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from media import FRAME_BYTES, SpeechEnded, SpeechStarted, VadSegmenter, VadSettings
+from media import (
+    FRAME_BYTES,
+    SpeechEnded,
+    SpeechPaused,
+    SpeechResumed,
+    SpeechStarted,
+    VadSegmenter,
+    VadSettings,
+)
 
+from .endpointing import EndpointSettings, Speculation
 from .voice import VoicePlaybookOrchestrator
 
 __all__ = ["Session", "SessionSettings", "SessionState"]
@@ -36,6 +45,7 @@ class SessionSettings:
     greet: bool = True
     dtmf_pause_s: float = 1.5
     """Keypad digits pressed within this pause of each other form one input."""
+    endpoint: EndpointSettings = field(default_factory=EndpointSettings)
 
 
 class Session:
@@ -54,7 +64,16 @@ class Session:
         self.voice = voice
         self.settings = settings or SessionSettings()
         self.clock = clock
-        self.vad = VadSegmenter(self.settings.vad, clock)
+        vad = self.settings.vad
+        endpoint = self.settings.endpoint
+        if endpoint.speculate:  # the session ends turns itself, up to the longest silence
+            vad = replace(
+                vad, end_silence_ms=max(vad.end_silence_ms, endpoint.incomplete_silence_ms)
+            )
+        self.vad = VadSegmenter(vad, clock)
+        self._speculation: Speculation | None = None
+        self.speculations = {"used": 0, "wasted": 0}
+        """Speculative transcriptions whose result became the turn's, and those thrown away."""
         self._turn: asyncio.Task[None] | None = None
         self._turn_audio = b""
         """The caller audio the running turn answers (empty for the greeting or typed text)."""
@@ -115,8 +134,13 @@ class Session:
         for event in self.vad.push(frame, at):
             if isinstance(event, SpeechStarted):
                 self._on_speech_started(event)
+            elif isinstance(event, SpeechPaused):
+                self._speculate(event)
+            elif isinstance(event, SpeechResumed):
+                self._discard_speculation()
             else:
                 self._on_speech_ended(event)
+        self._check_end_of_turn(at)
         self._check_barge_in()
         self._refresh_state()
 
@@ -153,23 +177,74 @@ class Session:
         self._interrupted_this_utterance = False
         self.voice.emit("speech_start", at_ms=round(event.at * 1000, 1))
 
+    # -- end of turn ---------------------------------------------------------------------------
+
+    def _speculate(self, paused: SpeechPaused) -> None:
+        """Transcribe the utterance so far, unless it cannot become a turn (a short sound over
+        the agent, which only a barge-in would make one)."""
+        if not self.settings.endpoint.speculate:
+            return
+        if self.busy and not self._interrupted_this_utterance:
+            return
+        self._discard_speculation()
+        task = asyncio.create_task(
+            self.voice.transcriber.transcribe(paused.audio), name=f"speculation:{self.id}"
+        )
+        self._speculation = Speculation(paused, task)
+
+    def _discard_speculation(self) -> None:
+        self._waste(self._speculation)
+        self._speculation = None
+
+    def _waste(self, speculation: Speculation | None) -> None:
+        if speculation is not None:
+            speculation.discard()
+            self.speculations["wasted"] += 1
+
+    def _check_end_of_turn(self, at: float) -> None:
+        """End the utterance once its silence is as long as its words call for."""
+        speculation = self._speculation
+        if speculation is None or not self.vad.speaking:
+            return
+        needed = speculation.required_silence_ms(
+            self.settings.vad.end_silence_ms, self.settings.endpoint
+        )
+        if self.vad.silent_ms >= needed:
+            ended = self.vad.end_now(at)
+            if ended is not None:
+                self._on_speech_ended(ended)
+
+    def _take_speculation(self, ended: SpeechEnded) -> Speculation | None:
+        """The speculation that heard all of ``ended``'s words, if any (others are wasted)."""
+        speculation, self._speculation = self._speculation, None
+        if speculation is None:
+            return None
+        if not speculation.covers(ended):
+            self._waste(speculation)
+            return None
+        return speculation
+
     def _on_speech_ended(self, event: SpeechEnded) -> None:
+        speculation = self._take_speculation(event)
         self.voice.emit(
             "speech_end",
             duration_ms=round(event.duration_ms),
             forced=event.forced,
             last_voiced_ms=round(event.last_voiced_at * 1000, 1),
         )
-        if self._carry:
+        if self._carry:  # the words of a turn cut during STT: transcribe them all together
             event = _prepend_audio(self._carry, event)
             self._carry = b""
-        if not self.busy:
-            self._answer(event)
-        elif self._interrupted_this_utterance:
-            self._answer(event)  # interrupt() is already cancelling the old turn
-        elif not self.voice.interruptible:
+            self._waste(speculation)
+            speculation = None
+        if not self.busy or self._interrupted_this_utterance:
+            # (when interrupted, interrupt() is already cancelling the old turn)
+            self._answer(event, speculation)
+            return
+        if not self.voice.interruptible:
             self._pending = event  # heard after the agent finishes
         # else: too short to interrupt the agent: a cough or a backchannel, not a turn
+        self._waste(speculation)
 
     def _check_barge_in(self) -> None:
         if (
@@ -205,8 +280,16 @@ class Session:
         self._set_state("listening")
         return task
 
-    def _answer(self, utterance: SpeechEnded) -> None:
-        self._start_turn(self.voice.answer_utterance(utterance), name="turn", audio=utterance.audio)
+    def _answer(self, utterance: SpeechEnded, speculation: Speculation | None = None) -> None:
+        transcript = None
+        if speculation is not None:
+            self.speculations["used"] += 1
+            transcript = speculation.task
+        self._start_turn(
+            self.voice.answer_utterance(utterance, transcript),
+            name="turn",
+            audio=utterance.audio,
+        )
 
     def _start_turn(self, work: Coroutine[Any, Any, None], name: str, audio: bytes = b"") -> None:
         previous = self._turn
@@ -250,6 +333,9 @@ class Session:
             return
         self._closed = True
         self._pending = None
+        if self._speculation is not None:
+            self._speculation.discard()
+            self._speculation = None
         if self._digit_timer is not None:
             self._digit_timer.cancel()
         if self._turn is not None and not self._turn.done():

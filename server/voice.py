@@ -12,10 +12,18 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from media import SentenceChunker, Speaker, SpeechEnded, Synthesizer, Transcriber, speakable
+from media import (
+    SentenceChunker,
+    Speaker,
+    SpeechEnded,
+    Synthesizer,
+    Transcriber,
+    Transcript,
+    speakable,
+)
 from media.speaker import Playback, PlaybackResult
 from playbooks import OrchestratorEvent, PlaybookOrchestrator, Retraction, Turn
 
@@ -71,14 +79,17 @@ class VoicePlaybookOrchestrator:
             heard = self.heard
             self.orchestrator.record_said(heard, interrupted=heard != speakable(greeting))
 
-    async def answer_utterance(self, utterance: SpeechEnded) -> None:
-        """Transcribe the caller's utterance and answer it; noise makes no LLM call."""
+    async def answer_utterance(
+        self, utterance: SpeechEnded, transcript: Awaitable[Transcript] | None = None
+    ) -> None:
+        """Transcribe the caller's utterance (or take ``transcript``, a speculative decode of the
+        same words) and answer it; noise makes no LLM call."""
         timeline = TurnTimeline(
             last_voiced_at=utterance.last_voiced_at, end_detected_at=utterance.detected_at
         )
         self.turn_started = False
         try:
-            transcript = await self.transcriber.transcribe(utterance.audio)
+            heard = await (transcript or self.transcriber.transcribe(utterance.audio))
         except Exception as exc:
             log.exception("transcription failed")
             self.emit("error", source="stt", message=f"{type(exc).__name__}: {exc}")
@@ -87,14 +98,15 @@ class VoicePlaybookOrchestrator:
         timeline.stt_done_at = self.clock()
         self.emit(
             "transcript",
-            text=transcript.text,
-            dropped=transcript.dropped,
-            audio_ms=round(transcript.audio_ms),
-            stt_ms=round(transcript.compute_ms),
+            text=heard.text,
+            dropped=heard.dropped,
+            audio_ms=round(heard.audio_ms),
+            stt_ms=round(heard.compute_ms),
+            speculative=transcript is not None,
         )
-        if not transcript.text:
+        if not heard.text:
             return
-        await self.answer_text(transcript.text, timeline)
+        await self.answer_text(heard.text, timeline)
 
     async def answer_text(self, text: str, timeline: TurnTimeline | None = None) -> None:
         """Answer a user message (spoken and transcribed, or typed) in voice."""
