@@ -62,6 +62,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--barge-ins", type=int, default=8, help="barge-in tries")
     parser.add_argument("--backchannels", type=int, default=4, help="tries per short sound")
     parser.add_argument("--end-silence-ms", type=int, default=400)
+    parser.add_argument(
+        "--barge-in",
+        default="pause_resume",
+        choices=["immediate", "confirmed", "pause_resume", "disabled"],
+        help="the server's barge-in policy (pause_resume)",
+    )
+    parser.add_argument(
+        "--no-speculation", action="store_true", help="the server transcribes only after the turn"
+    )
     parser.add_argument("--playbook", default=str(Path(__file__).parent / "playbook.yaml"))
     parser.add_argument("--no-micro", action="store_true", help="skip component benchmarks")
     parser.add_argument(
@@ -94,7 +103,10 @@ async def _run(args: argparse.Namespace, command: str) -> Path:
                 "--playbook", args.playbook, "--llm-base-url", llm_url,
                 "--llm-model", args.llm_model, "--max-sessions", str(max(levels) + 2),
                 "--end-silence-ms", str(args.end_silence_ms), "--idle-timeout-s", "900",
+                "--barge-in", args.barge_in,
             ]  # fmt: skip
+            if args.no_speculation:
+                server_args.append("--no-speculation")
             if args.llm_api_key:
                 server_args += ["--llm-api-key", args.llm_api_key]
             server = ServerProcess(server_args, ROOT, folder / "server.log")
@@ -110,6 +122,7 @@ async def _run(args: argparse.Namespace, command: str) -> Path:
         total = sum(n * args.turns for n in levels) + args.barge_ins + 2 * args.backchannels
         with tqdm(total=total, unit="turn", desc="benchmark", file=sys.stderr) as bar:
             results = await _scenarios(args, target, levels, questions, corpus, server, bar)
+        results["server_counters"] = await _server_counters(base_url, args.token)
     finally:
         if server is not None:
             await server.stop()
@@ -130,6 +143,8 @@ async def _run(args: argparse.Namespace, command: str) -> Path:
             "stt_model": "tiny.en int8 (default)",
             "tts_voice": "en_US-joe-medium (default)",
             "end_silence_ms": args.end_silence_ms,
+            "barge_in": args.barge_in,
+            "speculation": not args.no_speculation,
             "sweep": levels,
             "turns_per_call": args.turns,
             "barge_in_repeats": args.barge_ins,
@@ -188,6 +203,32 @@ async def _scenarios(
     for calls in levels[1:]:
         await level(calls)
     return results
+
+
+async def _server_counters(base_url: str, token: str | None) -> dict[str, float]:
+    """Vocable's own counters from its /metrics: speculative transcriptions used and wasted,
+    resumes, barge-ins, turns."""
+    import aiohttp
+
+    wanted = ("vocable_speculative_transcriptions_total", "vocable_resumes_total",
+              "vocable_barge_ins_total", "vocable_turns_total")  # fmt: skip
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"{base_url}/metrics", headers=headers) as response,
+        ):
+            text = await response.text()
+    except aiohttp.ClientError:
+        return {}
+    counters: dict[str, float] = {}
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name.startswith(wanted):
+            counters[name.removeprefix("vocable_").replace('outcome="', "").rstrip('"}')] = float(
+                value
+            )
+    return counters
 
 
 def _micro(quick: bool) -> dict[str, Any]:

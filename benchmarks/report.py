@@ -72,8 +72,12 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
         )
     barge = [r["silence_ms"] for r in run["barge_in"] if r.get("ok")]
     cuts: dict[str, int] = {}
+    resumes: dict[str, int] = {}
     for record in run["backchannel"]:
         cuts[record["utterance"]] = cuts.get(record["utterance"], 0) + bool(record.get("false_cut"))
+        resumes[record["utterance"]] = resumes.get(record["utterance"], 0) + bool(
+            record.get("resumed")
+        )
     by_calls = {level["calls"]: level for level in levels}
     one, eight = by_calls.get(1), by_calls.get(8)
     measured = {
@@ -88,6 +92,8 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
         "barge_in_ms": _stats(barge),
         "barge_in_failed": sum(1 for r in run["barge_in"] if not r.get("ok")),
         "false_cuts": cuts,
+        "resumes": resumes,
+        "server_counters": run.get("server_counters", {}),
         "goals": {name: {"goal": goal, "measured": measured[name]} for name, goal in GOALS.items()},
     }
 
@@ -145,7 +151,12 @@ def to_markdown(run: dict[str, Any], summary: dict[str, Any]) -> str:
         f"({summary['barge_in_failed']} failed).  ",
         "False cuts (a short sound over the agent cut it off): "
         + ", ".join(f"{name} {count}" for name, count in summary["false_cuts"].items())
-        + f", out of {settings['backchannel_repeats']} each.",
+        + f", out of {settings['backchannel_repeats']} each; resumed after a pause: "
+        + ", ".join(f"{name} {count}" for name, count in summary.get("resumes", {}).items())
+        + ".  ",
+        "Server counters: "
+        + (", ".join(f"{k} {v:g}" for k, v in summary.get("server_counters", {}).items()) or "none")
+        + ".",
         "",
         "## Against the goals",
         "",

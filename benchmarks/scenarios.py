@@ -64,15 +64,18 @@ async def question_turn(
     if first_sound is None or server is None or transcript is None:
         return {**record, "ok": False, "error": "the answer was not heard or not measured"}
     client_ms = (first_sound - last_voiced) * 1000
-    stt_ms = float(transcript["stt_ms"])
     llm_ms = target.llm_first_sentence_ms
     if llm_ms is None:
         llm_ms = (server["llm_first_token_ms"] or 0) + (server["first_sentence_ms"] or 0)
-    floor = target.end_silence_ms + stt_ms + llm_ms + (server["tts_first_audio_ms"] or 0) + FRAME_MS
+    # the server's own end-of-turn wait and transcript wait (speculative transcription overlaps
+    # them), then the LLM's pacing, Piper and one frame: what no transport could beat
+    waited_ms = (server["end_of_speech_ms"] or target.end_silence_ms) + (server["stt_ms"] or 0)
+    floor = waited_ms + llm_ms + (server["tts_first_audio_ms"] or 0) + FRAME_MS
     return {
         **record,
         "ok": True,
         "transcript": transcript["text"],
+        "speculative": bool(transcript.get("speculative")),
         "client_v2v_ms": round(client_ms, 1),
         "server": {k: v for k, v in server.items() if k.endswith("_ms")},
         "floor_ms": round(floor, 1),
@@ -112,6 +115,7 @@ async def backchannel(
     """Ask for a long answer, make a short sound over it, and see whether the agent was cut."""
     record: Record = {"kind": "backchannel", "utterance": noise.id}
     interrupted_before = len(caller.of_type("interrupted"))
+    resumed_before = len(caller.of_type("resumed"))
     answers_before = len(caller.of_type("tts_end"))
     if await _talk_over_long_answer(caller, ask, noise) is None:
         return {**record, "ok": False, "error": "the agent never started its long answer"}
@@ -122,7 +126,8 @@ async def backchannel(
         await caller.wait_for("tts_end", expected_answers, TURN_TIMEOUT_S * 2)
     except TimeoutError:
         return {**record, "ok": False, "false_cut": false_cut, "error": "the call got stuck"}
-    return {**record, "ok": True, "false_cut": false_cut}
+    resumed = len(caller.of_type("resumed")) > resumed_before
+    return {**record, "ok": True, "false_cut": false_cut, "resumed": resumed}
 
 
 async def _talk_over_long_answer(

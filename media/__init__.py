@@ -5,6 +5,7 @@ Knows nothing about LLMs, playbooks or transports.
 
 from .audio import FRAME_BYTES, FRAME_MS, SAMPLE_RATE, FrameSplitter, Resampler
 from .chunker import SentenceChunker, speakable
+from .echo import EchoGate, EchoSettings
 from .speaker import Playback, PlaybackResult, Speaker
 from .stt import Transcriber, TranscriberSettings, Transcript
 from .tts import Synthesizer, SynthesizerSettings
@@ -22,6 +23,8 @@ __all__ = [
     "FRAME_BYTES",
     "FRAME_MS",
     "SAMPLE_RATE",
+    "EchoGate",
+    "EchoSettings",
     "FrameSplitter",
     "Playback",
     "PlaybackResult",

@@ -14,9 +14,12 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .audio import FRAME_MS, Resampler, frame_bytes
+from .audio import FRAME_MS, Resampler, frame_bytes, pcm_rms_dbfs
 
-__all__ = ["Playback", "PlaybackResult", "Speaker"]
+__all__ = ["LEVEL_HISTORY_MS", "SILENT_DBFS", "Playback", "PlaybackResult", "Speaker"]
+
+LEVEL_HISTORY_MS = 1000
+SILENT_DBFS = -120.0
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,10 @@ class Speaker:
         self._resamplers: dict[int, Resampler] = {}
         self._silence = bytes(self.frame_bytes)
         self.frames_out = 0
+        self.paused = False
+        """While paused, ``pull()`` gives silence and queued audio waits where it stopped."""
+        self.levels: deque[float] = deque(maxlen=max(1, LEVEL_HISTORY_MS // frame_ms))
+        """dBFS of the most recent frames sent (newest last), for echo suppression."""
         self.on_clear: list[Callable[[], None]] = []
         """Transport hooks run by ``clear()``, e.g. a media WebSocket's ``clear`` message."""
 
@@ -118,9 +125,24 @@ class Speaker:
             playback._finish(completed=True)
         return playback
 
+    def pause(self) -> None:
+        """Hold the queued audio: silence goes out until :meth:`resume` (or ``clear()``). The
+        ``on_clear`` hooks run, so transports drop what they buffered downstream."""
+        if self.paused:
+            return
+        self.paused = True
+        for hook in self.on_clear:
+            hook()
+
+    def resume(self) -> None:
+        """Play on from the sample where :meth:`pause` stopped."""
+        self.paused = False
+
     def pull(self) -> bytes:
-        """The next frame: queued audio, padded with silence at the end, or silence."""
-        if not self._queue:
+        """The next frame: queued audio, padded with silence at the end, or silence (also while
+        paused)."""
+        if not self._queue or self.paused:
+            self.levels.append(SILENT_DBFS)
             return self._silence
         frame = bytearray()
         while self._queue and len(frame) < self.frame_bytes:
@@ -133,13 +155,16 @@ class Speaker:
                 self._queue.popleft()
                 head._finish(completed=True)
         self.frames_out += 1
-        return bytes(frame.ljust(self.frame_bytes, b"\0"))
+        out = bytes(frame.ljust(self.frame_bytes, b"\0"))
+        self.levels.append(pcm_rms_dbfs(out))
+        return out
 
     def clear(self) -> list[PlaybackResult]:
         """Drop everything queued at once; every pending handle resolves as not completed with
         how much of it was played. Returns those results in queue order."""
         dropped = list(self._queue)
         self._queue.clear()
+        self.paused = False
         self._resamplers.clear()  # their filter tails belong to the dropped audio
         for playback in dropped:
             playback._finish(completed=False)

@@ -8,11 +8,12 @@ from .events import EventBus, OrchestratorEvent, Retraction
 from .history import Conversation
 from .llm import ChatClient, ChatRequest, LLMError, RetryPolicy, ToolCallRequest
 from .loader import LoadedPlaybook, PlaybookError, load_playbook, load_playbooks
-from .models import LLMConfig, Playbook, Stage, Transition, TransitionAction
+from .models import BargeInPolicy, LLMConfig, Playbook, Stage, Transition, TransitionAction
 from .orchestrator import OrchestratorOptions, PlaybookOrchestrator, Turn
 from .tools import Tool, ToolError, tool
 
 __all__ = [
+    "BargeInPolicy",
     "ChatClient",
     "ChatRequest",
     "Conversation",

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 from pydantic.alias_generators import to_camel
 
 __all__ = [
+    "BargeInPolicy",
     "Condition",
     "CustomCondition",
     "IntentCondition",
@@ -67,6 +68,12 @@ def _tool_choice_kind(value: Any) -> str:
 
 
 # Discriminated, so an error names the member that applies, not both.
+BargeInPolicy = Literal["immediate", "confirmed", "pause_resume", "disabled"]
+"""How the caller's speech over the agent is handled: ``immediate`` cuts it off as soon as speech
+starts; ``confirmed`` once the caller has spoken a minimum of voiced audio; ``pause_resume``
+pauses the agent at once and resumes where it stopped if the sound was a backchannel or noise,
+else cuts it off; ``disabled`` lets the agent finish (the caller's words are answered after)."""
+
 ToolChoice = Annotated[
     Annotated[Literal["auto", "none", "required"], Tag("mode")]
     | Annotated[NamedToolChoice, Tag("tool")],
@@ -167,7 +174,10 @@ class Stage(_Model):
     llm_config: LLMConfig = Field(default_factory=LLMConfig)
     two_phase_execution: bool = True
     interruptible: bool = True
-    """Whether the caller's speech cuts the agent off (barge-in) in this stage."""
+    """Whether the caller's speech cuts the agent off (barge-in) in this stage; False is
+    ``barge_in: disabled``."""
+    barge_in: BargeInPolicy | None = None
+    """This stage's barge-in policy; None: the server's default."""
     tool_choice: ToolChoice = "auto"
     max_turns: int | None = Field(default=None, gt=0)
     timeout_ms: int | None = Field(default=None, gt=0)

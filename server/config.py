@@ -8,11 +8,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from ipaddress import IPv4Network, IPv6Network, ip_network
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from media import TranscriberSettings, VadSettings
 from media.tts import SynthesizerSettings
+from playbooks import BargeInPolicy
 
+from .endpointing import EndpointSettings
 from .session import SessionSettings
 from .settings import ConfigError, LLMSettings, add_llm_arguments
 
@@ -113,6 +115,8 @@ class ServerConfig:
                     aggressiveness=args.vad_aggressiveness, end_silence_ms=args.end_silence_ms
                 ),
                 barge_in_min_ms=args.barge_in_min_ms,
+                barge_in=args.barge_in,
+                endpoint=EndpointSettings(speculate=not args.no_speculation),
             ),
             ice_servers=ice,
             max_sessions=args.max_sessions,
@@ -153,6 +157,14 @@ def parse_port_range(text: str) -> tuple[int, int]:
     if not 1024 <= first < last <= 65535:
         raise ConfigError(f"{text!r}: need 1024 <= LOW < HIGH <= 65535")
     return first, last + 1
+
+
+def _flag(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(text)
 
 
 def parse_address(text: str, default_host: str = "127.0.0.1") -> tuple[str, int]:
@@ -288,3 +300,16 @@ def add_serve_arguments(
     )
     audio.add_argument("--end-silence-ms", type=int, default=default("END_SILENCE_MS", int, 400))
     audio.add_argument("--barge-in-min-ms", type=int, default=default("BARGE_IN_MIN_MS", int, 200))
+    audio.add_argument(
+        "--barge-in",
+        choices=get_args(BargeInPolicy),
+        default=default("BARGE_IN", str, "pause_resume"),
+        help="policy of stages that set none [VOCABLE_BARGE_IN; default: pause_resume]",
+    )
+    audio.add_argument(
+        "--no-speculation",
+        action="store_true",
+        default=default("NO_SPECULATION", _flag, False),
+        help="transcribe only after the end of the turn, not at each pause "
+        "[VOCABLE_NO_SPECULATION=1]",
+    )

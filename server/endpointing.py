@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from media import SpeechEnded, SpeechPaused, Transcript
 
-__all__ = ["EndpointSettings", "Speculation", "sounds_complete"]
+__all__ = ["EndpointSettings", "Speculation", "is_backchannel", "sounds_complete"]
 
 _CONTINUATION_WORDS = """
 and or but so because if when while then that which who whose where the a an to of for with
@@ -28,6 +28,13 @@ um uh er erm hmm ah eh mm
 """
 _CONTINUATIONS = frozenset(_CONTINUATION_WORDS.split())
 _WORD = re.compile(r"[a-z']+")
+_BACKCHANNELS = frozenset(
+    {
+        "mhm", "mm", "mmm", "hmm", "mm hmm", "uh huh", "uh", "um", "ah", "oh", "yeah", "yes",
+        "yep", "yup", "ok", "okay", "right", "sure", "alright", "all right", "i see", "got it",
+        "cool", "great", "nice", "good", "wow", "really", "oh okay", "yeah yeah", "uh-huh",
+    }
+)  # fmt: skip
 
 
 def sounds_complete(text: str) -> bool:
@@ -38,6 +45,13 @@ def sounds_complete(text: str) -> bool:
         return False
     words = _WORD.findall(stripped.lower())
     return bool(words) and words[-1] not in _CONTINUATIONS
+
+
+def is_backchannel(text: str) -> bool:
+    """Whether ``text`` is listener feedback ("mhm", "yeah", "okay", "I see") rather than a turn:
+    the caller wants the agent to go on."""
+    normalised = " ".join(_WORD.findall(text.lower().replace("-", " ")))
+    return normalised in _BACKCHANNELS
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 It keeps one 20 ms clock for both directions, like a real transport: every tick feeds one caller
 frame (silence when the script is empty) and pulls one agent frame from the speaker. ``speed``
-above 1 runs faster than real time. Used by tests, demos and the benchmarks.
+above 1 runs faster than real time. ``echo=(gain_db, delay_ms)`` simulates a phone line that
+returns the agent's own voice into the caller's audio. Used by tests, demos and the benchmarks.
 """
 
 from __future__ import annotations
@@ -12,7 +13,10 @@ import contextlib
 from collections import deque
 from collections.abc import Callable
 
+import numpy as np
+
 from media import FRAME_BYTES, FRAME_MS, FrameSplitter
+from media.audio import SAMPLE_RATE
 
 from .session import Session
 
@@ -22,9 +26,19 @@ __all__ = ["LoopbackCall"]
 class LoopbackCall:
     """Drive ``session`` from a script of caller audio (16 kHz PCM16)."""
 
-    def __init__(self, session: Session, speed: float = 1.0) -> None:
+    def __init__(
+        self, session: Session, speed: float = 1.0, echo: tuple[float, int] | None = None
+    ) -> None:
         self.session = session
         self.speed = speed
+        self._echo_gain = 0.0
+        self._echo: deque[bytes] = deque()
+        if echo is not None:
+            if session.voice.speaker.sample_rate != SAMPLE_RATE:
+                raise ValueError("echo needs a 16 kHz speaker")
+            gain_db, delay_ms = echo
+            self._echo_gain = 10 ** (gain_db / 20)
+            self._echo.extend(bytes(FRAME_BYTES) for _ in range(delay_ms // FRAME_MS))
         self.recording = bytearray()
         """Everything the speaker sent, at its sample rate."""
         self.ticks = 0
@@ -82,11 +96,22 @@ class LoopbackCall:
         next_tick = loop.time()
         while True:
             frame = self._caller.popleft() if self._caller else self._silence
+            if self._echo_gain:
+                frame = _mix(frame, self._echo.popleft(), self._echo_gain)
             self.session.feed(frame)
-            self.recording += self.session.voice.speaker.pull()
+            played = self.session.voice.speaker.pull()
+            self.recording += played
+            if self._echo_gain:
+                self._echo.append(played)
             self.ticks += 1
             for condition, future in list(self._tick_waiters):
                 if not future.done() and condition():
                     future.set_result(None)
             next_tick += period
             await asyncio.sleep(max(0.0, next_tick - loop.time()))
+
+
+def _mix(frame: bytes, echo: bytes, gain: float) -> bytes:
+    mixed = np.frombuffer(frame, np.int16).astype(np.float32)
+    mixed += np.frombuffer(echo, np.int16).astype(np.float32) * gain
+    return np.clip(mixed, -32768, 32767).astype(np.int16).tobytes()

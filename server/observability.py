@@ -26,6 +26,17 @@ class ServerMetrics:
         self.barge_ins = Counter(
             "vocable_barge_ins", "Times a caller interrupted the agent.", registry=self.registry
         )
+        self.resumes = Counter(
+            "vocable_resumes",
+            "Times the agent, paused by a sound, resumed (a backchannel or noise).",
+            registry=self.registry,
+        )
+        self.speculations = Counter(
+            "vocable_speculative_transcriptions",
+            "Transcriptions started at a pause: used for the turn, or wasted (the caller went on).",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.errors = Counter(
             "vocable_errors", "Errors by source.", ["source"], registry=self.registry
         )
@@ -43,6 +54,10 @@ class ServerMetrics:
                 self.turns.inc()
             case "interrupted":
                 self.barge_ins.inc()
+            case "resumed":
+                self.resumes.inc()
+            case "speculation":
+                self.speculations.labels(outcome=str(event.data.get("outcome"))).inc()
             case "error":
                 self.errors.labels(source=str(event.data.get("source", "unknown"))).inc()
             case "turn_metrics":

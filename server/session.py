@@ -18,15 +18,19 @@ from typing import Any, Literal
 
 from media import (
     FRAME_BYTES,
+    EchoGate,
+    EchoSettings,
     SpeechEnded,
     SpeechPaused,
     SpeechResumed,
     SpeechStarted,
+    Transcript,
     VadSegmenter,
     VadSettings,
 )
+from playbooks import BargeInPolicy
 
-from .endpointing import EndpointSettings, Speculation
+from .endpointing import EndpointSettings, Speculation, is_backchannel
 from .voice import VoicePlaybookOrchestrator
 
 __all__ = ["Session", "SessionSettings", "SessionState"]
@@ -46,6 +50,13 @@ class SessionSettings:
     dtmf_pause_s: float = 1.5
     """Keypad digits pressed within this pause of each other form one input."""
     endpoint: EndpointSettings = field(default_factory=EndpointSettings)
+    echo: EchoSettings = field(default_factory=EchoSettings)
+    """Caller audio explained by the agent's own output (phone echo) is heard as silence."""
+    barge_in: BargeInPolicy = "pause_resume"
+    """The policy of stages that set none (see ``playbooks.BargeInPolicy``)."""
+    pause_confirm_ms: int = 700
+    """Under ``pause_resume``: voiced speech that cuts the paused agent off without waiting for
+    the words (longer than any backchannel)."""
 
 
 class Session:
@@ -71,6 +82,7 @@ class Session:
                 vad, end_silence_ms=max(vad.end_silence_ms, endpoint.incomplete_silence_ms)
             )
         self.vad = VadSegmenter(vad, clock)
+        self.echo = EchoGate(self.settings.echo)
         self._speculation: Speculation | None = None
         self.speculations = {"used": 0, "wasted": 0}
         """Speculative transcriptions whose result became the turn's, and those thrown away."""
@@ -89,6 +101,9 @@ class Session:
         self._silence = bytes(FRAME_BYTES)
         self._digits = ""
         self._digit_timer: asyncio.TimerHandle | None = None
+        self._settling: asyncio.Task[None] | None = None
+        """Deciding whether the sound that paused the agent was a backchannel."""
+        self.resumes = 0
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -129,7 +144,7 @@ class Session:
         if len(frame) != FRAME_BYTES:
             raise ValueError(f"caller frames must be {FRAME_BYTES} bytes (20 ms at 16 kHz)")
         at = self.clock() if at is None else at
-        if self.muted:
+        if self.muted or self.echo.is_echo(frame, self.voice.speaker.levels):
             frame = self._silence
         for event in self.vad.push(frame, at):
             if isinstance(event, SpeechStarted):
@@ -176,6 +191,19 @@ class Session:
     def _on_speech_started(self, event: SpeechStarted) -> None:
         self._interrupted_this_utterance = False
         self.voice.emit("speech_start", at_ms=round(event.at * 1000, 1))
+        if not self.busy:
+            return
+        policy = self.barge_in_policy
+        if policy == "immediate":
+            self._interrupted_this_utterance = True
+            self.interrupt()
+        elif policy == "pause_resume" and not self.voice.speaker.paused:
+            self.voice.speaker.pause()
+            self.voice.emit("paused", heard=self.voice.heard)
+
+    @property
+    def barge_in_policy(self) -> BargeInPolicy:
+        return self.voice.barge_in(self.settings.barge_in)
 
     # -- end of turn ---------------------------------------------------------------------------
 
@@ -184,7 +212,7 @@ class Session:
         the agent, which only a barge-in would make one)."""
         if not self.settings.endpoint.speculate:
             return
-        if self.busy and not self._interrupted_this_utterance:
+        if self.busy and not (self._interrupted_this_utterance or self.voice.speaker.paused):
             return
         self._discard_speculation()
         task = asyncio.create_task(
@@ -200,6 +228,7 @@ class Session:
         if speculation is not None:
             speculation.discard()
             self.speculations["wasted"] += 1
+            self.voice.emit("speculation", outcome="wasted")
 
     def _check_end_of_turn(self, at: float) -> None:
         """End the utterance once its silence is as long as its words call for."""
@@ -241,22 +270,64 @@ class Session:
             # (when interrupted, interrupt() is already cancelling the old turn)
             self._answer(event, speculation)
             return
-        if not self.voice.interruptible:
+        if self.voice.speaker.paused:  # pause_resume: the words decide
+            self._settle_pause(event, speculation)
+            return
+        if self.barge_in_policy == "disabled":
             self._pending = event  # heard after the agent finishes
         # else: too short to interrupt the agent: a cough or a backchannel, not a turn
         self._waste(speculation)
 
     def _check_barge_in(self) -> None:
-        if (
-            not self.vad.speaking
-            or self._interrupted_this_utterance
-            or not self.busy
-            or not self.voice.interruptible
-        ):
+        if not self.vad.speaking or self._interrupted_this_utterance or not self.busy:
             return
-        if self.vad.voiced_ms >= self.settings.barge_in_min_ms:
+        policy = self.barge_in_policy
+        if policy == "confirmed":
+            needed = self.settings.barge_in_min_ms
+        elif policy == "pause_resume":
+            needed = self.settings.pause_confirm_ms
+        else:
+            return
+        if self.vad.voiced_ms >= needed:
             self._interrupted_this_utterance = True
             self.interrupt()
+
+    # -- pause and resume ------------------------------------------------------------------------
+
+    def _settle_pause(self, utterance: SpeechEnded, speculation: Speculation | None) -> None:
+        """The sound that paused the agent has ended: resume if its words are a backchannel or
+        nothing, else cut the agent off and answer them."""
+        if speculation is not None:
+            self.speculations["used"] += 1
+            self.voice.emit("speculation", outcome="used")
+            transcript = speculation.task
+        else:
+            transcript = asyncio.create_task(self.voice.transcriber.transcribe(utterance.audio))
+        if self._settling is not None:
+            self._settling.cancel()
+        self._settling = asyncio.create_task(
+            self._settle(utterance, transcript), name=f"settle:{self.id}"
+        )
+
+    async def _settle(self, utterance: SpeechEnded, transcript: asyncio.Task[Transcript]) -> None:
+        try:
+            heard: Transcript | None = await transcript
+        except Exception:
+            log.exception("transcribing a sound over the agent failed")
+            heard = None
+        speaker = self.voice.speaker
+        if self._closed or not speaker.paused or self.vad.speaking:
+            return  # already cut off, or the caller is talking again: that utterance decides
+        if heard is None or not heard.text or is_backchannel(heard.text):
+            speaker.resume()
+            self.resumes += 1
+            self.voice.emit("resumed", text=heard.text if heard else "")
+            return
+        self._interrupted_this_utterance = True
+        self.interrupt()
+        self._start_turn(
+            self.voice.answer_utterance(utterance, transcript), name="turn", audio=utterance.audio
+        )
 
     # -- turns ---------------------------------------------------------------------------------
 
@@ -284,6 +355,7 @@ class Session:
         transcript = None
         if speculation is not None:
             self.speculations["used"] += 1
+            self.voice.emit("speculation", outcome="used")
             transcript = speculation.task
         self._start_turn(
             self.voice.answer_utterance(utterance, transcript),
@@ -336,6 +408,8 @@ class Session:
         if self._speculation is not None:
             self._speculation.discard()
             self._speculation = None
+        if self._settling is not None:
+            self._settling.cancel()
         if self._digit_timer is not None:
             self._digit_timer.cancel()
         if self._turn is not None and not self._turn.done():

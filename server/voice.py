@@ -25,7 +25,7 @@ from media import (
     speakable,
 )
 from media.speaker import Playback, PlaybackResult
-from playbooks import OrchestratorEvent, PlaybookOrchestrator, Retraction, Turn
+from playbooks import BargeInPolicy, OrchestratorEvent, PlaybookOrchestrator, Retraction, Turn
 
 from .events import VoiceEvent, VoiceEventHandler, VoiceEventType
 from .metrics import TurnTimeline
@@ -60,9 +60,12 @@ class VoicePlaybookOrchestrator:
         """Whether the current turn has reached the LLM (so history holds its user message)."""
         orchestrator.on(self._forward)
 
-    @property
-    def interruptible(self) -> bool:
-        return self.orchestrator.engine.stage.interruptible
+    def barge_in(self, default: BargeInPolicy) -> BargeInPolicy:
+        """The current stage's barge-in policy (``default`` when it sets none)."""
+        stage = self.orchestrator.engine.stage
+        if not stage.interruptible:
+            return "disabled"
+        return stage.barge_in or default
 
     def emit(self, type: VoiceEventType, **data: Any) -> None:
         self._emit_event(VoiceEvent(type, data, self.clock()))

@@ -125,6 +125,7 @@ def start_call(
     tts: Synthesizer | None = None,
     stt: Transcriber | None = None,
     retries: int = 0,
+    echo: tuple[float, int] | None = None,
 ) -> VoiceCall:
     """Wire a call like the server does, with a 16 kHz speaker so Whisper can check the output."""
     client = ChatClient.connect(base_url, None, "scripted", retry=RetryPolicy(retries=retries))
@@ -138,7 +139,7 @@ def start_call(
         lambda event: sink[0](event),
     )
     session = Session("test", voice, settings or SessionSettings(greet=False))
-    call = VoiceCall(orchestrator, voice, session, LoopbackCall(session))
+    call = VoiceCall(orchestrator, voice, session, LoopbackCall(session, echo=echo))
     sink.append(call.record)
     orchestrator.on(lambda event: call.llm_events.append((voice.clock(), event)))
     call.line.start()

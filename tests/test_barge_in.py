@@ -1,0 +1,171 @@
+"""Barge-in manners with real Whisper, Piper and webrtcvad on the loopback transport: the policies,
+pause-and-resume after a cough or a backchannel (continuing exactly where it paused), no resume
+after a real question, and the agent's own echo not interrupting it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from benchmarks.corpus import load_corpus
+from media import EchoGate, EchoSettings
+from media.audio import pcm_rms_dbfs, silence
+from playbooks import LoadedPlaybook, load_playbook
+from server.session import SessionSettings
+from tests.calls import VoiceCall, start_call, transcriber, word_error_rate
+from tests.conftest import EXAMPLES
+from tests.scripted_llm import Reply, ScriptedLLM
+from tests.speech import piper_speech, tone
+
+pytestmark = pytest.mark.slow
+
+QUESTION = "Tell me about my order."
+LONG_ANSWER = (
+    "Your order left our warehouse on Monday. The courier will bring it on Tuesday between nine "
+    "and five. You can track it on our website at any time. Is there anything else I can help "
+    "you with today?"
+)
+SECOND_ANSWER = "All right, here is the short version."
+
+
+@pytest.fixture(scope="module")
+def support() -> LoadedPlaybook:
+    return load_playbook(EXAMPLES / "support.yaml")
+
+
+@pytest.fixture
+async def calls() -> AsyncIterator[list[VoiceCall]]:
+    made: list[VoiceCall] = []
+    yield made
+    for call in made:
+        await call.line.stop()
+        await call.orchestrator.client.client.close()
+
+
+def _start(
+    calls: list[VoiceCall],
+    support: LoadedPlaybook,
+    llm: ScriptedLLM,
+    settings: SessionSettings | None = None,
+    echo: tuple[float, int] | None = None,
+) -> VoiceCall:
+    llm.script([Reply(content=LONG_ANSWER), Reply(content=SECOND_ANSWER)])
+    call = start_call(
+        support, llm.base_url, settings=settings or SessionSettings(greet=False), echo=echo
+    )
+    calls.append(call)
+    return call
+
+
+async def _heard(call: VoiceCall, start: int) -> str:
+    return (await transcriber().transcribe(call.heard_since(start))).text
+
+
+@pytest.mark.parametrize("sound", ["synthetic_cough", "piper_mhm"])
+async def test_a_cough_or_backchannel_pauses_then_resumes_where_it_stopped(
+    calls: list[VoiceCall], support: LoadedPlaybook, llm: ScriptedLLM, sound: str
+) -> None:
+    call = _start(calls, support, llm)
+    await call.say(piper_speech(QUESTION), 200)
+    await call.wait_event("agent_sentence", count=2)
+    start = len(call.line.recording)
+    await call.say(load_corpus()[sound].pcm(), 200)
+    paused = await call.wait_event("paused")
+    resumed = await call.wait_event("resumed", timeout_s=10)
+    await call.wait_idle()
+
+    assert call.of_type("interrupted") == []
+    assert resumed.t - paused.t < 1.5
+    # the whole answer was heard, once, in order: nothing repeated, nothing skipped
+    assert call.voice.heard == LONG_ANSWER
+    assert word_error_rate(await _heard(call, 0), LONG_ANSWER) <= 0.15
+    # and the caller heard silence while the agent was paused
+    paused_at = start + round((paused.t - call.of_type("speech_start")[-1].t) * 32000)
+    gap = call.line.recording[paused_at : paused_at + 32000 * 3 // 10]
+    assert pcm_rms_dbfs(bytes(gap[len(gap) // 3 :])) < -60
+    assert len(llm.requests) == 1  # the sound made no LLM call
+
+
+async def test_a_real_question_is_not_resumed(
+    calls: list[VoiceCall], support: LoadedPlaybook, llm: ScriptedLLM
+) -> None:
+    call = _start(calls, support, llm)
+    await call.say(piper_speech(QUESTION), 200)
+    await call.wait_event("agent_sentence", count=2)
+    await call.say(piper_speech("Could you give me the short version?"), 200)
+    await call.wait_event("interrupted", timeout_s=10)
+    await call.wait_idle()
+    assert call.of_type("resumed") == []
+    assert len(call.of_type("paused")) == 1
+    assert call.voice.heard == SECOND_ANSWER
+    cut = [m for m in call.orchestrator.conversation.messages if m.get("interrupted")]
+    assert len(cut) == 1
+    assert "short version" in llm.requests[-1]["messages"][-1]["content"].lower()
+
+
+@pytest.mark.parametrize(
+    ("policy", "interrupts"),
+    [("immediate", True), ("confirmed", True), ("disabled", False)],
+)
+async def test_policies(
+    calls: list[VoiceCall], support: LoadedPlaybook, llm: ScriptedLLM, policy: str, interrupts: bool
+) -> None:
+    settings = SessionSettings(greet=False, barge_in=policy)  # type: ignore[arg-type]
+    call = _start(calls, support, llm, settings)
+    await call.say(piper_speech(QUESTION), 200)
+    await call.wait_event("agent_sentence", count=2)
+    await call.say(piper_speech("Could you give me the short version?"), 200)
+    await call.wait_idle(timeout_s=40)
+    assert call.of_type("paused") == []
+    if interrupts:
+        (started,) = call.of_type("speech_start")[1:]
+        (interrupted,) = call.of_type("interrupted")
+        limit = 0.15 if policy == "immediate" else 0.6
+        assert interrupted.t - started.t <= limit
+        assert call.voice.heard == SECOND_ANSWER
+    else:  # the agent finishes; the caller's words are answered after
+        assert call.of_type("interrupted") == []
+        assert len(llm.requests) == 2
+        assert call.voice.heard == SECOND_ANSWER
+        assert "short version" in llm.requests[-1]["messages"][-1]["content"].lower()
+
+
+@pytest.mark.parametrize("suppressed", [True, False])
+async def test_the_agents_own_echo_does_not_interrupt_it(
+    calls: list[VoiceCall], support: LoadedPlaybook, llm: ScriptedLLM, suppressed: bool
+) -> None:
+    """A phone line returning the agent's voice at -20 dB, 100 ms later: with the echo gate the
+    agent talks on; without it, its own voice pauses or cuts it (so the fixture bites)."""
+    settings = SessionSettings(greet=False, echo=EchoSettings(enabled=suppressed))
+    call = _start(calls, support, llm, settings, echo=(-20.0, 100))
+    await call.say(piper_speech(QUESTION), 200)
+    await call.wait_event("agent_sentence", count=1)
+    if suppressed:
+        await call.wait_idle(timeout_s=40)
+        assert call.of_type("paused") == []
+        assert call.of_type("interrupted") == []
+        assert call.voice.heard == LONG_ANSWER
+        assert call.session.echo.suppressed > 100
+    else:
+        await call.wait_event("paused", timeout_s=10)
+
+
+def test_the_echo_gate_tells_echo_from_the_caller() -> None:
+    gate = EchoGate(EchoSettings(return_loss_db=12, max_delay_ms=300))
+    agent = -20.0
+    levels = [agent] * 10 + [-120.0] * 5  # the agent spoke until 100 ms ago
+    echo = _tone_at(agent - 20, 440)
+    caller = _tone_at(agent - 3, 300)
+    assert gate.is_echo(echo, levels)
+    assert not gate.is_echo(caller, levels)
+    assert not gate.is_echo(echo, [-120.0] * 20)  # the agent silent for longer than any echo
+    assert not gate.is_echo(silence(20), levels)  # silence is nobody's
+    assert pcm_rms_dbfs(echo) == pytest.approx(agent - 20, abs=0.1)
+    assert gate.suppressed == 1
+    assert not EchoGate(EchoSettings(enabled=False)).is_echo(echo, levels)
+
+
+def _tone_at(dbfs: float, frequency: float) -> bytes:
+    """20 ms of a 16 kHz sine at ``dbfs`` RMS."""
+    return tone(16000, 20, frequency, amplitude=2**0.5 * 10 ** (dbfs / 20))
