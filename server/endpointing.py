@@ -5,8 +5,9 @@ At ``pause_ms`` of silence the session transcribes the utterance so far. If the 
 silent, that transcript is the turn's (no second decode), and the turn ends as soon as the silence
 reaches the length the words call for: short after a complete-sounding sentence, longer after a
 trailing "and", "um" or an unfinished clause, the configured ``end_silence_ms`` while the
-transcript is not ready yet. If the caller speaks again, the speculation is discarded (counted as
-wasted).
+transcript failed or heard nothing. While the decode runs the turn does not end (up to the longest
+silence): the answer needs the words anyway. If the caller speaks again, the speculation is
+discarded (counted as wasted).
 """
 
 from __future__ import annotations
@@ -18,16 +19,20 @@ from dataclasses import dataclass
 
 from media import SpeechEnded, SpeechPaused, Transcript
 
-__all__ = ["EndpointSettings", "Speculation", "is_backchannel", "sounds_complete"]
+__all__ = [
+    "EndpointSettings",
+    "Speculation",
+    "is_backchannel",
+    "is_listener_noise",
+    "sounds_complete",
+]
 
 _CONTINUATION_WORDS = """
-and or but so because if when while then that which who whose where the a an to of for with
-from in on at by as than my your our their his her its is are was were be been am will would
-can could should shall may might must do does did have has had not also like about into
-um uh er erm hmm ah eh mm
+and or but because if when while then that which whose the a an to of with at by as than
+my your our their his her its in on for from into about like um uh er erm hmm ah eh mm
 """
 _CONTINUATIONS = frozenset(_CONTINUATION_WORDS.split())
-_WORD = re.compile(r"[a-z']+")
+_WORD = re.compile(r"[a-z0-9']+")
 _BACKCHANNELS = frozenset(
     {
         "mhm", "mm", "mmm", "hmm", "mm hmm", "uh huh", "uh", "um", "ah", "oh", "yeah", "yes",
@@ -38,13 +43,15 @@ _BACKCHANNELS = frozenset(
 
 
 def sounds_complete(text: str) -> bool:
-    """Whether ``text`` reads like a finished turn: it ends in ``.``, ``?`` or ``!`` and its last
-    word is not one that leads into more ("and", "the", "um", "to"...)."""
+    """Whether ``text`` reads like a finished turn: a question, or a sentence ending in ``.`` or
+    ``!`` whose last word does not lead into more ("and", "the", "um", "to"...)."""
     stripped = text.strip()
     if not stripped or stripped[-1] not in ".?!" or stripped.endswith("..."):
         return False
     words = _WORD.findall(stripped.lower())
-    return bool(words) and words[-1] not in _CONTINUATIONS
+    if not words:
+        return False
+    return stripped.endswith("?") or words[-1] not in _CONTINUATIONS
 
 
 def is_backchannel(text: str) -> bool:
@@ -52,6 +59,20 @@ def is_backchannel(text: str) -> bool:
     the caller wants the agent to go on."""
     normalised = " ".join(_WORD.findall(text.lower().replace("-", " ")))
     return normalised in _BACKCHANNELS
+
+
+def is_listener_noise(transcript: Transcript, spoken_ms: float) -> bool:
+    """Whether a sound the caller made over the agent is feedback or noise, not a turn: nothing
+    transcribed, a backchannel, a hum Whisper spells as letters ("M. H. N."), or a short sound it
+    is unsure of (tiny.en hears "mhm" as "and make a chance" at a log-probability near -1)."""
+    text = transcript.text
+    if not text or is_backchannel(text):
+        return True
+    words = _WORD.findall(text.lower())
+    if words and all(len(word) == 1 for word in words):
+        return True
+    confidence = transcript.avg_logprob if transcript.avg_logprob is not None else 0.0
+    return spoken_ms < 800 and confidence < -0.7
 
 
 @dataclass(frozen=True)
@@ -90,7 +111,12 @@ class Speculation:
         )
 
     def required_silence_ms(self, base_ms: int, settings: EndpointSettings) -> int:
-        """The silence that ends the turn, given what (if anything) is known of the words."""
+        """The silence that ends the turn, given what is known of the words. While the decode
+        runs, the turn waits for it (up to the longest silence): ending earlier would not start
+        the answer sooner, since the answer needs the words, and would cut off a caller who
+        trails off."""
+        if not self.task.done():
+            return settings.incomplete_silence_ms
         transcript = self.transcript
         if transcript is None or not transcript.text:
             return base_ms

@@ -30,7 +30,7 @@ from media import (
 )
 from playbooks import BargeInPolicy
 
-from .endpointing import EndpointSettings, Speculation, is_backchannel
+from .endpointing import EndpointSettings, Speculation, is_listener_noise
 from .voice import VoicePlaybookOrchestrator
 
 __all__ = ["Session", "SessionSettings", "SessionState"]
@@ -231,12 +231,16 @@ class Session:
             self.voice.emit("speculation", outcome="wasted")
 
     def _check_end_of_turn(self, at: float) -> None:
-        """End the utterance once its silence is as long as its words call for."""
-        speculation = self._speculation
-        if speculation is None or not self.vad.speaking:
+        """End the utterance once its silence is as long as its words call for (the configured
+        end silence when nothing is being transcribed)."""
+        if not self.settings.endpoint.speculate or not self.vad.speaking:
             return
-        needed = speculation.required_silence_ms(
-            self.settings.vad.end_silence_ms, self.settings.endpoint
+        base = self.settings.vad.end_silence_ms
+        speculation = self._speculation
+        needed = (
+            base
+            if speculation is None
+            else speculation.required_silence_ms(base, self.settings.endpoint)
         )
         if self.vad.silent_ms >= needed:
             ended = self.vad.end_now(at)
@@ -318,7 +322,8 @@ class Session:
         speaker = self.voice.speaker
         if self._closed or not speaker.paused or self.vad.speaking:
             return  # already cut off, or the caller is talking again: that utterance decides
-        if heard is None or not heard.text or is_backchannel(heard.text):
+        spoken_ms = (utterance.last_voiced_at - utterance.started_at) * 1000
+        if heard is None or is_listener_noise(heard, spoken_ms):
             speaker.resume()
             self.resumes += 1
             self.voice.emit("resumed", text=heard.text if heard else "")

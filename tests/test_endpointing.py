@@ -1,0 +1,179 @@
+"""End of turn: speculative transcription at a pause and an end-of-turn silence that depends on
+the words, with real webrtcvad, Whisper and Piper; only the LLM is scripted."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from media.audio import silence
+from playbooks import load_playbook
+from playbooks.loader import LoadedPlaybook
+from server.endpointing import EndpointSettings, sounds_complete
+from server.session import SessionSettings
+from tests.calls import VoiceCall, piper_speech, start_call, synthesize_ahead, words
+from tests.conftest import EXAMPLES
+from tests.scripted_llm import Reply, ScriptedLLM
+
+QUESTION = "Where is my order?"
+TRAILING_AND = "I would like to order a pizza and"  # Whisper hears "...a pizza in."
+CONTINUATION = "a bottle of water."
+PAUSE_AFTER_AND_MS = 600
+"""Silence inserted after the trailing "and"; with Piper's own edges (~80 ms before, ~20 ms
+after) the caller is silent ~700 ms: over the VAD's 400 ms, under the 900 ms for words that trail
+off."""
+FOLLOW_UP = "It was due on Monday."
+SHORT_PAUSE_MS = 80
+"""With Piper's edges (~140 ms + ~40 ms), ~260 ms of silence: a pause (160 ms) that starts a
+speculation, shorter than any end of turn (350 ms)."""
+
+
+@pytest.mark.parametrize("text", ["Where is my order?", "Yes.", "Stop!", "  Thank you.  "])
+def test_finished_sentences_sound_complete(text: str) -> None:
+    assert sounds_complete(text)
+
+
+@pytest.mark.parametrize("text", ["My order number is A1003.", "It is 1003.", "Order 42?"])
+def test_a_sentence_ending_in_a_number_sounds_complete(text: str) -> None:
+    """Callers end turns with order numbers; the digits are the last word, not "is" or "a"."""
+    assert sounds_complete(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "I would like to",
+        "and um",
+        "Tell me about the",
+        "Hello,",
+        "",
+        "   ",
+        "Wait...",
+        "I would like to order a pizza in.",  # Whisper's punctuation does not make it complete
+        "So, um.",
+    ],
+)
+def test_unfinished_sentences_do_not_sound_complete(text: str) -> None:
+    assert not sounds_complete(text)
+
+
+@pytest.fixture(scope="module")
+def support() -> LoadedPlaybook:
+    synthesize_ahead(QUESTION, TRAILING_AND, CONTINUATION, FOLLOW_UP)  # before any call's clock
+    return load_playbook(EXAMPLES / "support.yaml")
+
+
+@pytest.fixture
+async def calls(llm: ScriptedLLM) -> AsyncIterator[list[VoiceCall]]:
+    """Calls started by a test, stopped before the LLM server closes."""
+    started: list[VoiceCall] = []
+    yield started
+    for call in started:
+        await call.line.stop()
+
+
+def _call(
+    calls: list[VoiceCall], playbook: LoadedPlaybook, llm: ScriptedLLM, speculate: bool = True
+) -> VoiceCall:
+    """A call answering every LLM request with "Sure." (so a wrongly split turn still ends)."""
+    llm.script(lambda body: Reply(content="Sure."))
+    settings = SessionSettings(greet=False, endpoint=EndpointSettings(speculate=speculate))
+    call = start_call(playbook, llm.base_url, settings=settings)
+    calls.append(call)
+    return call
+
+
+def _streamed(llm: ScriptedLLM) -> list[dict[str, Any]]:
+    """The streamed chat requests: one per answered turn."""
+    return [request for request in llm.requests if request.get("stream")]
+
+
+def _user_words(request: dict[str, Any]) -> list[str]:
+    message = request["messages"][-1]
+    assert message["role"] == "user"
+    return words(message["content"])
+
+
+def _timeline(call: VoiceCall) -> list[tuple[str, dict[str, Any]]]:
+    """The endpointing events, for assertion messages."""
+    kinds = ("speech_start", "speech_end", "transcript", "interrupted")
+    return [(event.type, event.data) for event in call.events if event.type in kinds]
+
+
+@pytest.mark.slow
+async def test_a_complete_question_is_answered_from_the_speculative_transcript(
+    llm: ScriptedLLM, support: LoadedPlaybook, calls: list[VoiceCall]
+) -> None:
+    call = _call(calls, support, llm)
+    await call.say(piper_speech(QUESTION), 200)
+    await call.wait_idle()
+
+    (transcript,) = call.of_type("transcript")
+    assert transcript.data["speculative"] is True
+    assert {"my", "order"} <= set(words(transcript.data["text"]))
+    assert call.session.speculations == {"used": 1, "wasted": 0}  # no second decode
+    (request,) = _streamed(llm)
+    assert "order" in _user_words(request)
+    (metrics,) = call.of_type("turn_metrics")
+    # the turn ends once the words started at the 160 ms pause are known (at least 350 ms of
+    # silence for a complete sentence): the answer then starts without waiting for a decode
+    assert 330 <= metrics.data["end_of_speech_ms"] <= 900, metrics.data
+    assert metrics.data["stt_ms"] < 50, metrics.data
+
+
+@pytest.mark.slow
+async def test_a_pause_after_a_trailing_and_does_not_end_the_turn(
+    llm: ScriptedLLM, support: LoadedPlaybook, calls: list[VoiceCall]
+) -> None:
+    call = _call(calls, support, llm)
+    speech = piper_speech(TRAILING_AND) + silence(PAUSE_AFTER_AND_MS) + piper_speech(CONTINUATION)
+    await call.say(speech, 200)
+    await call.wait_idle()
+
+    # a decode at the pause not ready by 400 ms of silence must not end the turn regardless
+    assert len(call.of_type("speech_end")) == 1, (_timeline(call), call.session.speculations)
+    (transcript,) = call.of_type("transcript")
+    assert {"pizza", "water"} <= set(words(transcript.data["text"])), transcript.data
+    assert transcript.data["speculative"] is True
+    assert call.session.speculations["used"] == 1
+    assert call.session.speculations["wasted"] >= 1  # the decode at the pause after "and"
+    (request,) = _streamed(llm)
+    assert {"pizza", "water"} <= set(_user_words(request))
+
+
+@pytest.mark.slow
+async def test_without_speculation_the_same_pause_splits_the_turn(
+    llm: ScriptedLLM, support: LoadedPlaybook, calls: list[VoiceCall]
+) -> None:
+    """The contrast: a fixed 400 ms end of turn cuts the caller off after "and"."""
+    call = _call(calls, support, llm, speculate=False)
+    speech = piper_speech(TRAILING_AND) + silence(PAUSE_AFTER_AND_MS) + piper_speech(CONTINUATION)
+    await call.say(speech, 200)
+    await call.wait_idle()
+
+    assert len(call.of_type("speech_end")) == 2, _timeline(call)
+    assert call.session.speculations == {"used": 0, "wasted": 0}
+    assert all(event.data["speculative"] is False for event in call.of_type("transcript"))
+
+
+@pytest.mark.slow
+async def test_speaking_again_after_a_pause_discards_the_speculation(
+    llm: ScriptedLLM, support: LoadedPlaybook, calls: list[VoiceCall]
+) -> None:
+    call = _call(calls, support, llm)
+    speech = piper_speech(QUESTION) + silence(SHORT_PAUSE_MS) + piper_speech(FOLLOW_UP)
+    await call.say(speech, 200)
+    await call.wait_idle()
+
+    assert len(call.of_type("speech_end")) == 1, _timeline(call)
+    (transcript,) = call.of_type("transcript")
+    heard = set(words(transcript.data["text"]))
+    assert {"order", "monday"} <= heard, transcript.data
+    assert transcript.data["speculative"] is True  # the decode at the final silence
+    assert call.session.speculations["used"] == 1
+    assert call.session.speculations["wasted"] >= 1  # the decode of the question alone
+    # the question alone never reached the LLM
+    (request,) = _streamed(llm)
+    assert {"order", "monday"} <= set(_user_words(request))
