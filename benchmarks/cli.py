@@ -225,10 +225,18 @@ async def _server_counters(base_url: str, token: str | None) -> dict[str, float]
     for line in text.splitlines():
         name, _, value = line.rpartition(" ")
         if name.startswith(wanted):
-            counters[name.removeprefix("vocable_").replace('outcome="', "").rstrip('"}')] = float(
-                value
-            )
+            counters[_counter_name(name)] = float(value)
     return counters
+
+
+def _counter_name(sample: str) -> str:
+    """``vocable_x_total{outcome="used"}`` -> ``x_used``."""
+    name, _, labels = sample.removeprefix("vocable_").partition("{")
+    name = name.removesuffix("_total")
+    for label in labels.rstrip("}").split(","):
+        if "=" in label:
+            name += "_" + label.split("=", 1)[1].strip('"')
+    return name
 
 
 def _micro(quick: bool) -> dict[str, Any]:
