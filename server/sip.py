@@ -26,7 +26,7 @@ import logging
 import secrets
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from aiortp.port_allocator import PortAllocator
@@ -445,7 +445,7 @@ def _stamp_source(request: SipRequest, addr: tuple[str, int]) -> None:
         request.headers.append("Via", value)
 
 
-def _guard(transport: SipTransport, allowed: Any) -> None:
+def _guard(transport: SipTransport, allowed: Callable[[tuple[str, int]], bool]) -> None:
     """Drop every message from a source ``allowed`` refuses, before any parsing result is used."""
     handler = transport.on_message
     assert handler is not None
@@ -486,7 +486,7 @@ def _offered_dtmf_type(offer: SdpMessage) -> int:
     return 101
 
 
-def _requested_playbook(invite: IncomingCall, playbooks: dict[str, Any]) -> str | None:
+def _requested_playbook(invite: IncomingCall, playbooks: Mapping[str, object]) -> str | None:
     user = invite.invite.uri.partition(":")[2].partition("@")[0].partition(";")[0]
     return user if user in playbooks else None
 

@@ -22,7 +22,8 @@ from media.audio import SAMPLE_RATE, silence
 from media.g711 import pcm_to_ulaw
 from server.app import CALLS, SIP
 from server.config import ServerConfig, SipSettings
-from tests.calls import piper_speech, transcriber, voice_server, word_error_rate
+from tests.calls import transcriber, voice_server, word_error_rate
+from tests.phone import ANSWER, INTERRUPTION, LONG_ANSWER, phone_audio
 from tests.scripted_llm import Reply, ScriptedLLM
 from tests.sip_phone import SipPhone, offer_sdp
 
@@ -30,22 +31,6 @@ pytestmark = pytest.mark.slow
 
 SCENARIOS = Path(__file__).parent / "sip"
 QUESTION = "Please check the status of my order."
-INTERRUPTION = "Stop, stop, that is enough."
-ANSWER = "Your order is on its way. It will arrive on Tuesday."
-LONG_ANSWER = " ".join(
-    [
-        "Let me tell you everything about our delivery options.",
-        "Standard delivery takes three to five working days.",
-        "Express delivery arrives the next working day if you order before noon.",
-        "Weekend delivery is available in most cities for a small fee.",
-    ]
-)
-
-
-def phone_audio(text: str) -> bytes:
-    """``text`` spoken by Piper as 8 kHz PCM16."""
-    resampler = Resampler(SAMPLE_RATE, 8000)
-    return resampler.resample(piper_speech(text)) + resampler.flush()
 
 
 def _replies(body: dict[str, Any]) -> Reply:

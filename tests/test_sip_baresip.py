@@ -25,7 +25,8 @@ from media.audio import SAMPLE_RATE, pcm_rms_dbfs, silence
 from server.app import CALLS, SIP
 from server.config import ServerConfig, SipSettings
 from server.sip import SipCall
-from tests.calls import piper_speech, transcriber, voice_server, word_error_rate, words
+from tests.calls import transcriber, voice_server, word_error_rate, words
+from tests.phone import ANSWER, INTERRUPTION, LONG_ANSWER, PARCEL, phone_audio
 from tests.scripted_llm import Reply, ScriptedLLM
 
 pytestmark = pytest.mark.slow
@@ -37,23 +38,6 @@ LOUD_DBFS = -45.0
 GREETING_MS = 4500  # the support playbook's greeting plays while the caller is silent
 
 QUESTION = "Where is my order?"
-PARCEL = "Where is my parcel?"
-INTERRUPTION = "Stop, stop, that is enough."
-ANSWER = "Your order is on its way. It will arrive on Tuesday."
-LONG_ANSWER = " ".join(
-    [
-        "Let me tell you everything about our delivery options.",
-        "Standard delivery takes three to five working days.",
-        "Express delivery arrives the next working day if you order before noon.",
-        "Weekend delivery is available in most cities for a small fee.",
-    ]
-)
-
-
-def phone_audio(text: str) -> bytes:
-    """``text`` spoken by Piper, as 8 kHz PCM16."""
-    resampler = Resampler(SAMPLE_RATE, RATE)
-    return resampler.resample(piper_speech(text)) + resampler.flush()
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -24,29 +24,13 @@ from server.app import AUDIOSOCKET, CALLS
 from server.audiosocket import DTMF, HANGUP, SLIN_8K, UUID, frame_message, read_message
 from server.config import ServerConfig
 from server.twilio import TwilioCall
-from tests.calls import piper_speech, transcriber, voice_server, word_error_rate
+from tests.calls import transcriber, voice_server, word_error_rate
+from tests.phone import ANSWER, INTERRUPTION, LONG_ANSWER, PARCEL, phone_audio
 from tests.scripted_llm import Reply, ScriptedLLM
 
 pytestmark = pytest.mark.slow
 
 QUESTION = "Where is my order?"
-PARCEL = "Where is my parcel?"
-INTERRUPTION = "Stop, stop, that is enough."
-ANSWER = "Your order is on its way. It will arrive on Tuesday."
-LONG_ANSWER = " ".join(
-    [
-        "Let me tell you everything about our delivery options.",
-        "Standard delivery takes three to five working days.",
-        "Express delivery arrives the next working day if you order before noon.",
-        "Weekend delivery is available in most cities for a small fee.",
-    ]
-)
-
-
-def phone_audio(text: str) -> bytes:
-    """``text`` spoken by Piper at 8 kHz PCM16, computed before any call starts."""
-    resampler = Resampler(SAMPLE_RATE, 8000)
-    return resampler.resample(piper_speech(text)) + resampler.flush()
 
 
 @pytest.fixture(scope="module", autouse=True)

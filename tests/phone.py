@@ -1,0 +1,27 @@
+"""What the phone-call tests say and expect, shared by every telephone transport's tests."""
+
+from __future__ import annotations
+
+from media import Resampler
+from media.audio import SAMPLE_RATE
+from tests.speech import piper_speech
+
+__all__ = ["ANSWER", "INTERRUPTION", "LONG_ANSWER", "PARCEL", "phone_audio"]
+
+PARCEL = "Where is my parcel?"
+INTERRUPTION = "Stop, stop, that is enough."
+ANSWER = "Your order is on its way. It will arrive on Tuesday."
+LONG_ANSWER = " ".join(
+    [
+        "Let me tell you everything about our delivery options.",
+        "Standard delivery takes three to five working days.",
+        "Express delivery arrives the next working day if you order before noon.",
+        "Weekend delivery is available in most cities for a small fee.",
+    ]
+)
+
+
+def phone_audio(text: str) -> bytes:
+    """``text`` spoken by Piper as 8 kHz PCM16 (cached by the speech helpers)."""
+    resampler = Resampler(SAMPLE_RATE, 8000)
+    return resampler.resample(piper_speech(text)) + resampler.flush()
