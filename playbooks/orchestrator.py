@@ -16,6 +16,7 @@ turn as interrupted: history then keeps the completed tool pairs, gives in-fligh
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import logging
 import re
@@ -35,10 +36,10 @@ from .events import EventBus, EventHandler, Retraction
 from .history import Conversation, Message
 from .llm import ChatClient, ChatRequest, LLMError, ToolCallRequest
 from .loader import LoadedPlaybook
-from .models import NamedToolChoice, Transition
+from .models import NamedToolChoice, Stage, Transition
 from .tools import ToolError
 
-__all__ = ["OrchestratorOptions", "PlaybookOrchestrator", "Turn"]
+__all__ = ["OrchestratorOptions", "PlaybookOrchestrator", "Snapshot", "Turn"]
 
 log = logging.getLogger(__name__)
 
@@ -104,11 +105,36 @@ class PlaybookOrchestrator:
                 message["interrupted"] = True
             self.conversation.append(message)
 
-    def turn(self, user_text: str) -> Turn:
-        """A turn answering ``user_text``; use as ``async with`` and iterate it."""
+    def turn(self, user_text: str, confirmed: asyncio.Event | None = None) -> Turn:
+        """A turn answering ``user_text``; use as ``async with`` and iterate it. With
+        ``confirmed`` (a preemptive turn), tools with side effects wait until it is set."""
         if self._turn_active:
             raise RuntimeError("a turn is already running in this conversation")
-        return Turn(self, user_text)
+        return Turn(self, user_text, confirmed)
+
+    def snapshot(self) -> Snapshot:
+        """The conversation and stage state, to :meth:`restore` if a turn must be undone (a
+        preemptive turn the caller talked on through)."""
+        engine = self.engine
+        return Snapshot(
+            messages=copy.deepcopy(self.conversation.messages),
+            stage=engine.stage,
+            turns_in_stage=engine.turns_in_stage,
+            entered_at=engine.entered_at,
+            context=copy.deepcopy(engine.context),
+            history=list(engine.history),
+            entry_note=engine.entry_note,
+        )
+
+    def restore(self, snapshot: Snapshot) -> None:
+        engine = self.engine
+        self.conversation.messages[:] = snapshot.messages
+        engine.stage = snapshot.stage
+        engine.turns_in_stage = snapshot.turns_in_stage
+        engine.entered_at = snapshot.entered_at
+        engine.context = snapshot.context
+        engine.history[:] = snapshot.history
+        engine.entry_note = snapshot.entry_note
 
     async def respond(self, user_text: str) -> str:
         """Run a whole turn and return its answer (for text interfaces and tests)."""
@@ -192,12 +218,32 @@ class PlaybookOrchestrator:
         self._events.emit("stage_entered", stage={"id": new.id, "name": new.name})
 
 
+@dataclass(frozen=True)
+class Snapshot:
+    """What :meth:`PlaybookOrchestrator.restore` puts back."""
+
+    messages: list[Message]
+    stage: Stage
+    turns_in_stage: int
+    entered_at: float
+    context: dict[str, Any]
+    history: list[Any]
+    entry_note: str | None
+
+
 class Turn:
     """One user message and the agent's answer. See the module docstring for the protocol."""
 
-    def __init__(self, orchestrator: PlaybookOrchestrator, user_text: str) -> None:
+    def __init__(
+        self,
+        orchestrator: PlaybookOrchestrator,
+        user_text: str,
+        confirmed: asyncio.Event | None = None,
+    ) -> None:
         self._o = orchestrator
         self.user_text = user_text
+        self.confirmed = confirmed
+        """Set when a preemptive turn is confirmed; None: confirmed from the start."""
         self.answer = ""
         """The answer text generated so far (after any retraction)."""
         self.delivered = ""
@@ -501,6 +547,9 @@ class Turn:
         try:
             if tool is None or not offered:
                 raise ToolError(f"unknown tool {call.name!r}")
+            if tool.side_effects and self.confirmed is not None:
+                await self.confirmed.wait()  # never act on words the caller may not have said
+                started = time.monotonic()
             result = await tool.call(call.arguments)
         except ToolError as exc:
             result = _error(str(exc))

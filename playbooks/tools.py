@@ -41,6 +41,10 @@ class Tool:
     on_interrupt: OnInterrupt = "cancel"
     """When the caller barges in mid-call: ``cancel`` the tool, or let it ``finish`` (for
     actions that must not stop half-way) and record its real result."""
+    side_effects: bool = True
+    """Whether calling it changes something outside the conversation (books, sends, charges). A
+    turn started before the caller has surely finished (on a speculative transcript) runs such
+    tools only once the turn is confirmed; declare ``side_effects=False`` for look-ups."""
     arguments_model: type[BaseModel] | None = field(default=None, repr=False)
 
     @classmethod
@@ -52,6 +56,7 @@ class Tool:
         description: str | None = None,
         timeout_s: float = DEFAULT_TOOL_TIMEOUT_S,
         on_interrupt: OnInterrupt = "cancel",
+        side_effects: bool = True,
     ) -> Tool:
         summary, arg_docs = _parse_docstring(inspect.getdoc(function) or "")
         model = _arguments_model(function, arg_docs)
@@ -64,6 +69,7 @@ class Tool:
             function=function,
             timeout_s=timeout_s,
             on_interrupt=on_interrupt,
+            side_effects=side_effects,
             arguments_model=model,
         )
 
@@ -128,6 +134,7 @@ def tool(
     description: str | None = None,
     timeout_s: float = ...,
     on_interrupt: OnInterrupt = ...,
+    side_effects: bool = ...,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
 
 
@@ -139,6 +146,7 @@ def tool(
     description: str | None = None,
     timeout_s: float = DEFAULT_TOOL_TIMEOUT_S,
     on_interrupt: OnInterrupt = "cancel",
+    side_effects: bool = True,
 ) -> Any:
     """Mark a function as a playbook tool; usable bare (``@tool``) or with options.
 
@@ -155,6 +163,7 @@ def tool(
                 description=description,
                 timeout_s=timeout_s,
                 on_interrupt=on_interrupt,
+                side_effects=side_effects,
             ),
         )
         return fn

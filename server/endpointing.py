@@ -84,6 +84,9 @@ class EndpointSettings:
     commas: Whisper writes "Hello." for a "Hello," followed by a 300 ms pause."""
     incomplete_silence_ms: int = 900
     """End-of-turn silence after a transcript that trails off ("and", "um", no punctuation)."""
+    preempt: bool = True
+    """While the turn waits out that silence, start answering the speculative transcript with
+    the audio held (and tools with side effects waiting) until the turn is confirmed."""
 
     def __post_init__(self) -> None:
         if not 0 < self.complete_silence_ms <= self.incomplete_silence_ms:

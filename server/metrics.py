@@ -24,6 +24,15 @@ class TurnTimeline:
     first_frame_at: float | None = None
     """The first frame carrying the answer left the speaker."""
 
+    def confirm_at(self, end_detected_at: float) -> None:
+        """A preemptive turn confirmed at ``end_detected_at``: hops that happened before it
+        count from it (they cost the caller nothing)."""
+        self.end_detected_at = end_detected_at
+        for name in ("stt_done_at", "first_token_at", "first_sentence_at", "first_audio_at"):
+            value = getattr(self, name)
+            if value is not None and value < end_detected_at:
+                setattr(self, name, end_detected_at)
+
     def metrics_ms(self) -> dict[str, float | None]:
         """Stage durations in ms, each from the previous hop, plus voice-to-voice."""
         marks = [getattr(self, f.name) for f in fields(self)]

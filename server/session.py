@@ -29,8 +29,10 @@ from media import (
     VadSettings,
 )
 from playbooks import BargeInPolicy
+from playbooks.orchestrator import Snapshot
 
 from .endpointing import EndpointSettings, Speculation, is_listener_noise
+from .metrics import TurnTimeline
 from .voice import VoicePlaybookOrchestrator
 
 __all__ = ["Session", "SessionSettings", "SessionState"]
@@ -59,6 +61,17 @@ class SessionSettings:
     the words (longer than any backchannel)."""
 
 
+@dataclass
+class _Preemption:
+    """A turn started on a speculative transcript, its audio held until the turn ends."""
+
+    speculation: Speculation
+    snapshot: Snapshot
+    confirmed: asyncio.Event
+    timeline: TurnTimeline
+    task: asyncio.Task[None] | None = None
+
+
 class Session:
     """Drives one call. Feed caller frames with :meth:`run` (or :meth:`feed`); the transport pulls
     agent audio from ``voice.speaker``."""
@@ -84,8 +97,10 @@ class Session:
         self.vad = VadSegmenter(vad, clock)
         self.echo = EchoGate(self.settings.echo)
         self._speculation: Speculation | None = None
-        self.speculations = {"used": 0, "wasted": 0}
-        """Speculative transcriptions whose result became the turn's, and those thrown away."""
+        self._preemption: _Preemption | None = None
+        self.speculations = {"used": 0, "wasted": 0, "preempted": 0, "preempted_wasted": 0}
+        """Speculative transcriptions whose result became the turn's, and those thrown away;
+        turns started on one before the end of the turn, and those undone."""
         self._turn: asyncio.Task[None] | None = None
         self._turn_audio = b""
         """The caller audio the running turn answers (empty for the greeting or typed text)."""
@@ -221,6 +236,7 @@ class Session:
         self._speculation = Speculation(paused, task)
 
     def _discard_speculation(self) -> None:
+        self._cancel_preemption()
         self._waste(self._speculation)
         self._speculation = None
 
@@ -246,6 +262,86 @@ class Session:
             ended = self.vad.end_now(at)
             if ended is not None:
                 self._on_speech_ended(ended)
+        elif speculation is not None:
+            self._preempt(speculation)
+
+    # -- preemptive turns ------------------------------------------------------------------------
+
+    def _preempt(self, speculation: Speculation) -> None:
+        """Start answering a ready speculative transcript while the end of the turn is still
+        awaited: the answer's audio waits in the paused speaker, tools with side effects wait
+        for the confirmation, and the conversation can be put back if the caller goes on."""
+        transcript = speculation.transcript
+        if (
+            not self.settings.endpoint.preempt
+            or self._preemption is not None
+            or self.busy
+            or transcript is None
+            or not transcript.text
+        ):
+            return
+        timeline = TurnTimeline(
+            last_voiced_at=speculation.paused.last_voiced_at, stt_done_at=self.clock()
+        )
+        preemption = _Preemption(
+            speculation, self.voice.orchestrator.snapshot(), asyncio.Event(), timeline
+        )
+        self._preemption = preemption
+        self.voice.speaker.pause()
+        self.speculations["preempted"] += 1
+        self.voice.emit("speculation", outcome="preempted")
+        self._start_turn(self._run_preemptive(preemption, transcript.text), name="turn")
+        preemption.task = self._turn
+
+    async def _run_preemptive(self, preemption: _Preemption, text: str) -> None:
+        try:
+            await self.voice.answer_text(text, preemption.timeline, preemption.confirmed)
+        except asyncio.CancelledError:
+            if not preemption.confirmed.is_set():
+                self.voice.orchestrator.restore(preemption.snapshot)
+            raise
+
+    def _confirm_preemption(self, ended: SpeechEnded) -> bool:
+        """The turn ended: a preemptive answer to the same words plays now (True); one to
+        words the caller has since added to is undone (False)."""
+        preemption, self._preemption = self._preemption, None
+        if preemption is None:
+            return False
+        speculation = preemption.speculation
+        if self._speculation is not speculation or not speculation.covers(ended):
+            self._preemption = preemption
+            self._cancel_preemption()
+            return False
+        self._speculation = None
+        self.speculations["used"] += 1
+        self.voice.emit("speculation", outcome="used")
+        transcript = speculation.transcript
+        assert transcript is not None
+        self.voice.emit(
+            "transcript",
+            text=transcript.text,
+            dropped=transcript.dropped,
+            audio_ms=round(transcript.audio_ms),
+            stt_ms=round(transcript.compute_ms),
+            speculative=True,
+        )
+        preemption.timeline.confirm_at(ended.detected_at)
+        preemption.confirmed.set()
+        self.voice.speaker.resume()
+        return True
+
+    def _cancel_preemption(self) -> None:
+        preemption, self._preemption = self._preemption, None
+        if preemption is None:
+            return
+        self.voice.speaker.clear()
+        task = preemption.task
+        if task is not None and not task.done():
+            task.cancel()  # its coroutine puts the conversation back
+        elif not preemption.confirmed.is_set():
+            self.voice.orchestrator.restore(preemption.snapshot)
+        self.speculations["preempted_wasted"] += 1
+        self.voice.emit("speculation", outcome="preempted_wasted")
 
     def _take_speculation(self, ended: SpeechEnded) -> Speculation | None:
         """The speculation that heard all of ``ended``'s words, if any (others are wasted)."""
@@ -258,13 +354,22 @@ class Session:
         return speculation
 
     def _on_speech_ended(self, event: SpeechEnded) -> None:
+        if self._confirm_preemption(event):
+            self._emit_speech_end(event)
+            return
         speculation = self._take_speculation(event)
+        self._emit_speech_end(event)
+        self._handle_utterance(event, speculation)
+
+    def _emit_speech_end(self, event: SpeechEnded) -> None:
         self.voice.emit(
             "speech_end",
             duration_ms=round(event.duration_ms),
             forced=event.forced,
             last_voiced_ms=round(event.last_voiced_at * 1000, 1),
         )
+
+    def _handle_utterance(self, event: SpeechEnded, speculation: Speculation | None) -> None:
         if self._carry:  # the words of a turn cut during STT: transcribe them all together
             event = _prepend_audio(self._carry, event)
             self._carry = b""
@@ -283,7 +388,12 @@ class Session:
         self._waste(speculation)
 
     def _check_barge_in(self) -> None:
-        if not self.vad.speaking or self._interrupted_this_utterance or not self.busy:
+        if (
+            not self.vad.speaking
+            or self._interrupted_this_utterance
+            or not self.busy
+            or self._preemption is not None  # the busy turn answers these very words
+        ):
             return
         policy = self.barge_in_policy
         if policy == "confirmed":
@@ -342,6 +452,7 @@ class Session:
         if not self.busy:
             return None
         assert self._turn is not None
+        self._preemption = None
         cleared = self.voice.speaker.clear()
         task = self._turn
         if self._turn_audio and not self.voice.turn_started:
@@ -401,7 +512,7 @@ class Session:
             self._answer(pending)
 
     def _refresh_state(self) -> None:
-        if self.busy:
+        if self.busy and self._preemption is None:
             self._set_state("speaking" if self.voice.speaker.busy else "thinking")
 
     async def close(self) -> None:

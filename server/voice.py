@@ -111,12 +111,19 @@ class VoicePlaybookOrchestrator:
             return
         await self.answer_text(heard.text, timeline)
 
-    async def answer_text(self, text: str, timeline: TurnTimeline | None = None) -> None:
-        """Answer a user message (spoken and transcribed, or typed) in voice."""
+    async def answer_text(
+        self,
+        text: str,
+        timeline: TurnTimeline | None = None,
+        confirmed: asyncio.Event | None = None,
+    ) -> None:
+        """Answer a user message (spoken and transcribed, or typed) in voice. ``confirmed``: a
+        preemptive turn, whose tools with side effects wait for it (the caller of this method
+        holds the audio until then)."""
         timeline = timeline or TurnTimeline(stt_done_at=self.clock())
         self.heard = ""
         self.turn_started = True
-        async with self.orchestrator.turn(text) as turn:
+        async with self.orchestrator.turn(text, confirmed) as turn:
             await self._speak(aiter(turn), turn, timeline)
 
     async def _say_fallback(self) -> None:

@@ -15,7 +15,7 @@ from server.endpointing import EndpointSettings, sounds_complete
 from server.session import SessionSettings
 from tests.calls import VoiceCall, piper_speech, start_call, synthesize_ahead, words
 from tests.conftest import EXAMPLES
-from tests.scripted_llm import Reply, ScriptedLLM
+from tests.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
 
 QUESTION = "Where is my order?"
 TRAILING_AND = "I would like to order a pizza and"  # Whisper hears "...a pizza in."
@@ -113,7 +113,9 @@ async def test_a_complete_question_is_answered_from_the_speculative_transcript(
     (transcript,) = call.of_type("transcript")
     assert transcript.data["speculative"] is True
     assert {"my", "order"} <= set(words(transcript.data["text"]))
-    assert call.session.speculations == {"used": 1, "wasted": 0}  # no second decode
+    speculations = call.session.speculations
+    assert (speculations["used"], speculations["wasted"]) == (1, 0)  # no second decode
+    assert speculations["preempted_wasted"] == 0
     (request,) = _streamed(llm)
     assert "order" in _user_words(request)
     (metrics,) = call.of_type("turn_metrics")
@@ -139,8 +141,15 @@ async def test_a_pause_after_a_trailing_and_does_not_end_the_turn(
     assert transcript.data["speculative"] is True
     assert call.session.speculations["used"] == 1
     assert call.session.speculations["wasted"] >= 1  # the decode at the pause after "and"
-    (request,) = _streamed(llm)
-    assert {"pizza", "water"} <= set(_user_words(request))
+    # an answer may have been started on "...pizza and" while the turn waited (preempted): it
+    # was undone, so the LLM answered both parts and the history holds one user message
+    speculations = call.session.speculations
+    assert speculations["preempted_wasted"] == speculations["preempted"]
+    assert len(_streamed(llm)) == 1 + speculations["preempted_wasted"]
+    assert {"pizza", "water"} <= set(_user_words(_streamed(llm)[-1]))
+    users = [m for m in call.orchestrator.conversation.messages if m["role"] == "user"]
+    assert len(users) == 1, users
+    assert "interrupted" not in str(call.orchestrator.conversation.messages)
 
 
 @pytest.mark.slow
@@ -154,7 +163,7 @@ async def test_without_speculation_the_same_pause_splits_the_turn(
     await call.wait_idle()
 
     assert len(call.of_type("speech_end")) == 2, _timeline(call)
-    assert call.session.speculations == {"used": 0, "wasted": 0}
+    assert set(call.session.speculations.values()) == {0}
     assert all(event.data["speculative"] is False for event in call.of_type("transcript"))
 
 
@@ -174,6 +183,72 @@ async def test_speaking_again_after_a_pause_discards_the_speculation(
     assert transcript.data["speculative"] is True  # the decode at the final silence
     assert call.session.speculations["used"] == 1
     assert call.session.speculations["wasted"] >= 1  # the decode of the question alone
-    # the question alone never reached the LLM
-    (request,) = _streamed(llm)
-    assert {"order", "monday"} <= set(_user_words(request))
+    # the question alone never got an answer: any preemptive start on it was undone
+    assert {"order", "monday"} <= set(_user_words(_streamed(llm)[-1]))
+    users = [m for m in call.orchestrator.conversation.messages if m["role"] == "user"]
+    assert len(users) == 1, users
+
+
+@pytest.mark.slow
+async def test_a_preemptive_turn_runs_no_side_effect_before_the_turn_is_confirmed(
+    llm: ScriptedLLM, calls: list[VoiceCall], write_playbook: Any
+) -> None:
+    """The caller trails off ("...and") and stays silent: the answer starts on the speculative
+    transcript while the turn waits out the long silence, the look-up runs at once, the booking
+    only after the end of the turn, and no second LLM call is made."""
+    path = write_playbook(
+        """
+        id: booking
+        name: Booking
+        initial_stage: main
+        tools_module: tools.py
+        stages:
+          - id: main
+            name: Main
+            system_prompt: Book tables.
+            tools: [look_up, book]
+        """,
+        """
+        import time
+
+        from playbooks import tool
+
+        CALLS = []
+
+        @tool(side_effects=False)
+        def look_up() -> str:
+            \"\"\"Free tables.\"\"\"
+            CALLS.append(("look_up", time.monotonic()))
+            return "two free tables"
+
+        @tool
+        def book() -> str:
+            \"\"\"Book a table.\"\"\"
+            CALLS.append(("book", time.monotonic()))
+            return "booked"
+        """,
+    )
+    llm.script(
+        [
+            Reply(tool_calls=[ScriptedToolCall("look_up", {}), ScriptedToolCall("book", {})]),
+            Reply(content="Your table is booked."),
+        ]
+    )
+    playbook = load_playbook(path)
+    settings = SessionSettings(greet=False)
+    call = start_call(playbook, llm.base_url, settings=settings)
+    calls.append(call)
+    await call.say(piper_speech(TRAILING_AND), 1500)
+    await call.wait_idle()
+
+    (speech_end,) = call.of_type("speech_end")
+    assert call.session.speculations["preempted"] == 1
+    assert call.session.speculations["preempted_wasted"] == 0
+    assert len(_streamed(llm)) == 2  # the tool round and the answer: nothing repeated
+    tools = playbook.tools["book"].function.__globals__["CALLS"]
+    ran = dict(tools)
+    assert ran["look_up"] < speech_end.t  # a look-up may run early
+    assert ran["book"] >= speech_end.t  # a booking waits for the confirmed turn
+    assert call.voice.heard == "Your table is booked."
+    (metrics,) = call.of_type("turn_metrics")
+    assert metrics.data["end_of_speech_ms"] >= 880  # the long wait after "...and"
