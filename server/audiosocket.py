@@ -19,7 +19,7 @@ from media import Speaker
 
 from .registry import CallRegistry, OverCapacity
 from .session import Session
-from .telephony import CallerAudio, FramePacer
+from .telephony import CallerAudio, CallerGap, FramePacer
 
 __all__ = ["AudioSocketCall", "AudioSocketServer", "frame_message", "read_message"]
 
@@ -64,7 +64,8 @@ class AudioSocketCall:
         self._audio = CallerAudio("slin", RATES[kind])
 
     async def run(self, reader: asyncio.StreamReader, first_audio: bytes) -> None:
-        pacer = FramePacer(self.session.voice.speaker, self._send_audio)
+        self._gap = CallerGap(self.session.feed)
+        pacer = FramePacer(self.session.voice.speaker, self._send_audio, on_tick=self._gap.tick)
         pacing = asyncio.create_task(pacer.run(), name=f"audiosocket-pacer:{self.id}")
         reason = "caller hung up"
         try:
@@ -93,6 +94,7 @@ class AudioSocketCall:
 
     def _feed(self, payload: bytes) -> None:
         now = time.monotonic()
+        self._gap.heard()
         for frame in self._audio.frames(payload):
             self.session.feed(frame, now)
 

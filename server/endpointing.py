@@ -33,6 +33,9 @@ my your our their his her its in on for from into about like um uh er erm hmm ah
 """
 _CONTINUATIONS = frozenset(_CONTINUATION_WORDS.split())
 _WORD = re.compile(r"[a-z0-9']+")
+_STOP_WORDS = frozenset(
+    {"stop", "wait", "hold", "hang", "no", "sorry", "excuse", "pardon", "what", "hey", "hello"}
+)
 _BACKCHANNELS = frozenset(
     {
         "mhm", "mm", "mmm", "hmm", "mm hmm", "uh huh", "uh", "um", "ah", "oh", "yeah", "yes",
@@ -57,18 +60,23 @@ def sounds_complete(text: str) -> bool:
 def is_backchannel(text: str) -> bool:
     """Whether ``text`` is listener feedback ("mhm", "yeah", "okay", "I see") rather than a turn:
     the caller wants the agent to go on."""
-    normalised = " ".join(_WORD.findall(text.lower().replace("-", " ")))
-    return normalised in _BACKCHANNELS
+    words = _WORD.findall(text.lower().replace("-", " "))
+    if not words:
+        return False
+    return " ".join(words) in _BACKCHANNELS or all(word in _BACKCHANNELS for word in words)
 
 
 def is_listener_noise(transcript: Transcript, spoken_ms: float) -> bool:
     """Whether a sound the caller made over the agent is feedback or noise, not a turn: nothing
     transcribed, a backchannel, a hum Whisper spells as letters ("M. H. N."), or a short sound it
-    is unsure of (tiny.en hears "mhm" as "and make a chance" at a log-probability near -1)."""
+    is unsure of (tiny.en hears "mhm" as "and make a chance" at a log-probability near -1). A word
+    that asks the agent to stop ("stop", "wait", "sorry"...) is never noise."""
     text = transcript.text
     if not text or is_backchannel(text):
         return True
     words = _WORD.findall(text.lower())
+    if _STOP_WORDS.intersection(words):
+        return False
     if words and all(len(word) == 1 for word in words):
         return True
     confidence = transcript.avg_logprob if transcript.avg_logprob is not None else 0.0

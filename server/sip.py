@@ -45,13 +45,13 @@ from aiosipua.headers import parse_via, stringify_via
 from aiosipua.rtp_bridge import CallSession
 from aiosipua.transport import SipTransport, TcpSipTransport, UdpSipTransport
 
-from media import FRAME_BYTES, Speaker
+from media import Speaker
 
 from .config import SipSettings
 from .events import VoiceEvent
 from .registry import CallRegistry, OverCapacity
 from .session import Session
-from .telephony import CallerAudio, Encoding, FramePacer, encode
+from .telephony import CallerAudio, CallerGap, Encoding, FramePacer, encode
 from .watchdog import CallClock
 
 __all__ = ["SipCall", "SipServer"]
@@ -63,7 +63,6 @@ SAMPLES_PER_FRAME = 160
 USER_AGENT = "Vocable"
 CALLER_GAP_S = 0.1
 """After this long without caller audio, silence stands in for it."""
-_SILENT_FRAME = bytes(FRAME_BYTES)
 _CODECS: dict[int, Encoding] = {0: "ulaw", 8: "alaw"}
 _SENDING_DIRECTIONS = ("sendrecv", "sendonly")
 
@@ -116,7 +115,10 @@ class SipCall:
         self.media.on_audio = self._on_audio
         self.media.on_dtmf = self._on_dtmf
         self.invite.accept(self.answer)
-        pacer = FramePacer(self.session.voice.speaker, self._send, when_idle="silence")
+        gap = self._gap = CallerGap(self.session.feed, CALLER_GAP_S)
+        pacer = FramePacer(
+            self.session.voice.speaker, self._send, when_idle="silence", on_tick=gap.tick
+        )
         self._tasks = [
             asyncio.create_task(pacer.run(), name=f"sip-pacer:{self.id}"),
             asyncio.create_task(
@@ -131,6 +133,7 @@ class SipCall:
             self._heard_caller = True
             log.debug("SIP call %s: first RTP audio from the caller", self.id)
         self.last_packet_at = time.monotonic()
+        self._gap.heard()
         for frame in self._audio.frames(pcm):
             self.session.feed(frame, self.last_packet_at)
 
@@ -140,15 +143,11 @@ class SipCall:
         self.session.dtmf(digit)
 
     async def _send(self, pcm: bytes) -> None:
-        """Every 20 ms: our next frame out; and silence in for the session when the caller sends
-        nothing (silence suppression, comfort noise, a stream that ended), so end of turn is
-        still detected."""
+        """Every 20 ms: our next frame out (the ``CallerGap`` ticks after it: silence in for
+        the session while the caller sends nothing)."""
         if self.sending:
             self.media.send_audio(encode(pcm, self.encoding), self._timestamp)
         self._timestamp = (self._timestamp + SAMPLES_PER_FRAME) & 0xFFFFFFFF
-        now = time.monotonic()
-        if now - self.last_packet_at > CALLER_GAP_S:
-            self.session.feed(_SILENT_FRAME, now)
 
     def _media_silent(self, now: float) -> str | None:
         if now - self.last_packet_at >= self.settings.media_timeout_s and self.receiving:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Literal
 
@@ -16,11 +17,36 @@ from media import FRAME_BYTES, FRAME_MS, FrameSplitter, Resampler, Speaker
 from media.audio import SAMPLE_RATE
 from media.g711 import alaw_to_pcm, pcm_to_alaw, pcm_to_ulaw, ulaw_to_pcm
 
-__all__ = ["CallerAudio", "Encoding", "FramePacer", "encode"]
+__all__ = ["CallerAudio", "CallerGap", "Encoding", "FramePacer", "encode"]
 
 log = logging.getLogger(__name__)
 
 Encoding = Literal["ulaw", "alaw", "slin"]
+
+
+class CallerGap:
+    """Silence for the session while the caller's audio does not arrive.
+
+    Phones and gateways may stop sending while the caller is quiet (silence suppression, comfort
+    noise, a stream that ended); the session hears time pass only through frames, so without them
+    it would never see the end of a turn. Call :meth:`heard` on each arrival of caller audio and
+    :meth:`tick` every 20 ms (``FramePacer(on_tick=...)``): after ``gap_s`` without audio, each
+    tick feeds one silent frame.
+    """
+
+    def __init__(self, feed: Callable[[bytes, float], None], gap_s: float = 0.1) -> None:
+        self.feed = feed
+        self.gap_s = gap_s
+        self.last_heard_at = time.monotonic()
+        self._silence = bytes(FRAME_BYTES)
+
+    def heard(self) -> None:
+        self.last_heard_at = time.monotonic()
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if now - self.last_heard_at > self.gap_s:
+            self.feed(self._silence, now)
 
 
 class CallerAudio:
@@ -66,10 +92,13 @@ class FramePacer:
         speaker: Speaker,
         send: Callable[[bytes], Awaitable[None]],
         when_idle: Literal["skip", "silence"] = "skip",
+        on_tick: Callable[[], None] | None = None,
     ) -> None:
         self.speaker = speaker
         self.send = send
         self.when_idle = when_idle
+        self.on_tick = on_tick
+        """Also run every tick (a :class:`CallerGap`)."""
         self.frames_sent = 0
 
     async def run(self) -> None:
@@ -80,6 +109,8 @@ class FramePacer:
             if self.speaker.busy or self.when_idle == "silence":
                 await self.send(self.speaker.pull())
                 self.frames_sent += 1
+            if self.on_tick is not None:
+                self.on_tick()
             deadline += period
             delay = deadline - loop.time()
             if delay < -5 * period:  # a long stall: resynchronise instead of bursting

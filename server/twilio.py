@@ -26,7 +26,7 @@ from media import Speaker
 from .events import VoiceEvent
 from .registry import CallRegistry
 from .session import Session
-from .telephony import CallerAudio, Encoding, FramePacer, encode
+from .telephony import CallerAudio, CallerGap, Encoding, FramePacer, encode
 
 __all__ = ["TwilioCall", "serve_media_stream"]
 
@@ -89,7 +89,8 @@ class TwilioCall:
         self._closed = False
 
     async def run(self) -> None:
-        pacer = FramePacer(self.session.voice.speaker, self._send_media)
+        gap = self._gap = CallerGap(self.session.feed)
+        pacer = FramePacer(self.session.voice.speaker, self._send_media, on_tick=gap.tick)
         pacing = asyncio.create_task(pacer.run(), name=f"twilio-pacer:{self.id}")
         try:
             self.session.start()
@@ -150,6 +151,7 @@ class TwilioCall:
             log.warning("call %s: undecodable media payload ignored", self.id)
             return
         now = time.monotonic()
+        self._gap.heard()
         for frame in self._audio.frames(payload):
             self.session.feed(frame, now)
 

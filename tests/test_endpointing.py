@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
+from media import Transcript
 from media.audio import silence
 from playbooks import load_playbook
 from playbooks.loader import LoadedPlaybook
-from server.endpointing import EndpointSettings, sounds_complete
+from server.endpointing import EndpointSettings, is_listener_noise, sounds_complete
 from server.session import SessionSettings
 from tests.calls import VoiceCall, piper_speech, start_call, synthesize_ahead, words
 from tests.conftest import EXAMPLES
@@ -252,3 +253,24 @@ async def test_a_preemptive_turn_runs_no_side_effect_before_the_turn_is_confirme
     assert call.voice.heard == "Your table is booked."
     (metrics,) = call.of_type("turn_metrics")
     assert metrics.data["end_of_speech_ms"] >= 880  # the long wait after "...and"
+
+
+@pytest.mark.parametrize(
+    ("text", "logprob", "spoken_ms", "noise"),
+    [
+        ("", None, 300, True),  # nothing transcribed
+        ("Mhm.", -0.3, 500, True),  # a backchannel
+        ("Yeah, okay.", -0.2, 600, True),
+        ("M. H. N.", -0.5, 560, True),  # a hum spelled out
+        ("and make a chance.", -1.05, 560, True),  # a short sound Whisper is unsure of
+        ("Stop.", -1.2, 400, False),  # asking the agent to stop always counts
+        ("Wait, what?", -0.9, 500, False),
+        ("Could you repeat that?", -0.3, 900, False),  # a real question
+        ("and make a chance.", -1.05, 1500, False),  # long enough to be a turn
+    ],
+)
+def test_what_counts_as_listener_noise(
+    text: str, logprob: float | None, spoken_ms: float, noise: bool
+) -> None:
+    transcript = Transcript(text=text, audio_ms=spoken_ms, compute_ms=1.0, avg_logprob=logprob)
+    assert is_listener_noise(transcript, spoken_ms) is noise
