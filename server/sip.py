@@ -61,8 +61,6 @@ log = logging.getLogger(__name__)
 PHONE_RATE = 8000
 SAMPLES_PER_FRAME = 160
 USER_AGENT = "Vocable"
-CALLER_GAP_S = 0.1
-"""After this long without caller audio, silence stands in for it."""
 _CODECS: dict[int, Encoding] = {0: "ulaw", 8: "alaw"}
 _SENDING_DIRECTIONS = ("sendrecv", "sendonly")
 
@@ -115,7 +113,7 @@ class SipCall:
         self.media.on_audio = self._on_audio
         self.media.on_dtmf = self._on_dtmf
         self.invite.accept(self.answer)
-        gap = self._gap = CallerGap(self.session.feed, CALLER_GAP_S)
+        gap = self._gap = CallerGap(self.session.feed)
         pacer = FramePacer(
             self.session.voice.speaker, self._send, when_idle="silence", on_tick=gap.tick
         )

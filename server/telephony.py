@@ -31,10 +31,11 @@ class CallerGap:
     noise, a stream that ended); the session hears time pass only through frames, so without them
     it would never see the end of a turn. Call :meth:`heard` on each arrival of caller audio and
     :meth:`tick` every 20 ms (``FramePacer(on_tick=...)``): after ``gap_s`` without audio, each
-    tick feeds one silent frame.
+    tick feeds one silent frame. ``gap_s`` stays well above the stalls of a busy event loop, so
+    late audio is not taken for a gap (silence would then split the caller's words).
     """
 
-    def __init__(self, feed: Callable[[bytes, float], None], gap_s: float = 0.1) -> None:
+    def __init__(self, feed: Callable[[bytes, float], None], gap_s: float = 0.5) -> None:
         self.feed = feed
         self.gap_s = gap_s
         self.last_heard_at = time.monotonic()
