@@ -243,8 +243,12 @@ class Session:
     def _waste(self, speculation: Speculation | None) -> None:
         if speculation is not None:
             speculation.discard()
-            self.speculations["wasted"] += 1
-            self.voice.emit("speculation", outcome="wasted")
+            self._count("wasted")
+
+    def _count(self, outcome: str) -> None:
+        """Tally a speculation's outcome (``speculations``) and tell clients and metrics."""
+        self.speculations[outcome] += 1
+        self.voice.emit("speculation", outcome=outcome)
 
     def _check_end_of_turn(self, at: float) -> None:
         """End the utterance once its silence is as long as its words call for (the configured
@@ -290,8 +294,7 @@ class Session:
         )
         self._preemption = preemption
         self.voice.speaker.pause()
-        self.speculations["preempted"] += 1
-        self.voice.emit("speculation", outcome="preempted")
+        self._count("preempted")
         self._start_turn(self._run_preemptive(preemption, transcript.text), name="turn")
         preemption.task = self._turn
 
@@ -315,8 +318,7 @@ class Session:
             self._cancel_preemption()
             return False
         self._speculation = None
-        self.speculations["used"] += 1
-        self.voice.emit("speculation", outcome="used")
+        self._count("used")
         transcript = speculation.transcript
         assert transcript is not None
         self.voice.emit(
@@ -342,8 +344,7 @@ class Session:
             task.cancel()  # its coroutine puts the conversation back
         elif not preemption.confirmed.is_set():
             self.voice.orchestrator.restore(preemption.snapshot)
-        self.speculations["preempted_wasted"] += 1
-        self.voice.emit("speculation", outcome="preempted_wasted")
+        self._count("preempted_wasted")
 
     def _take_speculation(self, ended: SpeechEnded) -> Speculation | None:
         """The speculation that heard all of ``ended``'s words, if any (others are wasted)."""
@@ -414,8 +415,7 @@ class Session:
         """The sound that paused the agent has ended: resume if its words are a backchannel or
         nothing, else cut the agent off and answer them."""
         if speculation is not None:
-            self.speculations["used"] += 1
-            self.voice.emit("speculation", outcome="used")
+            self._count("used")
             transcript = speculation.task
         else:
             transcript = asyncio.create_task(self.voice.transcriber.transcribe(utterance.audio))
@@ -472,8 +472,7 @@ class Session:
     def _answer(self, utterance: SpeechEnded, speculation: Speculation | None = None) -> None:
         transcript = None
         if speculation is not None:
-            self.speculations["used"] += 1
-            self.voice.emit("speculation", outcome="used")
+            self._count("used")
             transcript = speculation.task
         self._start_turn(
             self.voice.answer_utterance(utterance, transcript),

@@ -25,7 +25,6 @@ import ipaddress
 import logging
 import secrets
 import socket
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -35,7 +34,6 @@ from aiosipua import (
     IncomingCall,
     SdpMessage,
     SdpNegotiationError,
-    SipMessage,
     SipRequest,
     SipResponse,
     SipUAS,
@@ -87,7 +85,6 @@ class SipCall:
         self.encoding = _CODECS[media.chosen_payload_type]
         self.ended = asyncio.Event()
         self.clock = CallClock(registry.config.max_call_s, registry.config.idle_timeout_s)
-        self.last_packet_at = time.monotonic()
         self.answer = media.sdp_answer
         """The SDP answer in force (a re-INVITE replaces it)."""
         self.sending = _direction(self.answer) in _SENDING_DIRECTIONS
@@ -110,10 +107,11 @@ class SipCall:
         await self.media.start()
         if self._ended:  # cancelled while binding
             return
+        gap = self._gap = CallerGap(self.session.feed)
+        """When the caller was last heard (audio or a digit); silence stands in after a gap."""
         self.media.on_audio = self._on_audio
         self.media.on_dtmf = self._on_dtmf
         self.invite.accept(self.answer)
-        gap = self._gap = CallerGap(self.session.feed)
         pacer = FramePacer(
             self.session.voice.speaker, self._send, when_idle="silence", on_tick=gap.tick
         )
@@ -130,13 +128,12 @@ class SipCall:
         if not self._heard_caller:
             self._heard_caller = True
             log.debug("SIP call %s: first RTP audio from the caller", self.id)
-        self.last_packet_at = time.monotonic()
         self._gap.heard()
         for frame in self._audio.frames(pcm):
-            self.session.feed(frame, self.last_packet_at)
+            self.session.feed(frame, self._gap.last_heard_at)
 
     def _on_dtmf(self, digit: str, _duration: int) -> None:
-        self.last_packet_at = time.monotonic()
+        self._gap.heard()  # a digit replaces the caller's audio while it lasts
         self.clock.touch()
         self.session.dtmf(digit)
 
@@ -148,7 +145,7 @@ class SipCall:
         self._timestamp = (self._timestamp + SAMPLES_PER_FRAME) & 0xFFFFFFFF
 
     def _media_silent(self, now: float) -> str | None:
-        if now - self.last_packet_at >= self.settings.media_timeout_s and self.receiving:
+        if now - self._gap.last_heard_at >= self.settings.media_timeout_s and self.receiving:
             return "no audio from the peer"
         return None
 
@@ -174,7 +171,7 @@ class SipCall:
             self.media.update_remote(remote)
         self.answer = answer
         self.sending = _direction(answer) in _SENDING_DIRECTIONS
-        self.last_packet_at = time.monotonic()
+        self._gap.heard()  # the media timeout counts from the new offer
         invite.accept(answer)
 
     async def hangup(self, reason: str, *, by_peer: bool = False) -> None:
@@ -219,7 +216,7 @@ class SipServer:
             self.port = _free_port(host)
         for transport in (
             _UdpTransport(local_addr=(host, self.port)),
-            _TcpTransport(local_addr=(host, self.port)),
+            TcpSipTransport(local_addr=(host, self.port)),
         ):
             agent = SipUAS(transport, user_agent=USER_AGENT, advertised_addr=self._advertised())
             agent.on_invite = self._on_invite
@@ -410,27 +407,8 @@ class _UdpTransport(UdpSipTransport):
         self._udp_transport = transport
 
 
-class _TcpTransport(TcpSipTransport):
-    """aiosipua's TCP transport, answering on the connection each request came in on (RFC 3261
-    §18.2.2): the top Via gets the true source as ``received``/``rport``, which aiosipua's reply
-    routing follows. (As shipped it replies to the Via's sent-by port, where no connection is.)"""
-
-    def _dispatch(self, data: bytes, addr: tuple[str, int]) -> None:
-        try:
-            message = SipMessage.parse(data)
-            if isinstance(message, SipRequest):
-                _stamp_source(message, addr)
-        except Exception:
-            log.warning("unparsable SIP message over TCP from %s", addr[0], exc_info=True)
-            return
-        if self.on_message is not None:
-            try:
-                self.on_message(message, addr)
-            except Exception:
-                log.exception("SIP message from %s failed", addr[0])
-
-
 def _stamp_source(request: SipRequest, addr: tuple[str, int]) -> None:
+    """Set the top Via's ``received``/``rport`` to the true source, which reply routing follows."""
     vias = request.headers.get("via")
     if not vias:
         return
@@ -443,13 +421,19 @@ def _stamp_source(request: SipRequest, addr: tuple[str, int]) -> None:
 
 
 def _guard(transport: SipTransport, allowed: Callable[[tuple[str, int]], bool]) -> None:
-    """Drop every message from a source ``allowed`` refuses, before any parsing result is used."""
+    """Drop every message from a source ``allowed`` refuses before the UAS sees it. Over TCP,
+    also make replies go back on the connection each request came in on (RFC 3261 §18.2.2):
+    aiosipua routes replies by the top Via, whose sent-by port has no connection."""
     handler = transport.on_message
     assert handler is not None
+    reliable = transport.reliable
 
     def filtered(message: SipRequest | SipResponse, addr: tuple[str, int]) -> None:
-        if allowed(addr):
-            handler(message, addr)
+        if not allowed(addr):
+            return
+        if reliable and isinstance(message, SipRequest):
+            _stamp_source(message, addr)
+        handler(message, addr)
 
     transport.on_message = filtered
 

@@ -9,6 +9,7 @@ import random
 import shutil
 import time
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from ipaddress import ip_network
 from pathlib import Path
 from typing import Any
@@ -69,7 +70,7 @@ def _sipp() -> str:
     return path
 
 
-async def _server(llm: ScriptedLLM, **sip: Any) -> Any:
+def _server(llm: ScriptedLLM, **sip: Any) -> AbstractAsyncContextManager[TestServer]:
     settings = SipSettings(host="127.0.0.1", port=0, **sip)
     return voice_server(llm.base_url, ServerConfig(sip=settings, max_sessions=12))
 
@@ -77,7 +78,7 @@ async def _server(llm: ScriptedLLM, **sip: Any) -> Any:
 @pytest.fixture
 async def server(llm: ScriptedLLM) -> AsyncIterator[TestServer]:
     llm.script(_replies)
-    async with await _server(llm) as server:
+    async with _server(llm) as server:
         yield server
 
 
@@ -279,7 +280,7 @@ async def test_at_capacity_a_call_gets_503(llm: ScriptedLLM) -> None:
 
 
 async def test_sources_outside_the_allowlist_get_no_answer(llm: ScriptedLLM) -> None:
-    async with await _server(llm, allow=(ip_network("10.0.0.0/8"),)) as server:
+    async with _server(llm, allow=(ip_network("10.0.0.0/8"),)) as server:
         phone = await SipPhone.open(server.app[SIP].port)
         try:
             phone.request("OPTIONS")
