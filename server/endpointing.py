@@ -87,9 +87,10 @@ def is_listener_noise(transcript: Transcript, spoken_ms: float) -> bool:
 class EndpointSettings:
     speculate: bool = True
     """Transcribe at each pause instead of after the end of the turn."""
-    complete_silence_ms: int = 350
+    complete_silence_ms: int = 400
     """End-of-turn silence after a complete-sounding transcript. Shorter cuts callers off at
-    commas: Whisper writes "Hello." for a "Hello," followed by a 300 ms pause."""
+    commas: Whisper writes "Stop." for a "Stop," whose pause, with the unvoiced onset of the next
+    word ("that"), reaches 350 ms."""
     incomplete_silence_ms: int = 900
     """End-of-turn silence after a transcript that trails off ("and", "um", no punctuation)."""
     preempt: bool = True

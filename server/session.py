@@ -283,7 +283,7 @@ class Session:
             or self.busy
             or transcript is None
             or not transcript.text
-            or sounds_complete(transcript.text)  # ends within 350 ms anyway: not worth a guess
+            or sounds_complete(transcript.text)  # ends within 400 ms anyway: not worth a guess
         ):
             return
         timeline = TurnTimeline(

@@ -28,7 +28,7 @@ off."""
 FOLLOW_UP = "It was due on Monday."
 SHORT_PAUSE_MS = 80
 """With Piper's edges (~140 ms + ~40 ms), ~260 ms of silence: a pause (160 ms) that starts a
-speculation, shorter than any end of turn (350 ms)."""
+speculation, shorter than any end of turn (400 ms)."""
 
 
 @pytest.mark.parametrize("text", ["Where is my order?", "Yes.", "Stop!", "  Thank you.  "])
@@ -120,7 +120,7 @@ async def test_a_complete_question_is_answered_from_the_speculative_transcript(
     (request,) = _streamed(llm)
     assert "order" in _user_words(request)
     (metrics,) = call.of_type("turn_metrics")
-    # the turn ends once the words started at the 160 ms pause are known (at least 350 ms of
+    # the turn ends once the words started at the 160 ms pause are known (at least 400 ms of
     # silence for a complete sentence): the answer then starts without waiting for a decode
     assert 330 <= metrics.data["end_of_speech_ms"] <= 900, metrics.data
     assert metrics.data["stt_ms"] < 50, metrics.data

@@ -115,7 +115,7 @@ async def test_a_spoken_question_gets_a_spoken_answer_with_turn_metrics(
         assert isinstance(metrics.data[name], float), name
         assert metrics.data[name] >= 0, name
     # the VAD's end-of-speech delay is the configured silence (400 ms) within a few frames
-    # the turn ends once the words started at the 160 ms pause are known (at least 350 ms of
+    # the turn ends once the words started at the 160 ms pause are known (at least 400 ms of
     # silence for a complete sentence): the answer then starts without waiting for a decode
     assert 330 <= metrics.data["end_of_speech_ms"] <= 900, metrics.data
     assert metrics.data["stt_ms"] < 50, metrics.data
