@@ -475,7 +475,7 @@ class Session:
             self._count("used")
             transcript = speculation.task
         self._start_turn(
-            self.voice.answer_utterance(utterance, transcript),
+            self.voice.answer_utterance(utterance, transcript, speculative=transcript is not None),
             name="turn",
             audio=utterance.audio,
         )

@@ -83,10 +83,15 @@ class VoicePlaybookOrchestrator:
             self.orchestrator.record_said(heard, interrupted=heard != speakable(greeting))
 
     async def answer_utterance(
-        self, utterance: SpeechEnded, transcript: Awaitable[Transcript] | None = None
+        self,
+        utterance: SpeechEnded,
+        transcript: Awaitable[Transcript] | None = None,
+        *,
+        speculative: bool = False,
     ) -> None:
-        """Transcribe the caller's utterance (or take ``transcript``, a speculative decode of the
-        same words) and answer it; noise makes no LLM call."""
+        """Transcribe the caller's utterance (or take ``transcript``, a decode of the same words
+        already under way; ``speculative`` when it began before the end of the turn) and answer
+        it; noise makes no LLM call."""
         timeline = TurnTimeline(
             last_voiced_at=utterance.last_voiced_at, end_detected_at=utterance.detected_at
         )
@@ -105,7 +110,7 @@ class VoicePlaybookOrchestrator:
             dropped=heard.dropped,
             audio_ms=round(heard.audio_ms),
             stt_ms=round(heard.compute_ms),
-            speculative=transcript is not None,
+            speculative=speculative,
         )
         if not heard.text:
             return

@@ -17,7 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
-__all__ = ["Reply", "ScriptedLLM", "ScriptedToolCall"]
+__all__ = ["Reply", "ScriptedLLM", "ScriptedToolCall", "answers_by_words"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,26 @@ class Reply:
 
 
 ReplySource = Iterable[Reply] | Callable[[dict[str, Any]], Reply]
+
+NO_INTENT = Reply(content='{"intent": "none", "confidence": 0.1}')
+
+
+def answers_by_words(
+    answers: dict[str, Reply | str], otherwise: Reply | str
+) -> Callable[[dict[str, Any]], Reply]:
+    """A reply source for voice calls, where requests started early on part of the caller's
+    words may be undone: each streamed request is answered by the first key (a lowercase word or
+    prefix) found in its last message, else ``otherwise``; non-streamed intent checks get "none".
+    """
+
+    def reply(body: dict[str, Any]) -> Reply:
+        if not body.get("stream"):
+            return NO_INTENT
+        last = str(body["messages"][-1]["content"]).lower()
+        chosen = next((r for key, r in answers.items() if key in last), otherwise)
+        return chosen if isinstance(chosen, Reply) else Reply(content=chosen)
+
+    return reply
 
 
 class ScriptedLLM:
@@ -108,6 +128,11 @@ class ScriptedLLM:
     @property
     def last_request(self) -> dict[str, Any]:
         return self.requests[-1]
+
+    @property
+    def user_turns(self) -> list[str]:
+        """The last user message of each streamed request: what the LLM was asked to answer."""
+        return [str(r["messages"][-1]["content"]) for r in self.requests if r.get("stream")]
 
     def _next_reply(self, body: dict[str, Any]) -> Reply | None:
         if callable(self._source):

@@ -5,7 +5,6 @@ after a real question, and the agent's own echo not interrupting it."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 
@@ -16,7 +15,7 @@ from playbooks import LoadedPlaybook, load_playbook
 from server.session import SessionSettings
 from tests.calls import VoiceCall, start_call, transcriber, word_error_rate
 from tests.conftest import EXAMPLES
-from tests.scripted_llm import Reply, ScriptedLLM
+from tests.scripted_llm import ScriptedLLM, answers_by_words
 from tests.speech import piper_speech, tone
 
 pytestmark = pytest.mark.slow
@@ -59,18 +58,9 @@ def _start(
     return call
 
 
-def _replies(body: dict[str, Any]) -> Reply:
-    """The long answer to the question; the short one to anything said over it (a request
-    started early on part of those words and then undone may come first)."""
-    if not body.get("stream"):
-        return Reply(content='{"intent": "none", "confidence": 0.1}')
-    last = str(body["messages"][-1]["content"]).lower()
-    return Reply(content=LONG_ANSWER if "about my order" in last else SECOND_ANSWER)
-
-
-def _answers(llm: ScriptedLLM) -> list[str]:
-    """The user turns the LLM was asked to answer, in order."""
-    return [str(body["messages"][-1]["content"]) for body in llm.requests if body.get("stream")]
+_replies = answers_by_words({"about my order": LONG_ANSWER}, SECOND_ANSWER)
+"""The long answer to the question; the short one to anything said over it (a request started
+early on part of those words and then undone may come first)."""
 
 
 @pytest.mark.parametrize("sound", ["synthetic_cough", "piper_mhm"])
@@ -100,7 +90,7 @@ async def test_a_cough_or_backchannel_pauses_then_resumes_where_it_stopped(
     # and the caller heard silence from the moment the agent paused
     gap = call.line.recording[paused_at[0] : paused_at[0] + 32000 * 3 // 10]
     assert pcm_rms_dbfs(bytes(gap)) < -60
-    assert len(_answers(llm)) == 1  # the sound made no LLM call
+    assert len(llm.user_turns) == 1  # the sound made no LLM call
 
 
 async def test_a_real_question_is_not_resumed(
@@ -117,7 +107,7 @@ async def test_a_real_question_is_not_resumed(
     assert call.voice.heard == SECOND_ANSWER
     cut = [m for m in call.orchestrator.conversation.messages if m.get("interrupted")]
     assert len(cut) == 1
-    assert "slowly" in _answers(llm)[-1].lower()
+    assert "slowly" in llm.user_turns[-1].lower()
 
 
 @pytest.mark.parametrize(
@@ -142,9 +132,9 @@ async def test_policies(
         assert call.voice.heard == SECOND_ANSWER
     else:  # the agent finishes; the caller's words are answered after
         assert call.of_type("interrupted") == []
-        assert len(_answers(llm)) == 2
+        assert len(llm.user_turns) == 2
         assert call.voice.heard == SECOND_ANSWER
-        assert "slowly" in _answers(llm)[-1].lower()
+        assert "slowly" in llm.user_turns[-1].lower()
 
 
 @pytest.mark.parametrize("suppressed", [True, False])

@@ -12,7 +12,7 @@ from aiohttp.test_utils import TestServer
 from media.audio import SAMPLE_RATE, silence
 from tests.browser import Browser
 from tests.calls import piper_speech, voice_server
-from tests.scripted_llm import Reply, ScriptedLLM
+from tests.scripted_llm import ScriptedLLM, answers_by_words
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +50,7 @@ def _microphone(path: Path) -> Path:
 async def test_a_browser_call_shows_both_sides_and_plays_the_agent(
     server: TestServer, llm: ScriptedLLM, tmp_path: Path
 ) -> None:
-    llm.script([Reply(content=ANSWER)])
+    llm.script(answers_by_words({"order": ANSWER}, "Go on."))
     base = str(server.make_url("")).rstrip("/")
     async with Browser(tmp_path / "profile", _microphone(tmp_path / "mic.wav")) as browser:
         try:

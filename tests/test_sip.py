@@ -25,7 +25,7 @@ from server.app import CALLS, SIP
 from server.config import ServerConfig, SipSettings
 from tests.calls import transcriber, voice_server, word_error_rate
 from tests.phone import ANSWER, INTERRUPTION, LONG_ANSWER, phone_audio
-from tests.scripted_llm import Reply, ScriptedLLM
+from tests.scripted_llm import ScriptedLLM, answers_by_words
 from tests.sip_phone import SipPhone, offer_sdp
 
 pytestmark = pytest.mark.slow
@@ -34,21 +34,8 @@ SCENARIOS = Path(__file__).parent / "sip"
 QUESTION = "Please check the status of my order."
 
 
-def _replies(body: dict[str, Any]) -> Reply:
-    """Intent checks get "none"; a keypad input gets the long answer; anything else the short."""
-    if not body.get("stream"):
-        return Reply(content='{"intent": "none", "confidence": 0.1}')
-    last = body["messages"][-1]["content"]
-    return Reply(content=LONG_ANSWER if last.startswith("Keypad") else ANSWER)
-
-
-def _transcripts(llm: ScriptedLLM) -> list[str]:
-    """What the server heard callers say (the user turns it sent to the LLM)."""
-    return [
-        body["messages"][-1]["content"]
-        for body in llm.requests
-        if body.get("stream") and body["messages"][-1]["role"] == "user"
-    ]
+_replies = answers_by_words({"keypad": LONG_ANSWER}, ANSWER)
+"""A keypad input gets the long answer; anything else the short."""
 
 
 async def _wait(condition: Any, timeout_s: float) -> None:
@@ -157,7 +144,7 @@ async def test_sipp_call_is_transcribed(
 ) -> None:
     status, output = await _run_sipp(tmp_path, server.app[SIP].port, 1, 9000, transport)
     assert status == 0, output
-    heard = _transcripts(llm)
+    heard = llm.user_turns
     assert len(heard) == 1, heard
     assert word_error_rate(heard[0], QUESTION) <= 0.25
     await _wait(lambda: len(server.app[CALLS]) == 0, 5)
@@ -169,7 +156,7 @@ async def test_sipp_ten_simultaneous_calls(
     started = time.monotonic()
     status, output = await _run_sipp(tmp_path, server.app[SIP].port, 10, 30000)
     assert status == 0, output
-    heard = _transcripts(llm)
+    heard = llm.user_turns
     assert len(heard) == 10, heard
     assert all(word_error_rate(text, QUESTION) <= 0.25 for text in heard), heard
     assert time.monotonic() - started < 60
@@ -199,7 +186,7 @@ async def test_phone_call_answer_digits_and_barge_in(
 
     for digit in "12#":
         await phone.press(digit)
-    await _wait(lambda: _transcripts(llm)[-1:] == ["Keypad: 12#"], 10)
+    await _wait(lambda: llm.user_turns[-1:] == ["Keypad: 12#"], 10)
     await phone.say(silence(2500, 8000))  # the long answer is playing
     assert phone.heard.loud_between(time.monotonic() - 0.5, time.monotonic())
     talk_at = time.monotonic()

@@ -15,7 +15,6 @@ import wave
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestServer
@@ -27,7 +26,7 @@ from server.config import ServerConfig, SipSettings
 from server.sip import SipCall
 from tests.calls import transcriber, voice_server, word_error_rate, words
 from tests.phone import ANSWER, INTERRUPTION, LONG_ANSWER, PARCEL, phone_audio
-from tests.scripted_llm import Reply, ScriptedLLM
+from tests.scripted_llm import ScriptedLLM, answers_by_words
 
 pytestmark = pytest.mark.slow
 
@@ -53,19 +52,8 @@ async def server(llm: ScriptedLLM) -> AsyncIterator[TestServer]:
         yield server
 
 
-def _replies(body: dict[str, Any]) -> Reply:
-    """Intent checks get "none"; a question about a parcel the long answer; anything else the
-    short one."""
-    if not body.get("stream"):
-        return Reply(content='{"intent": "none", "confidence": 0.1}')
-    if "parcel" in body["messages"][-1]["content"].lower():
-        return Reply(content=LONG_ANSWER)
-    return Reply(content=ANSWER)
-
-
-def _caller_turns(llm: ScriptedLLM) -> list[str]:
-    """What the LLM was asked to answer: the transcript of each caller turn."""
-    return [str(r["messages"][-1]["content"]) for r in llm.requests if r.get("stream")]
+_replies = answers_by_words({"parcel": LONG_ANSWER}, ANSWER)
+"""A question about a parcel gets the long answer; anything else the short one."""
 
 
 def _wer(heard: str, expected: str) -> float:
@@ -232,7 +220,7 @@ async def test_baresip_hears_the_scripted_answer(
     speech = silence(GREETING_MS, RATE) + phone_audio(QUESTION) + silence(6000, RATE)
     recording = await call_from_baresip(server, speech, tmp_path)
 
-    (asked_text,) = _caller_turns(llm)
+    (asked_text,) = llm.user_turns
     assert _wer(asked_text, QUESTION) <= 0.25, asked_text
     assert "Acme's online shop" in llm.requests[-1]["messages"][0]["content"]  # sip:support@
     ((asked, _), *_) = recording.sent_speech()
@@ -269,7 +257,7 @@ async def test_barge_in_from_baresip_stops_the_agent_audio(
     stopped = cut[-1] + 0.02 if cut else talk_start
     assert stopped - talk_start <= 0.6, f"talked over at {talk_start:.2f}, heard to {stopped:.2f}"
     assert recording.call.session.barge_ins == 1
-    turns = _caller_turns(llm)
+    turns = llm.user_turns
     assert len(turns) == 2, turns
     assert {"stop", "enough"} <= set(words(turns[1])), turns
     assert len(server.app[CALLS]) == 0

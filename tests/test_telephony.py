@@ -26,7 +26,7 @@ from server.config import ServerConfig
 from server.twilio import TwilioCall
 from tests.calls import transcriber, voice_server, word_error_rate
 from tests.phone import ANSWER, INTERRUPTION, LONG_ANSWER, PARCEL, phone_audio
-from tests.scripted_llm import Reply, ScriptedLLM
+from tests.scripted_llm import ScriptedLLM, answers_by_words
 
 pytestmark = pytest.mark.slow
 
@@ -161,14 +161,8 @@ async def _wait(condition: Any, timeout_s: float) -> None:
             await asyncio.sleep(0.05)
 
 
-def _replies(body: dict[str, Any]) -> Reply:
-    """Intent checks get "none"; a keypad input gets the long answer; anything else the short."""
-    if not body.get("stream"):
-        return Reply(content='{"intent": "none", "confidence": 0.1}')
-    last = body["messages"][-1]["content"]
-    if last.startswith("Keypad") or "parcel" in last.lower():
-        return Reply(content=LONG_ANSWER)
-    return Reply(content=ANSWER)
+_replies = answers_by_words({"keypad": LONG_ANSWER, "parcel": LONG_ANSWER}, ANSWER)
+"""A keypad input or a question about a parcel gets the long answer; anything else the short."""
 
 
 def _events(phone: TwilioPhone, kind: str) -> list[tuple[float, dict[str, Any]]]:

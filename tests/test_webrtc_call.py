@@ -19,7 +19,7 @@ from tests.calls import (
     word_error_rate,
     words,
 )
-from tests.scripted_llm import Reply, ScriptedLLM
+from tests.scripted_llm import Reply, ScriptedLLM, answers_by_words
 
 pytestmark = pytest.mark.slow
 
@@ -57,7 +57,7 @@ async def test_a_call_over_webrtc_hears_the_scripted_answer(
     server: TestServer, caller: WebRTCCaller, llm: ScriptedLLM
 ) -> None:
     answer = "Your order is on its way. It will arrive on Tuesday."
-    llm.script([Reply(content=answer)])
+    llm.script(answers_by_words({"parcel": answer}, "Go on."))
     await caller.connect(_base(server), playbook="support")
     await caller.wait_for("tts_end", timeout_s=30)  # the greeting
     greeting_bytes = len(caller.heard)
@@ -99,7 +99,7 @@ async def test_barge_in_over_webrtc_silences_the_agent_at_the_client(
             "Weekend delivery is available in most cities for a small fee.",
         ]
     )
-    llm.script([Reply(content=long_answer), Reply(content="Sure, go ahead.")])
+    llm.script(answers_by_words({"delivery options": long_answer}, "Sure, go ahead."))
     await caller.connect(_base(server), playbook="support")
     await caller.wait_for("tts_end", timeout_s=30)  # the greeting: two sentences
     caller.say(piper_speech("What are your delivery options?"))
