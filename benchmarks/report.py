@@ -20,12 +20,14 @@ STAGES = (
 )
 
 GOALS = {
-    "v2v_p50_1_call_ms": 1000.0,
+    "v2v_p50_1_call_ms": 800.0,
     "v2v_p95_1_call_ms": 1300.0,
-    "barge_in_p95_ms": 300.0,
+    "barge_in_p95_ms": 250.0,
     "false_cuts_cough": 0.0,
+    "false_cuts_backchannel": 0.0,
     "v2v_p95_8_calls_ms": 1500.0,
 }
+"""The project's current targets (the turn-taking issue's, where it tightened the first ones)."""
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -85,6 +87,7 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
         "v2v_p95_1_call_ms": one["client_v2v_ms"]["p95"] if one else None,
         "barge_in_p95_ms": percentile(barge, 95),
         "false_cuts_cough": float(cuts.get("synthetic_cough", 0)),
+        "false_cuts_backchannel": float(cuts.get("piper_mhm", 0)),
         "v2v_p95_8_calls_ms": eight["client_v2v_ms"]["p95"] if eight else None,
     }
     return {
@@ -168,6 +171,7 @@ def to_markdown(run: dict[str, Any], summary: dict[str, Any]) -> str:
         "v2v_p95_1_call_ms": "voice-to-voice p95, 1 call (ms)",
         "barge_in_p95_ms": "barge-in silence p95 (ms)",
         "false_cuts_cough": "false cuts on the cough",
+        "false_cuts_backchannel": 'false cuts on "mhm"',
         "v2v_p95_8_calls_ms": "voice-to-voice p95, 8 calls (ms)",
     }
     for key, goal in summary["goals"].items():

@@ -29,7 +29,7 @@ from .events import VoiceEvent
 from .registry import CallRegistry
 from .session import Session
 from .watchdog import CallClock
-from .webrtc import OUTPUT_RATE, SpeakerTrack, caller_frames
+from .webrtc import OUTPUT_RATE, SpeakerTrack, caller_frames, hear_promptly
 
 __all__ = ["BadOffer", "WebRTCCall", "open_webrtc_call"]
 
@@ -79,6 +79,9 @@ class WebRTCCall:
             raise BadOffer(f"cannot use this SDP offer: {exc}") from exc
         if self._caller is None:
             raise BadOffer("the offer carries no audio track")
+        for transceiver in self.pc.getTransceivers():
+            if transceiver.kind == "audio":
+                hear_promptly(transceiver.receiver)
         self.pc.addTrack(SpeakerTrack(self.session.voice.speaker))
         answer = await self.pc.createAnswer()
         await self.pc.setLocalDescription(answer)

@@ -15,17 +15,45 @@ import time
 from collections.abc import AsyncIterator
 
 import av
-from aiortc import MediaStreamTrack
+from aiortc import MediaStreamTrack, RTCRtpReceiver
+from aiortc.jitterbuffer import JitterBuffer
 from aiortc.mediastreams import MediaStreamError
 
 from media import FRAME_BYTES, FRAME_MS, SAMPLE_RATE, FrameSplitter, Resampler, Speaker
 
-__all__ = ["OUTPUT_RATE", "SpeakerTrack", "caller_frames"]
+__all__ = [
+    "INBOUND_PREFETCH_PACKETS",
+    "OUTPUT_RATE",
+    "SpeakerTrack",
+    "caller_frames",
+    "hear_promptly",
+]
 
 log = logging.getLogger(__name__)
 
 OUTPUT_RATE = 48_000
 """The speaker's rate for WebRTC calls: Opus's native rate, so aiortc does not resample."""
+
+
+INBOUND_PREFETCH_PACKETS = 1
+"""Packets the caller's audio waits for before it is decoded. aiortc's default (4, i.e. 80 ms)
+smooths playout for a listener; the server's listener is the VAD, which needs order but not
+smoothness, and every 20 ms held here delays barge-in by as much. A lost packet stalls the
+buffer the same way at any prefetch (until it overflows at 16 packets)."""
+
+_JITTER_BUFFER = "_RTCRtpReceiver__jitter_buffer"
+
+
+def hear_promptly(receiver: RTCRtpReceiver, prefetch: int = INBOUND_PREFETCH_PACKETS) -> bool:
+    """Give an audio receiver a jitter buffer that releases each packet ``prefetch`` packets
+    later instead of aiortc's four. Call before media flows. False (and nothing changed) if
+    this aiortc keeps its buffer elsewhere."""
+    current = getattr(receiver, _JITTER_BUFFER, None)
+    if not isinstance(current, JitterBuffer) or current.capacity != 16:  # not an audio buffer
+        log.warning("cannot shorten the inbound jitter buffer of this aiortc version")
+        return False
+    setattr(receiver, _JITTER_BUFFER, JitterBuffer(capacity=16, prefetch=prefetch))
+    return True
 
 
 class SpeakerTrack(MediaStreamTrack):

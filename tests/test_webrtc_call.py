@@ -7,10 +7,13 @@ from collections.abc import AsyncIterator
 
 import pytest
 from aiohttp.test_utils import TestServer
+from aiortc import RTCPeerConnection
+from aiortc.rtp import RtpPacket
 
 from benchmarks.client import WebRTCCaller
 from server.app import CALLS
 from server.registry import NO_LLM_LINE
+from server.webrtc import hear_promptly
 from tests.calls import (
     piper_speech,
     synthesize_ahead,
@@ -163,3 +166,21 @@ async def test_without_an_llm_the_agent_says_so_in_one_sentence(caller: WebRTCCa
         (error,) = caller.of_type("error")
         assert error["source"] == "llm"
         assert "no LLM endpoint" in error["message"]
+
+
+async def test_the_server_hears_each_caller_packet_as_soon_as_the_next_arrives() -> None:
+    pc = RTCPeerConnection()
+    try:
+        receiver = pc.addTransceiver("audio").receiver
+        assert hear_promptly(receiver)
+        buffer = vars(receiver)["_RTCRtpReceiver__jitter_buffer"]
+        released = []
+        for n in range(3):
+            packet = RtpPacket(payload_type=111, sequence_number=n, timestamp=960 * n)
+            packet._data = b"opus"  # type: ignore[attr-defined]  # the depacketized payload
+            released.append(buffer.add(packet)[1])
+        # aiortc's default holds each 20 ms packet until four more have arrived (80 ms)
+        assert released[0] is None
+        assert [frame.timestamp for frame in released[1:] if frame is not None] == [0, 960]
+    finally:
+        await pc.close()
