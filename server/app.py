@@ -9,6 +9,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -19,7 +20,7 @@ from .calls import BadOffer, open_webrtc_call
 from .config import ServerConfig
 from .engines import Engines
 from .events import VoiceEvent
-from .observability import ServerMetrics
+from .observability import ServerMetrics, process_snapshot
 from .registry import CallRegistry, OverCapacity, UnknownPlaybook
 from .sip import SipServer
 from .twilio import serve_media_stream
@@ -253,6 +254,7 @@ async def _health(request: web.Request) -> web.Response:
             "llm_configured": engines.llm is not None,
             "active_sessions": len(request.app[CALLS]),
             "max_sessions": request.app[CONFIG].max_sessions,
+            "process": {"pid": os.getpid(), **process_snapshot()},
         }
     )
 

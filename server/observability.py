@@ -2,11 +2,47 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+import asyncio
+import os
+import resource
+import threading
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 
 from .events import VoiceEvent
 
-__all__ = ["ServerMetrics"]
+__all__ = ["ServerMetrics", "process_snapshot"]
+
+
+def process_snapshot() -> dict[str, float | int]:
+    """This process's footprint, for leak checks: resident memory (current and peak), open file
+    descriptors, OS threads (native ones too) and asyncio tasks. Linux (reads ``/proc``)."""
+    with open("/proc/self/statm") as statm:
+        resident_pages = int(statm.read().split()[1])
+    return {
+        "rss_mb": round(resident_pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "open_files": len(os.listdir("/proc/self/fd")),
+        "threads": len(os.listdir("/proc/self/task")),
+        "python_threads": threading.active_count(),
+        "asyncio_tasks": _asyncio_tasks(),
+    }
+
+
+def _asyncio_tasks() -> int:
+    """Live tasks of the running event loop (0 outside one)."""
+    try:
+        return len(asyncio.all_tasks())
+    except RuntimeError:
+        return 0
+
 
 _LATENCY_BUCKETS_S = (0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 
@@ -16,6 +52,11 @@ class ServerMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        ProcessCollector(registry=self.registry)  # process_resident_memory_bytes, open fds...
+        self.asyncio_tasks = Gauge(
+            "vocable_asyncio_tasks", "Live asyncio tasks in this process.", registry=self.registry
+        )
+        self.asyncio_tasks.set_function(_asyncio_tasks)
         self.active_sessions = Gauge(
             "vocable_active_sessions", "Calls in progress.", registry=self.registry
         )

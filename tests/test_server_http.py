@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 
@@ -55,6 +56,7 @@ async def _data_only_offer() -> str:
 async def test_health_config_playbooks_and_page(make_client: MakeClient, llm: ScriptedLLM) -> None:
     client = await make_client(llm_url=llm.base_url)
     health = await (await client.get("/healthz")).json()
+    process = health.pop("process")
     assert health == {
         "status": "ok",
         "models_loaded": True,
@@ -62,6 +64,11 @@ async def test_health_config_playbooks_and_page(make_client: MakeClient, llm: Sc
         "active_sessions": 0,
         "max_sessions": 8,
     }
+    assert process["pid"] == os.getpid()
+    assert process["rss_mb"] > 50  # the models are loaded
+    assert process["open_files"] > 3
+    assert process["threads"] >= process["python_threads"] >= 1
+    assert process["asyncio_tasks"] >= 1  # this very request
     config = await (await client.get("/config")).json()
     assert config["auth_required"] is False
     assert config["ice_servers"] == []
