@@ -104,6 +104,7 @@ async def _run(args: argparse.Namespace, command: str) -> Path:
                 "--llm-model", args.llm_model, "--max-sessions", str(max(levels) + 2),
                 "--end-silence-ms", str(args.end_silence_ms), "--idle-timeout-s", "900",
                 "--barge-in", args.barge_in,
+                "--rate-limit", "0",  # every caller is 127.0.0.1 here
             ]  # fmt: skip
             if args.no_speculation:
                 server_args.append("--no-speculation")

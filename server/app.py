@@ -13,6 +13,7 @@ import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
 from .audiosocket import AudioSocketServer
@@ -21,8 +22,11 @@ from .config import ServerConfig
 from .engines import Engines
 from .events import VoiceEvent
 from .observability import ServerMetrics, process_snapshot
+from .ratelimit import RateLimited, client_address
 from .registry import CallRegistry, OverCapacity, UnknownPlaybook
+from .siblings import Siblings, merge_metrics, worker_of
 from .sip import SipServer
+from .tracing import TurnTracer, otlp_provider
 from .twilio import serve_media_stream
 
 __all__ = ["AUDIOSOCKET", "CALLS", "CONFIG", "ENGINES", "METRICS", "create_app"]
@@ -35,6 +39,7 @@ CALLS = web.AppKey("calls", CallRegistry)
 METRICS = web.AppKey("metrics", ServerMetrics)
 AUDIOSOCKET = web.AppKey("audiosocket", AudioSocketServer)
 SIP = web.AppKey("sip", SipServer)
+SIBLINGS = web.AppKey("siblings", Siblings)
 
 MAX_SDP_BYTES = 64 * 1024
 RETRY_AFTER_S = 5
@@ -51,6 +56,7 @@ def create_app(config: ServerConfig, engines: Engines | None = None) -> web.Appl
     )
     app[CONFIG] = config
     app[METRICS] = ServerMetrics()
+    app[SIBLINGS] = Siblings(config)
     app.cleanup_ctx.append(_engines_context(engines))
     app.cleanup_ctx.append(_calls_context)
     app.router.add_get("/", _index)
@@ -81,11 +87,15 @@ def _engines_context(
 
 async def _calls_context(app: web.Application) -> AsyncIterator[None]:
     metrics = app[METRICS]
+    config = app[CONFIG]
+    provider = otlp_provider() if config.otel else None
+    tracer = TurnTracer(provider.get_tracer("vocable")) if provider is not None else None
 
     def observe(event: VoiceEvent) -> None:
         metrics.observe(event)
+        if tracer is not None:
+            tracer.observe(event)
 
-    config = app[CONFIG]
     calls = CallRegistry(config, app[ENGINES], observe)
     app[CALLS] = calls
     metrics.active_sessions.set_function(lambda: len(calls))
@@ -105,6 +115,8 @@ async def _calls_context(app: web.Application) -> AsyncIterator[None]:
     if audiosocket is not None:
         await audiosocket.close()
     await calls.close_all()
+    if provider is not None:
+        provider.shutdown()  # exports the spans still batched
 
 
 # -- middlewares -------------------------------------------------------------------------------
@@ -146,6 +158,12 @@ def _cors(origins: tuple[str, ...]) -> Any:
         return response
 
     return cors
+
+
+def _client_address(request: web.Request) -> str:
+    config = request.app[CONFIG]
+    forwarded = request.headers.get("X-Forwarded-For", "")
+    return client_address(request.remote, forwarded, config.trusted_proxies)
 
 
 def _require_token(request: web.Request, *, in_query: bool = False) -> None:
@@ -210,13 +228,15 @@ async def _offer(request: web.Request) -> web.Response:
         return _error(400, "playbook must be a string id")
     calls = request.app[CALLS]
     try:
-        call = await open_webrtc_call(calls, sdp, playbook)
+        call = await open_webrtc_call(calls, sdp, playbook, _client_address(request))
     except BadOffer as exc:
         return _error(400, str(exc))
     except UnknownPlaybook as exc:
         return _error(404, str(exc))
     except OverCapacity as exc:
         return _error(503, str(exc), **{"Retry-After": str(RETRY_AFTER_S)})
+    except RateLimited as exc:
+        return _error(429, str(exc), **{"Retry-After": f"{exc.retry_after_s:.0f}"})
     request.app[METRICS].sessions.inc()
     return web.json_response(
         {"sdp": call.pc.localDescription.sdp, "type": "answer", "session_id": call.id}
@@ -240,29 +260,53 @@ async def _media_stream(request: web.Request) -> web.StreamResponse:
 
 async def _hangup(request: web.Request) -> web.Response:
     _require_token(request)
-    if not await request.app[CALLS].hangup(request.match_info["session_id"]):
+    session_id = request.match_info["session_id"]
+    siblings = request.app[SIBLINGS]
+    worker = worker_of(session_id)
+    if worker is not None and worker in siblings.sockets:  # another worker holds this call
+        headers = {k: v for k, v in request.headers.items() if k == "Authorization"}
+        try:
+            status, body, kind = await siblings.request(
+                worker, "DELETE", f"/sessions/{session_id}", headers
+            )
+        except (OSError, aiohttp.ClientError, TimeoutError):
+            return _error(404, "no such session")  # that worker is gone, and its calls with it
+        return web.Response(status=status, body=body, content_type=kind)
+    if not await request.app[CALLS].hangup(session_id):
         return _error(404, "no such session")
     return web.json_response({"status": "hung up"})
 
 
 async def _health(request: web.Request) -> web.Response:
+    """200 while calls are admitted; 503 ``draining`` once shutdown has begun."""
     engines = request.app[ENGINES]
+    calls = request.app[CALLS]
+    draining = calls.draining
     return web.json_response(
-        {
-            "status": "ok",
+        status=503 if draining else 200,
+        data={
+            "status": "draining" if draining else "ok",
             "models_loaded": True,
             "llm_configured": engines.llm is not None,
             "active_sessions": len(request.app[CALLS]),
             "max_sessions": request.app[CONFIG].max_sessions,
             "process": {"pid": os.getpid(), **process_snapshot()},
-        }
+            "worker": request.app[CONFIG].worker_index,
+        },
     )
 
 
 async def _metrics(request: web.Request) -> web.Response:
+    """This process's metrics; with several workers, all of theirs, labelled by ``worker``
+    (``?local=1``: this worker's alone)."""
+    own = request.app[METRICS].render()
+    siblings = request.app[SIBLINGS]
+    if siblings.sockets and "local" not in request.query:
+        texts = await siblings.metrics()
+        texts[siblings.me] = own.decode()
+        own = merge_metrics(texts)
     return web.Response(
-        body=request.app[METRICS].render(),
-        headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
+        body=own, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
     )
 
 

@@ -35,7 +35,8 @@ __all__ = ["BadOffer", "WebRTCCall", "open_webrtc_call"]
 
 log = logging.getLogger(__name__)
 
-MAX_MESSAGE_BYTES = 64 * 1024
+MAX_MESSAGE_BYTES = 4 * 1024
+"""Largest data-channel message taken from a client (a typed turn is sent on to the LLM)."""
 
 
 class BadOffer(ValueError):
@@ -190,11 +191,11 @@ class WebRTCCall:
 
 
 async def open_webrtc_call(
-    registry: CallRegistry, offer_sdp: str, playbook: str | None
+    registry: CallRegistry, offer_sdp: str, playbook: str | None, address: str | None = None
 ) -> WebRTCCall:
-    """A new browser call answering ``offer_sdp``; raises BadOffer, OverCapacity,
-    UnknownPlaybook."""
-    call_id = registry.new_call_id()
+    """A new browser call answering ``offer_sdp`` from ``address`` (the caller's, for the rate
+    limit); raises BadOffer, OverCapacity, RateLimited, UnknownPlaybook."""
+    call_id = registry.new_call_id(address)
     if "m=audio" not in offer_sdp:
         raise BadOffer("the offer has no audio (no m=audio line)")
     playbook_id = registry.playbook_id(playbook)

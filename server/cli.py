@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,6 +20,7 @@ from playbooks import (
 
 from .chat import run_chat
 from .config import add_serve_arguments
+from .logs import configure_logging
 from .settings import ConfigError, LLMSettings, add_llm_arguments
 
 __all__ = ["main"]
@@ -34,14 +34,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _bench(argv[1:])
     parser = _parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    if args.verbose:  # Vocable's own debug lines; libraries stay at warnings
-        for package in ("server", "media", "playbooks"):
-            logging.getLogger(package).setLevel(logging.DEBUG)
+    # warnings to stderr; with -v Vocable's own debug lines too (libraries stay at warnings)
+    configure_logging(getattr(args, "log_format", "text"), verbose=args.verbose)
     try:
         if args.command == "chat":
             return _chat(args)
@@ -117,12 +111,16 @@ def _chat(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from aiohttp import web
-
-    from .app import create_app
     from .config import ServerConfig
+    from .serve import run_server
 
     config = ServerConfig.from_args(args)
+    if config.otel:
+        try:
+            import opentelemetry.exporter.otlp.proto.http
+            import opentelemetry.sdk  # noqa: F401
+        except ImportError:
+            raise ConfigError("--otel needs the otel extra: pip install 'vocable[otel]'") from None
     load_playbooks(config.playbook_path)  # an invalid playbook stops here, with its one line
     if config.llm is None:
         print(
@@ -130,18 +128,10 @@ def _serve(args: argparse.Namespace) -> int:
             "calls will connect, but the agent can only say so",
             file=sys.stderr,
         )
-    url = f"http://{config.host}:{config.port}"
     if config.sip is not None:
         print(f"vocable: SIP on {config.sip.host}:{config.sip.port} (UDP and TCP)", flush=True)
     print(f"vocable: loading models and playbooks from {config.playbook_path} ...", flush=True)
-    web.run_app(
-        create_app(config),
-        host=config.host,
-        port=config.port,
-        print=lambda _: print(f"vocable: ready, open {url}", flush=True),
-        access_log=None,
-    )
-    return 0
+    return run_server(config, lambda message: print(f"vocable: {message}", flush=True))
 
 
 def _bench(argv: list[str]) -> int:

@@ -87,6 +87,23 @@ class ServerConfig:
     """Where to accept Asterisk AudioSocket connections (None: not at all)."""
     sip: SipSettings | None = None
     """The native SIP endpoint (None: off)."""
+    rate_limit_per_min: float = 60.0
+    """New calls admitted per client address and minute (WebRTC offers, SIP INVITEs); 0: no
+    limit."""
+    rate_limit_burst: int = 20
+    trusted_proxies: tuple[IPv4Network | IPv6Network, ...] = ()
+    """Load balancers whose ``X-Forwarded-For`` names the real client (for the rate limit)."""
+    drain_timeout_s: float = 30.0
+    """On SIGTERM, how long live calls may go on before they are hung up."""
+    workers: int = 1
+    """Processes sharing the HTTP port (SO_REUSEPORT), each with its own models."""
+    worker_index: int = 0
+    call_id_prefix: str = ""
+    """Prefix of this process's call ids (``w1.`` in worker 1), so any worker can route a
+    hang-up to the worker holding the call."""
+    log_format: str = "text"
+    otel: bool = False
+    """Export a trace per turn over OTLP (the ``otel`` extra; ``OTEL_EXPORTER_OTLP_*``)."""
     web_client_dir: Path = Path(__file__).resolve().parent.parent / "web-client"
 
     @classmethod
@@ -97,6 +114,7 @@ class ServerConfig:
             llm: LLMSettings | None = LLMSettings.resolve(args, env)
         except ConfigError:
             llm = None
+        _check_operations(args)
         username, credential = args.turn_username, args.turn_credential
         ice = tuple(
             IceServer(url, username, credential) if url.startswith("turn") else IceServer(url)
@@ -126,6 +144,13 @@ class ServerConfig:
             max_call_s=args.max_call_s,
             audiosocket=parse_address(args.audiosocket) if args.audiosocket else None,
             sip=_sip_settings(args),
+            rate_limit_per_min=args.rate_limit,
+            rate_limit_burst=args.rate_limit_burst,
+            trusted_proxies=_networks("--trusted-proxy", args.trusted_proxy),
+            drain_timeout_s=args.drain_timeout_s,
+            workers=args.workers,
+            log_format=args.log_format,
+            otel=args.otel,
         )
 
 
@@ -133,17 +158,31 @@ def _sip_settings(args: argparse.Namespace) -> SipSettings | None:
     if not args.sip:
         return None
     host, port = parse_address(args.sip)
-    try:
-        allow = tuple(ip_network(item, strict=False) for item in args.sip_allow)
-    except ValueError as exc:
-        raise ConfigError(f"--sip-allow: {exc}") from None
     return SipSettings(
         host=host,
         port=port,
         advertise=args.sip_advertise or None,
-        allow=allow,
+        allow=_networks("--sip-allow", args.sip_allow),
         rtp_ports=parse_port_range(args.rtp_ports),
     )
+
+
+def _check_operations(args: argparse.Namespace) -> None:
+    if args.workers < 1:
+        raise ConfigError("--workers must be at least 1")
+    if args.rate_limit < 0:
+        raise ConfigError("--rate-limit must not be negative (0: no limit)")
+    if args.rate_limit_burst < 1:
+        raise ConfigError("--rate-limit-burst must be at least 1")
+    if args.drain_timeout_s < 0:
+        raise ConfigError("--drain-timeout-s must not be negative")
+
+
+def _networks(flag: str, items: list[str]) -> tuple[IPv4Network | IPv6Network, ...]:
+    try:
+        return tuple(ip_network(item, strict=False) for item in items)
+    except ValueError as exc:
+        raise ConfigError(f"{flag}: {exc}") from None
 
 
 def parse_port_range(text: str) -> tuple[int, int]:
@@ -223,6 +262,30 @@ def add_serve_arguments(
     )
 
     net.add_argument(
+        "--rate-limit",
+        type=float,
+        default=default("RATE_LIMIT", float, 60.0),
+        metavar="PER_MIN",
+        help="new calls per client address and minute, /offer and SIP INVITE; 0: no limit "
+        "[VOCABLE_RATE_LIMIT; default: 60]",
+    )
+    net.add_argument(
+        "--rate-limit-burst",
+        type=int,
+        default=default("RATE_LIMIT_BURST", int, 20),
+        metavar="N",
+        help="new calls one address may open at once [VOCABLE_RATE_LIMIT_BURST; default: 20]",
+    )
+    net.add_argument(
+        "--trusted-proxy",
+        action="append",
+        default=listing("TRUSTED_PROXIES"),
+        metavar="CIDR",
+        help="load balancer whose X-Forwarded-For names the client, repeatable "
+        "[VOCABLE_TRUSTED_PROXIES, comma-separated]",
+    )
+
+    net.add_argument(
         "--audiosocket",
         default=default("AUDIOSOCKET", str, None),
         metavar="[HOST:]PORT",
@@ -274,6 +337,35 @@ def add_serve_arguments(
         "--idle-timeout-s", type=float, default=default("IDLE_TIMEOUT_S", float, 300.0)
     )
     calls.add_argument("--max-call-s", type=float, default=default("MAX_CALL_S", float, 3600.0))
+    calls.add_argument(
+        "--drain-timeout-s",
+        type=float,
+        default=default("DRAIN_TIMEOUT_S", float, 30.0),
+        help="on SIGTERM, let live calls go on this long before hanging up "
+        "[VOCABLE_DRAIN_TIMEOUT_S; default: 30]",
+    )
+
+    ops = parser.add_argument_group("operations")
+    ops.add_argument(
+        "--workers",
+        type=int,
+        default=default("WORKERS", int, 1),
+        metavar="N",
+        help="processes sharing the port, each with its own models [VOCABLE_WORKERS; default: 1]",
+    )
+    ops.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default=default("LOG_FORMAT", str, "text"),
+        help="json: one JSON object per line, with the call's session id [VOCABLE_LOG_FORMAT]",
+    )
+    ops.add_argument(
+        "--otel",
+        action="store_true",
+        default=default("OTEL", _flag, False),
+        help="export a trace per turn (stage spans) over OTLP/HTTP to OTEL_EXPORTER_OTLP_ENDPOINT; "
+        "needs pip install 'vocable[otel]' [VOCABLE_OTEL=1]",
+    )
 
     add_llm_arguments(parser)
     parser.add_argument(

@@ -19,6 +19,8 @@ from playbooks import OrchestratorOptions, PlaybookOrchestrator
 from .config import ServerConfig
 from .engines import Engines
 from .events import VoiceEvent
+from .logs import bind_session
+from .ratelimit import RateLimiter
 from .session import Session
 from .voice import VoicePlaybookOrchestrator
 
@@ -55,15 +57,27 @@ class CallRegistry:
         self.engines = engines
         self.calls: dict[str, Call] = {}
         self.on_event = on_event
+        self.draining = False
+        """Set by :meth:`drain`: no new call is admitted."""
+        self.admissions = RateLimiter(config.rate_limit_per_min, config.rate_limit_burst)
+        self._released = asyncio.Event()
 
     def __len__(self) -> int:
         return len(self.calls)
 
-    def new_call_id(self) -> str:
-        """An unguessable id for a call about to be admitted; raises OverCapacity when full."""
+    def new_call_id(self, address: str | None = None) -> str:
+        """An unguessable id for a call about to be admitted; raises OverCapacity when full or
+        draining, RateLimited when ``address`` (the caller's) opened too many calls lately.
+        The calling task, and every task it starts, logs with this id."""
+        if self.draining:
+            raise OverCapacity("this server is shutting down")
         if len(self.calls) >= self.config.max_sessions:
             raise OverCapacity(f"this server takes at most {self.config.max_sessions} calls")
-        return secrets.token_urlsafe(16)
+        if address is not None:
+            self.admissions.check(address)
+        call_id = self.config.call_id_prefix + secrets.token_urlsafe(16)
+        bind_session(call_id)  # this task's log lines, and those of the call's tasks
+        return call_id
 
     def playbook_id(self, requested: str | None) -> str:
         """The playbook to use; raises UnknownPlaybook."""
@@ -103,6 +117,7 @@ class CallRegistry:
     def release(self, call: Call, reason: str) -> None:
         """Forget an ended call (its transport calls this once everything is freed)."""
         self.calls.pop(call.id, None)
+        self._released.set()
         with contextlib.suppress(Exception):
             self.on_event(VoiceEvent("state", {"state": "closed", "reason": reason}))
 
@@ -112,6 +127,18 @@ class CallRegistry:
             return False
         await call.hangup(reason)
         return True
+
+    async def drain(self, timeout_s: float) -> int:
+        """Admit no new call, and wait up to ``timeout_s`` for the live ones to end by
+        themselves. Returns how many are still live."""
+        self.draining = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.calls and (left := deadline - loop.time()) > 0:
+            self._released.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._released.wait(), left)
+        return len(self.calls)
 
     async def close_all(self, reason: str = "server shutting down") -> None:
         calls = list(self.calls.values())

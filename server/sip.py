@@ -47,6 +47,7 @@ from media import Speaker
 
 from .config import SipSettings
 from .events import VoiceEvent
+from .ratelimit import RateLimited
 from .registry import CallRegistry, OverCapacity
 from .session import Session
 from .telephony import CallerAudio, CallerGap, Encoding, FramePacer, encode
@@ -57,6 +58,8 @@ __all__ = ["SipCall", "SipServer"]
 log = logging.getLogger(__name__)
 
 PHONE_RATE = 8000
+RETRY_AFTER_S = 5
+"""Seconds a caller refused at capacity or while draining is asked to wait."""
 SAMPLES_PER_FRAME = 160
 USER_AGENT = "Vocable"
 _CODECS: dict[int, Encoding] = {0: "ulaw", 8: "alaw"}
@@ -272,10 +275,11 @@ class SipServer:
     async def _answer(self, invite: IncomingCall) -> None:
         registry = self.registry
         try:
-            call_id = registry.new_call_id()
-        except OverCapacity:
-            log.warning("SIP call from %s refused: over capacity", invite.caller)
-            invite.reject(503, "Service Unavailable")
+            call_id = registry.new_call_id(invite.source_addr[0])
+        except (OverCapacity, RateLimited) as exc:
+            log.warning("SIP call from %s refused: %s", invite.caller, exc)
+            retry_after = exc.retry_after_s if isinstance(exc, RateLimited) else RETRY_AFTER_S
+            _refuse(invite, retry_after)
             return
         offer = invite.sdp_offer
         if offer is None:
@@ -285,7 +289,7 @@ class SipServer:
             rtp_port, _ = await self._ports.allocate()
         except RuntimeError:
             log.error("SIP call refused: no free RTP port in %s", self.settings.rtp_ports)
-            invite.reject(503, "Service Unavailable")
+            _refuse(invite, RETRY_AFTER_S)
             return
         try:
             media = CallSession(
@@ -324,7 +328,7 @@ class SipServer:
             registry.admit(call)
         except OverCapacity:
             await self._ports.release(rtp_port)
-            invite.reject(503, "Service Unavailable")
+            _refuse(invite, RETRY_AFTER_S)
             return
         self.calls[invite.call_id] = call
         invite.ringing()
@@ -418,6 +422,14 @@ def _stamp_source(request: SipRequest, addr: tuple[str, int]) -> None:
     request.headers.remove("Via")
     for value in (stringify_via(top), *vias[1:]):
         request.headers.append("Via", value)
+
+
+def _refuse(invite: IncomingCall, retry_after_s: float) -> None:
+    """503 with Retry-After (RFC 3261 21.5.4): over capacity, shutting down, or rate limited."""
+    invite._send_response(  # aiosipua's reject() takes no extra headers
+        503, "Service Unavailable", extra_headers={"Retry-After": f"{retry_after_s:.0f}"}
+    )
+    invite.dialog.terminate()
 
 
 def _guard(transport: SipTransport, allowed: Callable[[tuple[str, int]], bool]) -> None:

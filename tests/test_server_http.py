@@ -63,6 +63,7 @@ async def test_health_config_playbooks_and_page(make_client: MakeClient, llm: Sc
         "llm_configured": True,
         "active_sessions": 0,
         "max_sessions": 8,
+        "worker": 0,
     }
     assert process["pid"] == os.getpid()
     assert process["rss_mb"] > 50  # the models are loaded

@@ -135,10 +135,13 @@ async def test_typed_text_mute_and_bad_messages_over_the_data_channel(
 
     caller.send({"type": "dance"})
     caller.channel.send("not json")
+    caller.send({"type": "text", "text": "x" * 5000})  # over the 4 KiB a message may have
     first = await caller.wait_for("error", timeout_s=5)
     second = await caller.wait_for("error", count=2, timeout_s=5)
+    third = await caller.wait_for("error", count=3, timeout_s=5)
     assert first["message"] == "unsupported message 'dance'"
     assert second["message"] == "expected a JSON object with a type"
+    assert third["message"] == "message too large or binary"
     assert caller.session_id in server.app[CALLS].calls  # bad input ends nothing
 
 

@@ -1,0 +1,175 @@
+"""Running ``vocable serve``: one process, or a supervisor of ``--workers`` processes.
+
+A serving process drains on SIGTERM or SIGINT: it admits no new call (offers and INVITEs get
+503 with Retry-After, ``/healthz`` says ``draining`` with status 503 so load balancers look
+elsewhere), lets live calls go on for up to ``drain_timeout_s``, then hangs up the rest and
+exits. A second signal cuts the drain short.
+
+With ``workers > 1`` the supervisor starts that many serving processes on the same port
+(SO_REUSEPORT: the kernel spreads new connections), each with its own models. A call lives in the
+process that answered its offer; call ids carry the worker (``w1.``), and each worker also listens
+on a private Unix socket so any of them can pass a hang-up or a metrics scrape to the others.
+The SIP and AudioSocket endpoints run in worker 0 only. A worker that dies is restarted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from multiprocessing.process import BaseProcess
+
+from aiohttp import web
+
+from .app import CALLS, create_app
+from .config import ServerConfig
+from .logs import configure_logging
+from .siblings import control_socket
+
+__all__ = ["run_server", "serve"]
+
+log = logging.getLogger(__name__)
+
+RESTART_LIMIT = 5
+"""Restarts of one worker within a minute before the supervisor gives up on the server."""
+
+
+def run_server(config: ServerConfig, announce: Callable[[str], None]) -> int:
+    """Serve until a signal, then drain; with ``config.workers > 1`` supervise that many
+    workers. Returns the exit status."""
+    if config.workers <= 1:
+        asyncio.run(serve(config, announce))
+        return 0
+    return _supervise(config, announce)
+
+
+async def serve(config: ServerConfig, announce: Callable[[str], None] = print) -> None:
+    """One serving process: up until SIGTERM/SIGINT, then drained and closed."""
+    app = create_app(config)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
+    await runner.setup()
+    sites: list[web.BaseSite] = [
+        web.TCPSite(runner, config.host, config.port, reuse_port=config.workers > 1)
+    ]
+    if config.workers > 1:
+        path = control_socket(config.port, config.worker_index)
+        path.unlink(missing_ok=True)
+        sites.append(web.UnixSite(runner, str(path)))
+    for site in sites:
+        await site.start()
+    signals = _Signals()
+    try:
+        announce(f"ready, open http://{config.host}:{config.port}")
+        await signals.first.wait()
+        calls = app[CALLS]
+        live = len(calls)
+        if live:
+            announce(f"draining: {live} call(s) may go on for {config.drain_timeout_s:.0f} s")
+        drain = asyncio.ensure_future(calls.drain(config.drain_timeout_s))
+        second = asyncio.ensure_future(signals.second.wait())
+        await asyncio.wait({drain, second}, return_when=asyncio.FIRST_COMPLETED)
+        second.cancel()
+        left = await drain if drain.done() else len(calls)
+        drain.cancel()
+        if left:
+            announce(f"hanging up {left} call(s)")
+    finally:
+        signals.close()
+        await runner.cleanup()  # hangs up what is left, closes the models
+        if config.workers > 1:
+            control_socket(config.port, config.worker_index).unlink(missing_ok=True)
+
+
+class _Signals:
+    """SIGTERM and SIGINT, counted: the first starts the drain, the second ends it."""
+
+    def __init__(self) -> None:
+        self.first = asyncio.Event()
+        self.second = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        for number in (signal.SIGTERM, signal.SIGINT):
+            self._loop.add_signal_handler(number, self._received)
+
+    def _received(self) -> None:
+        (self.second if self.first.is_set() else self.first).set()
+
+    def close(self) -> None:
+        for number in (signal.SIGTERM, signal.SIGINT):
+            self._loop.remove_signal_handler(number)
+
+
+# -- the supervisor ------------------------------------------------------------------------------
+
+
+def _worker_config(config: ServerConfig, index: int) -> ServerConfig:
+    phone = index == 0
+    return dataclasses.replace(
+        config,
+        worker_index=index,
+        call_id_prefix=f"w{index}.",
+        sip=config.sip if phone else None,
+        audiosocket=config.audiosocket if phone else None,
+    )
+
+
+def _worker_main(config: ServerConfig) -> None:
+    configure_logging(config.log_format, worker=config.worker_index)
+
+    def announce(message: str) -> None:
+        print(f"vocable[w{config.worker_index}]: {message}", flush=True)
+
+    asyncio.run(serve(config, announce))
+
+
+def _supervise(config: ServerConfig, announce: Callable[[str], None]) -> int:
+    """Start the workers, restart any that dies, and pass SIGTERM/SIGINT on to all of them."""
+    context = multiprocessing.get_context("spawn")  # no fork of a process with threads
+    stopping = False
+
+    def stop(number: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+        for process in workers.values():
+            if process.is_alive() and process.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, number)
+
+    def start(index: int) -> BaseProcess:
+        process = context.Process(
+            target=_worker_main, args=(_worker_config(config, index),), name=f"vocable-w{index}"
+        )
+        process.start()
+        return process
+
+    workers = {index: start(index) for index in range(config.workers)}
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    announce(f"{config.workers} workers on port {config.port}")
+    restarts: dict[int, list[float]] = {index: [] for index in workers}
+    status = 0
+    while any(process.is_alive() for process in workers.values()):
+        time.sleep(0.5)
+        if stopping:
+            continue
+        for index, process in list(workers.items()):
+            if process.is_alive():
+                continue
+            recent = [t for t in restarts[index] if time.monotonic() - t < 60] + [time.monotonic()]
+            restarts[index] = recent
+            if len(recent) > RESTART_LIMIT:
+                print(f"vocable: worker {index} keeps dying; stopping", file=sys.stderr)
+                status = 1
+                stop(signal.SIGTERM, None)
+                break
+            log.error("worker %d exited (code %s); restarting", index, process.exitcode)
+            workers[index] = start(index)
+    for process in workers.values():
+        process.join()
+    return status
