@@ -64,7 +64,7 @@ async def serve(config: ServerConfig, announce: Callable[[str], None] = print) -
         sites.append(web.UnixSite(runner, str(path)))
     for site in sites:
         await site.start()
-    signals = _Signals()
+    signals = _Signals(supervised=config.workers > 1)
     try:
         announce(f"ready, open http://{config.host}:{config.port}")
         await signals.first.wait()
@@ -88,20 +88,25 @@ async def serve(config: ServerConfig, announce: Callable[[str], None] = print) -
 
 
 class _Signals:
-    """SIGTERM and SIGINT, counted: the first starts the drain, the second ends it."""
+    """Stop signals, counted: the first starts the drain, the second ends it. A supervised
+    worker heeds only SIGTERM (its supervisor passes a terminal's Ctrl-C on as SIGTERM, so the
+    worker does not count the same keypress twice)."""
 
-    def __init__(self) -> None:
+    def __init__(self, supervised: bool) -> None:
         self.first = asyncio.Event()
         self.second = asyncio.Event()
         self._loop = asyncio.get_running_loop()
-        for number in (signal.SIGTERM, signal.SIGINT):
+        self._numbers = [signal.SIGTERM] if supervised else [signal.SIGTERM, signal.SIGINT]
+        if supervised:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for number in self._numbers:
             self._loop.add_signal_handler(number, self._received)
 
     def _received(self) -> None:
         (self.second if self.first.is_set() else self.first).set()
 
     def close(self) -> None:
-        for number in (signal.SIGTERM, signal.SIGINT):
+        for number in self._numbers:
             self._loop.remove_signal_handler(number)
 
 
@@ -133,13 +138,14 @@ def _supervise(config: ServerConfig, announce: Callable[[str], None]) -> int:
     context = multiprocessing.get_context("spawn")  # no fork of a process with threads
     stopping = False
 
-    def stop(number: int, _frame: object) -> None:
+    def stop(_number: int, _frame: object) -> None:
+        """First signal: the workers drain; second: they end the drain."""
         nonlocal stopping
         stopping = True
         for process in workers.values():
             if process.is_alive() and process.pid is not None:
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(process.pid, number)
+                    os.kill(process.pid, signal.SIGTERM)
 
     def start(index: int) -> BaseProcess:
         process = context.Process(

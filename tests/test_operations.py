@@ -201,6 +201,13 @@ async def served(port: int, llm: ScriptedLLM, *flags: str) -> AsyncIterator[Serv
             await process.wait()
 
 
+async def _hang_up(caller: WebRTCCaller) -> None:
+    """End the call from the caller's side, as the web client's Hang up button does."""
+    caller.send({"type": "hangup"})
+    await caller.wait_for("hangup", timeout_s=10)
+    await caller.close()
+
+
 async def _stop(server: Served, timeout_s: float = 30) -> str:
     """SIGTERM; the server's stderr once it has exited."""
     server.process.send_signal(signal.SIGTERM)
@@ -232,8 +239,9 @@ async def test_sigterm_drains_live_calls_then_exits(unused_tcp_port: int, llm: S
             caller.send({"type": "text", "text": "Are you still there?"})
             await caller.wait_for("tts_end", count=2, timeout_s=30)
             assert caller.of_type("agent_sentence")[-1]["text"] == "Yes, I am still here."
+            await _hang_up(caller)  # the last call ends: the server exits without waiting more
         finally:
-            await caller.close()  # the last call ends: the server exits without waiting more
+            await caller.close()
         async with asyncio.timeout(15):
             _, err = await server.process.communicate()
     assert server.process.returncode == 0, err.decode()
@@ -271,6 +279,8 @@ async def test_the_offer_rate_limit_answers_429_with_retry_after(
             await first.connect(server.base, playbook="support")
             with pytest.raises(RuntimeError, match="429") as refused:
                 await second.connect(server.base, playbook="support")
+            await first.wait_for("agent_sentence", timeout_s=30)  # the data channel is open
+            await _hang_up(first)
         finally:
             await first.close()
             await second.close()

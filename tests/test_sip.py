@@ -266,6 +266,26 @@ async def test_at_capacity_a_call_gets_503(llm: ScriptedLLM) -> None:
             await second.close()
 
 
+async def test_at_capacity_and_over_the_rate_limit_503_says_when_to_retry(
+    llm: ScriptedLLM,
+) -> None:
+    llm.script(_replies)
+    settings = SipSettings(host="127.0.0.1", port=0)
+    config = ServerConfig(sip=settings, rate_limit_per_min=2, rate_limit_burst=1)
+    async with voice_server(llm.base_url, config) as server:
+        first = await SipPhone.open(server.app[SIP].port)
+        second = await SipPhone.open(server.app[SIP].port)
+        try:
+            assert (await first.invite()).status_code == 200
+            refused = await second.invite()  # the same address, a second later
+            assert refused.status_code == 503
+            assert 20 <= int(refused.headers.get_first("retry-after") or 0) <= 30
+            assert (await first.bye()).status_code == 200
+        finally:
+            await first.close()
+            await second.close()
+
+
 async def test_sources_outside_the_allowlist_get_no_answer(llm: ScriptedLLM) -> None:
     async with _server(llm, allow=(ip_network("10.0.0.0/8"),)) as server:
         phone = await SipPhone.open(server.app[SIP].port)
