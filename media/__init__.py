@@ -7,8 +7,8 @@ from .audio import FRAME_BYTES, FRAME_MS, SAMPLE_RATE, FrameSplitter, Resampler
 from .chunker import SentenceChunker, speakable
 from .echo import EchoGate, EchoSettings
 from .speaker import Playback, PlaybackResult, Speaker
-from .stt import Transcriber, TranscriberSettings, Transcript
-from .tts import Synthesizer, SynthesizerSettings
+from .stt import SpeechToText, Transcriber, TranscriberSettings, Transcript
+from .tts import Synthesizer, SynthesizerSettings, TextToSpeech
 from .vad import (
     SpeechEnded,
     SpeechPaused,
@@ -35,8 +35,10 @@ __all__ = [
     "SpeechPaused",
     "SpeechResumed",
     "SpeechStarted",
+    "SpeechToText",
     "Synthesizer",
     "SynthesizerSettings",
+    "TextToSpeech",
     "Transcriber",
     "TranscriberSettings",
     "Transcript",

@@ -171,3 +171,10 @@ class Speaker:
         for hook in self.on_clear:
             hook()
         return [PlaybackResult(False, p.played_ms, p.total_ms) for p in dropped]
+
+    def close(self) -> None:
+        """The call is over: free the resamplers now. Each holds an ffmpeg filter graph with
+        its own worker threads (two on two cores), which would otherwise live until the garbage
+        collector reaches the ended call. Pulling still gives silence; a later push resamples
+        afresh."""
+        self._resamplers.clear()

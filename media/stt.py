@@ -11,16 +11,25 @@ import asyncio
 import logging
 import re
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
 
 from .audio import SAMPLE_RATE, pcm_to_float32, silence
 
-__all__ = ["Transcriber", "TranscriberSettings", "Transcript", "default_whisper_model"]
+__all__ = [
+    "Segment",
+    "SpeechToText",
+    "Transcriber",
+    "TranscriberSettings",
+    "Transcript",
+    "default_whisper_model",
+    "screen",
+]
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +94,20 @@ class Transcript:
     """Why the text was judged not to be speech (then ``text`` is empty)."""
 
 
+class SpeechToText(Protocol):
+    """What a call needs of speech recognition: the local :class:`Transcriber` or a remote one
+    (``media.remote.RemoteTranscriber``)."""
+
+    async def transcribe(self, pcm: bytes) -> Transcript:
+        """The words of one utterance of 16 kHz PCM16 mono; raises when recognition fails.
+        Cancelling abandons the result."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release the engine's workers or connections (the process is done with it)."""
+        ...
+
+
 class Transcriber:
     """Whisper transcription of 16 kHz PCM16 utterances. Build with :meth:`load`."""
 
@@ -127,6 +150,9 @@ class Transcriber:
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
+    async def aclose(self) -> None:
+        self.close()
+
     def _decode(self, pcm: bytes) -> Transcript:
         started = time.perf_counter()
         audio_ms = len(pcm) / 2 / SAMPLE_RATE * 1000
@@ -144,50 +170,76 @@ class Transcriber:
             )
             segments = list(segments_iter)
         compute_ms = (time.perf_counter() - started) * 1000
-        kept = [
-            s
-            for s in segments
-            if not (
-                s.no_speech_prob > self.settings.max_no_speech_prob
-                and s.avg_logprob < self.settings.min_avg_logprob
-            )
-        ]
-        text = " ".join(s.text.strip() for s in kept).strip()
-        avg_logprob = min((s.avg_logprob for s in segments), default=None)
-        no_speech = max((s.no_speech_prob for s in segments), default=None)
-        reason = self._noise_reason(text, segments, kept, avg_logprob, no_speech)
-        if reason:
-            log.debug("dropped transcript %r: %s", text, reason)
-        return Transcript(
-            text="" if reason else text,
-            audio_ms=audio_ms,
-            compute_ms=compute_ms,
-            avg_logprob=avg_logprob,
-            no_speech_prob=no_speech,
-            dropped=reason,
+        return screen(
+            segments,
+            audio_ms,
+            compute_ms,
+            max_no_speech_prob=self.settings.max_no_speech_prob,
+            min_avg_logprob=self.settings.min_avg_logprob,
         )
 
-    def _noise_reason(
-        self,
-        text: str,
-        segments: list[Any],
-        kept: list[Any],
-        avg_logprob: float | None,
-        no_speech: float | None,
-    ) -> str | None:
-        if segments and not kept:
-            return "no speech"
-        if not any(char.isalnum() for char in text):
-            return "empty" if not text else "no words"
-        if _ANNOTATION.match(text):
-            return "caption annotation"
-        normalised = re.sub(r"[^\w' ]", "", text.lower()).strip()
-        weak = (avg_logprob is not None and avg_logprob < -0.6) or (
-            no_speech is not None and no_speech > 0.25
-        )
-        if normalised in _NOISE_PHRASES and weak:
-            return "filler phrase with low confidence"
-        return None
+
+class Segment(Protocol):
+    """What the filters read of a decoded segment (faster-whisper's, or a remote server's
+    ``verbose_json`` segment)."""
+
+    @property
+    def text(self) -> str: ...
+    @property
+    def avg_logprob(self) -> float: ...
+    @property
+    def no_speech_prob(self) -> float: ...
+
+
+def screen(
+    decoded: Sequence[Segment] | str,
+    audio_ms: float,
+    compute_ms: float,
+    *,
+    max_no_speech_prob: float = 0.6,
+    min_avg_logprob: float = -1.0,
+) -> Transcript:
+    """The transcript of ``decoded`` segments (or of a bare text, from a decoder that reports no
+    confidences), with noise and Whisper's filler hallucinations dropped: then ``text`` is empty
+    and ``dropped`` says why."""
+    segments = [] if isinstance(decoded, str) else list(decoded)
+    kept = [
+        s
+        for s in segments
+        if not (s.no_speech_prob > max_no_speech_prob and s.avg_logprob < min_avg_logprob)
+    ]
+    text = (decoded if isinstance(decoded, str) else " ".join(s.text.strip() for s in kept)).strip()
+    avg_logprob = min((s.avg_logprob for s in segments), default=None)
+    no_speech = max((s.no_speech_prob for s in segments), default=None)
+    reason = _noise_reason(text, bool(segments) and not kept, avg_logprob, no_speech)
+    if reason:
+        log.debug("dropped transcript %r: %s", text, reason)
+    return Transcript(
+        text="" if reason else text,
+        audio_ms=audio_ms,
+        compute_ms=compute_ms,
+        avg_logprob=avg_logprob,
+        no_speech_prob=no_speech,
+        dropped=reason,
+    )
+
+
+def _noise_reason(
+    text: str, all_silent: bool, avg_logprob: float | None, no_speech: float | None
+) -> str | None:
+    if all_silent:
+        return "no speech"
+    if not any(char.isalnum() for char in text):
+        return "empty" if not text else "no words"
+    if _ANNOTATION.match(text):
+        return "caption annotation"
+    normalised = re.sub(r"[^\w' ]", "", text.lower()).strip()
+    weak = (avg_logprob is not None and avg_logprob < -0.6) or (
+        no_speech is not None and no_speech > 0.25
+    )
+    if normalised in _NOISE_PHRASES and weak:
+        return "filler phrase with low confidence"
+    return None
 
 
 @dataclass(frozen=True)

@@ -7,13 +7,19 @@ bounds how many syntheses run at once. Piper has no token-level streaming: feed 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Generator
+from collections.abc import AsyncGenerator, AsyncIterator, Generator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["Synthesizer", "SynthesizerSettings", "default_piper_voice"]
+__all__ = [
+    "PIECE_MS",
+    "Synthesizer",
+    "SynthesizerSettings",
+    "TextToSpeech",
+    "default_piper_voice",
+]
 
 PIECE_MS = 200
 """Synthesized audio is handed out in pieces of at most this length, so a cancel lands quickly."""
@@ -35,6 +41,26 @@ class SynthesizerSettings:
     workers: int = 1
     length_scale: float | None = None
     """Speaking rate: above 1 is slower, below 1 faster; None keeps the voice's own."""
+
+
+class TextToSpeech(Protocol):
+    """What a call needs of speech synthesis: the local :class:`Synthesizer` or a remote one
+    (``media.remote.RemoteSynthesizer``)."""
+
+    @property
+    def sample_rate(self) -> int:
+        """The rate of every piece :meth:`synthesize` yields (fixed for the engine's life)."""
+        ...
+
+    def synthesize(self, text: str) -> AsyncIterator[bytes]:
+        """``text`` as PCM16 mono at :attr:`sample_rate`, in pieces of at most ``PIECE_MS``, the
+        first as early as possible; raises when synthesis fails. Closing the iterator (or
+        cancelling its consumer) stops the synthesis promptly."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release the engine's workers or connections (the process is done with it)."""
+        ...
 
 
 class Synthesizer:
@@ -96,6 +122,9 @@ class Synthesizer:
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def aclose(self) -> None:
+        self.close()
 
     def _chunks(self, text: str) -> Generator[bytes, None, None]:
         from piper import SynthesisConfig

@@ -21,10 +21,10 @@ import json
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from .engine import (
     TRANSITION_TOOL,
@@ -37,11 +37,13 @@ from .history import Conversation, Message
 from .llm import ChatClient, ChatRequest, LLMError, ToolCallRequest
 from .loader import LoadedPlaybook
 from .models import NamedToolChoice, Stage, Transition
-from .tools import ToolError
+from .tools import InvalidToolCall, ToolError
 
 __all__ = ["OrchestratorOptions", "PlaybookOrchestrator", "Snapshot", "Turn"]
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 DEFAULT_FALLBACK = "Sorry, I'm having trouble right now."
 CANCELLED_RESULT = json.dumps({"error": "cancelled: the caller interrupted before it finished"})
@@ -53,6 +55,10 @@ class OrchestratorOptions:
     phase1_timeout_ms: int = 60_000
     history_limit: int = 50
     fallback_answer: str = DEFAULT_FALLBACK
+    llm_timeout_ms: int = 20_000
+    """The longest the LLM may keep the turn waiting: for a round to start streaming (its
+    retries included) or for the round's next chunk. Past it the round fails like an unreachable
+    endpoint: an ``error`` event, and the fallback line (after what was already said)."""
 
 
 class PlaybookOrchestrator:
@@ -337,7 +343,8 @@ class Turn:
             self.answer = o.options.fallback_answer
             yield self.answer
         elif failed:  # cut off mid-answer: say so rather than trail off
-            tail = f" {o.options.fallback_answer}"
+            cut = "" if self.answer.rstrip()[-1] in ".!?…" else "…"
+            tail = f"{cut} {o.options.fallback_answer}"
             self.answer += tail
             yield tail
         o._events.emit("phase2_complete", response=self.answer)
@@ -368,8 +375,7 @@ class Turn:
             first_round = False
             requested_at = loop.time()
             try:
-                async with asyncio.timeout_at(deadline):
-                    stream = await o.client.stream(request)
+                stream = await self._llm_step(o.client.stream(request), deadline)
             except TimeoutError:
                 self._needs_answer_call = True
                 return
@@ -380,11 +386,10 @@ class Turn:
                 iterator = aiter(stream)
                 while True:
                     try:
-                        if streaming_answer:
-                            delta = await anext(iterator)
-                        else:
-                            async with asyncio.timeout_at(deadline):
-                                delta = await anext(iterator)
+                        # once the answer streams, Phase 1's deadline no longer applies
+                        delta = await self._llm_step(
+                            anext(iterator), None if streaming_answer else deadline
+                        )
                     except StopAsyncIteration:
                         break
                     if delta.is_tool_call:
@@ -426,16 +431,36 @@ class Turn:
         o = self._o
         loop = asyncio.get_running_loop()
         requested_at = loop.time()
-        stream = await o.client.stream(o._request(with_tools=False, first_round=False))
+        request = o._request(with_tools=False, first_round=False)
+        stream = await self._llm_step(o.client.stream(request))
         self._round_has_text = False
         try:
-            async for delta in stream:
+            iterator = aiter(stream)
+            while True:
+                try:
+                    delta = await self._llm_step(anext(iterator))
+                except StopAsyncIteration:
+                    break
                 if delta.text:
                     if not self.answer:
                         self.llm_first_token_s = loop.time() - requested_at
                     yield self._add_text(delta.text)
         finally:
             await stream.aclose()
+
+    async def _llm_step(self, step: Awaitable[_T], deadline: float | None = None) -> _T:
+        """Await one step of the LLM (opening a round, or the round's next chunk). Raises
+        :class:`LLMError` when the LLM stays silent for ``llm_timeout_ms``, TimeoutError when
+        Phase 1's ``deadline`` (loop time) comes first."""
+        timeout_s = self._o.options.llm_timeout_ms / 1000
+        limit = asyncio.get_running_loop().time() + timeout_s
+        try:
+            async with asyncio.timeout_at(limit if deadline is None else min(limit, deadline)):
+                return await step
+        except TimeoutError:
+            if deadline is not None and deadline <= limit:
+                raise
+            raise LLMError(f"the LLM sent nothing for {timeout_s:g} s") from None
 
     def _announce_phase2(self) -> None:
         """Emit ``phase1_complete`` and ``phase2_start`` once, before the answer's first text."""
@@ -476,14 +501,15 @@ class Turn:
             self._facts.tools_called.add(call.name)
             o._events.emit("tool_call_start", call=_call_dict(call))
             if index >= budget:
-                self._finish_call(
-                    call, _error("tool call limit for this turn reached"), 0.0, failed=True
-                )
+                self._fail_call(call, "tool_call", "tool call limit for this turn reached")
             elif call.name == TRANSITION_TOOL:
-                result, decided = self._decide(call, decision is not None)
-                if decided is not None:
-                    decision = decided
-                self._finish_call(call, result, 0.0, failed=decided is None)
+                try:
+                    decision = self._decide(call, decision is not None)
+                except InvalidToolCall as exc:
+                    self._fail_call(call, "tool_call", str(exc))
+                else:
+                    stage = decision[0].action.target_stage
+                    self._finish_call(call, json.dumps({"ok": True, "stage": stage}), 0.0)
             else:
                 pending[call.id] = asyncio.create_task(
                     self._call_tool(call), name=f"tool:{call.name}:{call.id}"
@@ -518,11 +544,11 @@ class Turn:
                 # the timeout cancelled the gather and with it every unfinished tool
                 for call in calls:
                     if call.id in pending:
-                        self._finish_call(
+                        self._fail_call(
                             call,
-                            _error("the turn's tool time limit was reached"),
+                            "tool",
+                            "the turn's tool time limit was reached",
                             time.monotonic() - started,
-                            failed=True,
                         )
             finally:
                 for task in pending.values():
@@ -546,46 +572,45 @@ class Turn:
         offered = tool is not None and tool in o.engine.tools()
         try:
             if tool is None or not offered:
-                raise ToolError(f"unknown tool {call.name!r}")
+                raise InvalidToolCall(f"unknown tool {call.name!r}")
             if tool.side_effects and self.confirmed is not None:
                 await self.confirmed.wait()  # never act on words the caller may not have said
                 started = time.monotonic()
             result = await tool.call(call.arguments)
         except ToolError as exc:
-            result = _error(str(exc))
-            self._finish_call(call, result, time.monotonic() - started, failed=True)
-            return result
+            source = "tool_call" if isinstance(exc, InvalidToolCall) else "tool"
+            self._fail_call(call, source, str(exc), time.monotonic() - started)
+            return _error(str(exc))
         self._finish_call(call, result, time.monotonic() - started)
         return result
 
     def _decide(
         self, call: ToolCallRequest, already: bool
-    ) -> tuple[str, tuple[Transition, str | None, dict[str, Any]] | None]:
+    ) -> tuple[Transition, str | None, dict[str, Any]]:
+        """The transition a ``playbook_transition`` call asks for; raises InvalidToolCall."""
         try:
             arguments = json.loads(call.arguments or "{}")
         except json.JSONDecodeError:
-            return _error("arguments are not valid JSON"), None
+            raise InvalidToolCall("arguments are not valid JSON") from None
         if not isinstance(arguments, dict):
-            return _error("arguments must be a JSON object"), None
+            raise InvalidToolCall("arguments must be a JSON object")
         target = arguments.get("target_stage")
         transition = self._o.engine.decision_for(str(target)) if target else None
         if transition is None:
             allowed = [t.action.target_stage for t in self._o.engine.decision_transitions()]
-            return _error(f"target_stage must be one of {allowed}"), None
+            raise InvalidToolCall(f"target_stage must be one of {allowed}")
         if already:
-            return _error("only one stage transition per turn"), None
+            raise InvalidToolCall("only one stage transition per turn")
         data = arguments.get("data")
         reason = arguments.get("reason")
-        return (
-            json.dumps({"ok": True, "stage": transition.action.target_stage}),
-            (transition, str(reason) if reason else None, data if isinstance(data, dict) else {}),
-        )
+        return transition, str(reason) if reason else None, data if isinstance(data, dict) else {}
 
     def _finish_call(
         self, call: ToolCallRequest, result: str, duration_s: float, *, failed: bool = False
-    ) -> None:
+    ) -> bool:
+        """Record ``call``'s result (False if it already had one)."""
         if call.id in self._results:
-            return
+            return False
         self._results[call.id] = result
         self._o._events.emit(
             "tool_call_complete",
@@ -594,6 +619,15 @@ class Turn:
             error=failed,
             duration_ms=round(duration_s * 1000, 1),
         )
+        return True
+
+    def _fail_call(
+        self, call: ToolCallRequest, source: str, message: str, duration_s: float = 0.0
+    ) -> None:
+        """Give ``call`` an error result for the LLM and report an ``error`` event: ``source``
+        is ``tool_call`` for a call the LLM got wrong, ``tool`` for a tool that failed."""
+        if self._finish_call(call, _error(message), duration_s, failed=True):
+            self._o._events.emit("error", source=source, message=message, tool=call.name)
 
     def _close_open_calls(self, default: str) -> None:
         """Append a result message for every open call, in call order."""

@@ -18,7 +18,7 @@ from typing import Any, Literal, overload
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
-__all__ = ["DEFAULT_TOOL_TIMEOUT_S", "Tool", "ToolError", "tool"]
+__all__ = ["DEFAULT_TOOL_TIMEOUT_S", "InvalidToolCall", "Tool", "ToolError", "tool"]
 
 DEFAULT_TOOL_TIMEOUT_S = 30.0
 OnInterrupt = Literal["cancel", "finish"]
@@ -27,6 +27,11 @@ _MARKER = "__vocable_tool__"
 
 class ToolError(Exception):
     """A tool call that could not produce a result; the message is shown to the LLM."""
+
+
+class InvalidToolCall(ToolError):
+    """A call the LLM got wrong (unknown tool, arguments that are not valid), as opposed to a
+    tool that failed while running."""
 
 
 @dataclass(frozen=True)
@@ -87,7 +92,8 @@ class Tool:
     async def call(self, arguments_json: str) -> str:
         """Validate the LLM's JSON arguments, run the tool, and return its result as text.
 
-        Raises :class:`ToolError` for invalid arguments, a timeout or an exception in the tool.
+        Raises :class:`InvalidToolCall` for invalid arguments, :class:`ToolError` for a timeout or
+        an exception in the tool.
         Cancellation propagates (a sync tool's thread is left to finish on its own).
         """
         arguments = self._validate(arguments_json)
@@ -109,9 +115,11 @@ class Tool:
         try:
             raw = json.loads(arguments_json or "{}")
         except json.JSONDecodeError as exc:
-            raise ToolError(f"arguments for {self.name!r} are not valid JSON: {exc.msg}") from None
+            raise InvalidToolCall(
+                f"arguments for {self.name!r} are not valid JSON: {exc.msg}"
+            ) from None
         if not isinstance(raw, dict):
-            raise ToolError(f"arguments for {self.name!r} must be a JSON object")
+            raise InvalidToolCall(f"arguments for {self.name!r} must be a JSON object")
         if self.arguments_model is None:
             return raw
         try:
@@ -121,7 +129,7 @@ class Tool:
                 f"{'.'.join(str(p) for p in err['loc']) or '(arguments)'}: {err['msg']}"
                 for err in exc.errors()
             )
-            raise ToolError(f"invalid arguments for {self.name!r}: {problems}") from None
+            raise InvalidToolCall(f"invalid arguments for {self.name!r}: {problems}") from None
         return {name: getattr(validated, name) for name in type(validated).model_fields}
 
 

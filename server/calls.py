@@ -1,13 +1,16 @@
 """Browser calls: one :class:`WebRTCCall` per peer connection, kept by the call registry.
 
 A call owns its ``RTCPeerConnection``, its :class:`Session` and the ``events`` data channel. It
-starts listening (and greets) once ICE connects, and ends on hang-up, peer failure, idle timeout or
-maximum duration, freeing everything; other calls are unaffected.
+starts listening (and greets) once ICE connects, and ends on hang-up, peer failure, no connection
+within CONNECT_TIMEOUT_S, idle timeout or maximum duration, freeing everything; other calls are
+unaffected. Whatever a client sends (an SDP aiortc chokes on, any data-channel message) is refused
+with a clear message and never takes the call, or the server, down.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Callable
@@ -37,6 +40,10 @@ log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 4 * 1024
 """Largest data-channel message taken from a client (a typed turn is sent on to the LLM)."""
+CONNECT_TIMEOUT_S = 30.0
+"""A call whose peer connection is not up this long after the answer is hung up (the peer
+vanished, or its offer was one aiortc accepted but cannot connect)."""
+CLOSE_TIMEOUT_S = 10.0
 
 
 class BadOffer(ValueError):
@@ -68,25 +75,41 @@ class WebRTCCall:
         self.ended = asyncio.Event()
         """Set once the call has ended and everything it held is freed."""
         self._listening = False
+        self._connected = asyncio.Event()
         pc.on("track", self._on_track)
         pc.on("datachannel", self._on_datachannel)
         pc.on("connectionstatechange", self._on_connection_state)
 
     async def accept(self, offer_sdp: str) -> str:
-        """Apply the offer and return the answer SDP with all ICE candidates (non-trickle)."""
+        """Apply the offer and return the answer SDP with all ICE candidates (non-trickle);
+        raises BadOffer. The call hangs up by itself unless connected within
+        CONNECT_TIMEOUT_S."""
         try:
             await self.pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
-        except Exception as exc:  # aiortc raises ValueError and friends on bad SDP
-            raise BadOffer(f"cannot use this SDP offer: {exc}") from exc
+        except OSError:
+            raise
+        except Exception as exc:  # aiortc raises ValueError, AssertionError... on bad SDP
+            raise BadOffer(f"cannot use this SDP offer: {_reason(exc)}") from exc
         if self._caller is None:
             raise BadOffer("the offer carries no audio track")
         for transceiver in self.pc.getTransceivers():
             if transceiver.kind == "audio":
                 hear_promptly(transceiver.receiver)
         self.pc.addTrack(SpeakerTrack(self.session.voice.speaker))
-        answer = await self.pc.createAnswer()
-        await self.pc.setLocalDescription(answer)
+        try:
+            await self.pc.setLocalDescription(await self.pc.createAnswer())
+        except OSError:  # gathering candidates failed: ours, not the offer's
+            raise
+        except Exception as exc:  # an offer aiortc took but cannot answer (e.g. a lost a=mid)
+            raise BadOffer(f"cannot answer this SDP offer: {_reason(exc)}") from exc
+        self._spawn(self._connect_deadline(), "connect-deadline")
         return str(self.pc.localDescription.sdp)
+
+    async def _connect_deadline(self) -> None:
+        try:
+            await asyncio.wait_for(self._connected.wait(), CONNECT_TIMEOUT_S)
+        except TimeoutError:
+            await self.hangup(f"not connected within {CONNECT_TIMEOUT_S:.0f} s")
 
     # -- events to the client ----------------------------------------------------------------
 
@@ -125,42 +148,55 @@ class WebRTCCall:
 
     async def _on_connection_state(self) -> None:
         state = self.pc.connectionState
+        if state == "connected":
+            self._connected.set()
         if state == "connected" and not self._listening and self._caller is not None:
             self._listening = True
             self._spawn(self._listen(self._caller), "listen")
             self._spawn(self.clock.watch(lambda: self.session.busy, self.hangup), "watchdog")
         elif state in ("failed", "closed"):
+            if state == "failed" and self.session.busy and not self._ended:
+                self.session.voice.emit(
+                    "error", source="transport", message="the connection failed mid-turn"
+                )
             await self.hangup(f"connection {state}")
 
     def _on_message(self, message: str | bytes) -> None:
+        """A client message; whatever it holds, the answer is at most one ``error`` event. An
+        exception escaping here would end aiortc's receive loop: the call would go deaf."""
+        try:
+            problem = self._take(message)
+        except Exception:
+            log.exception("call %s: data-channel message not handled", self.id)
+            problem = "the server could not handle this message"
+        if problem is not None:
+            self._send({"type": "error", "source": "client", "message": problem})
+
+    def _take(self, message: str | bytes) -> str | None:
+        """Act on a client message; returns what is wrong with it, if anything."""
         if isinstance(message, bytes) or len(message.encode()) > MAX_MESSAGE_BYTES:
-            self._send(
-                {"type": "error", "source": "client", "message": "message too large or binary"}
-            )
-            return
+            return "message too large or binary"
         try:
             data = json.loads(message)
             kind = data["type"]
-        except (ValueError, KeyError, TypeError):
-            self._send(
-                {
-                    "type": "error",
-                    "source": "client",
-                    "message": "expected a JSON object with a type",
-                }
-            )
-            return
+        except (ValueError, KeyError, TypeError, RecursionError):
+            return "expected a JSON object with a type"
         self.clock.touch()
         if kind == "hangup":
             self._spawn(self.hangup("caller hung up"), "hangup")
-        elif kind == "text" and isinstance(data.get("text"), str) and data["text"].strip():
-            self.session.submit_text(data["text"].strip()[:2000])
-        elif kind == "mute" and isinstance(data.get("muted"), bool):
+        elif kind == "text":
+            text = data.get("text")
+            if not isinstance(text, str) or not text.strip():
+                return 'a "text" message needs a non-empty "text" string'
+            self.session.submit_text(text.strip()[:2000])
+        elif kind == "mute":
+            if not isinstance(data.get("muted"), bool):
+                return 'a "mute" message needs "muted": true or false'
             self.session.muted = data["muted"]
         else:
-            self._send(
-                {"type": "error", "source": "client", "message": f"unsupported message {kind!r}"}
-            )
+            shown = repr(kind) if len(repr(kind)) <= 60 else repr(kind)[:57] + "..."
+            return f"unsupported message {shown}"
+        return None
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -179,15 +215,43 @@ class WebRTCCall:
             return
         self._ended = True
         log.info("call %s ended: %s", self.id, reason)
-        self._send({"type": "hangup", "reason": reason})
-        await self.session.close()
-        current = asyncio.current_task()
-        for task in list(self._tasks):
-            if task is not current:
-                task.cancel()
-        await self.pc.close()
-        self._on_end(self, reason)
-        self.ended.set()
+        try:
+            with contextlib.suppress(Exception):  # the channel may be failing with the call
+                self._send({"type": "hangup", "reason": reason})
+            await self.session.close()
+            current = asyncio.current_task()
+            for task in list(self._tasks):
+                if task is not current:
+                    task.cancel()
+            await _close_peer(self.pc, self.id)
+        finally:  # whatever failed above, the call is forgotten: no leak of a session slot
+            self._on_end(self, reason)
+            self.ended.set()
+
+
+def _reason(exc: Exception) -> str:
+    return str(exc) or f"malformed SDP ({type(exc).__name__})"
+
+
+async def _close_peer(pc: RTCPeerConnection, call_id: str) -> None:
+    """``pc.close()``; when aiortc fails half-way (it can, after an offer it half took), stop
+    the transports it did not reach, so their sockets are not left open."""
+    try:
+        async with asyncio.timeout(CLOSE_TIMEOUT_S):
+            await pc.close()
+        return
+    except Exception as exc:
+        log.warning("call %s: closing the peer connection failed: %r", call_id, exc)
+    dtls = [transceiver.receiver.transport for transceiver in pc.getTransceivers()]
+    if pc.sctp is not None:
+        dtls.append(pc.sctp.transport)
+    for transport in dtls:
+        if transport is None:
+            continue
+        with contextlib.suppress(Exception):
+            await transport.stop()
+        with contextlib.suppress(Exception):
+            await transport.transport.stop()
 
 
 async def open_webrtc_call(

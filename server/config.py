@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 from media import TranscriberSettings, VadSettings
+from media.remote import RemoteSynthesizerSettings, RemoteTranscriberSettings
 from media.tts import SynthesizerSettings
 from playbooks import BargeInPolicy
 
@@ -73,8 +74,16 @@ class ServerConfig:
     llm: LLMSettings | None = None
     """None: no endpoint configured; calls still work but the agent cannot answer."""
     llm_retries: int = 3
+    llm_timeout_s: float = 10.0
+    """The longest the LLM may stay silent (before its first token or between chunks) before
+    the turn falls back to the spoken apology."""
     transcriber: TranscriberSettings = field(default_factory=TranscriberSettings)
     synthesizer: SynthesizerSettings = field(default_factory=SynthesizerSettings)
+    # remote inference (see "Remote STT and TTS" at the end of this module)
+    remote_stt: RemoteTranscriberSettings | None = None
+    """Transcribe on an OpenAI-compatible audio server instead of local Whisper."""
+    remote_tts: RemoteSynthesizerSettings | None = None
+    """Synthesize on an OpenAI-compatible audio server instead of local Piper."""
     session: SessionSettings = field(default_factory=SessionSettings)
     ice_servers: tuple[IceServer, ...] = ()
     max_sessions: int = 8
@@ -126,8 +135,11 @@ class ServerConfig:
             playbook_path=args.playbook,
             llm=llm,
             llm_retries=args.llm_retries,
+            llm_timeout_s=args.llm_timeout_s,
             transcriber=TranscriberSettings(model=args.stt_model, cpu_threads=args.stt_threads),
             synthesizer=SynthesizerSettings(voice=args.tts_voice),
+            remote_stt=_remote_stt(args),
+            remote_tts=_remote_tts(args),
             session=SessionSettings(
                 vad=VadSettings(
                     aggressiveness=args.vad_aggressiveness, end_silence_ms=args.end_silence_ms
@@ -174,6 +186,8 @@ def _check_operations(args: argparse.Namespace) -> None:
         raise ConfigError("--rate-limit must not be negative (0: no limit)")
     if args.rate_limit_burst < 1:
         raise ConfigError("--rate-limit-burst must be at least 1")
+    if args.llm_timeout_s <= 0:
+        raise ConfigError("--llm-timeout-s must be positive")
     if args.drain_timeout_s < 0:
         raise ConfigError("--drain-timeout-s must not be negative")
 
@@ -371,6 +385,14 @@ def add_serve_arguments(
     parser.add_argument(
         "--llm-retries", type=int, default=default("LLM_RETRIES", int, 3), metavar="N"
     )
+    parser.add_argument(
+        "--llm-timeout-s",
+        type=float,
+        default=default("LLM_TIMEOUT_S", float, 10.0),
+        metavar="S",
+        help="longest LLM silence (to the first token, or between chunks) before the agent "
+        "apologizes [VOCABLE_LLM_TIMEOUT_S; default: 10]",
+    )
 
     audio = parser.add_argument_group("speech")
     audio.add_argument(
@@ -404,4 +426,102 @@ def add_serve_arguments(
         default=default("NO_SPECULATION", _flag, False),
         help="transcribe only after the end of the turn, not at each pause "
         "[VOCABLE_NO_SPECULATION=1]",
+    )
+    _add_remote_arguments(parser, env)
+
+
+# -- Remote STT and TTS ------------------------------------------------------------------------
+# Each direction is local unless its URL is given; remote STT with local TTS (or the reverse) is
+# fine. The API key is never logged nor echoed: it lives in fields with repr=False.
+
+
+def _add_remote_arguments(
+    parser: argparse.ArgumentParser, env: Mapping[str, str] = os.environ
+) -> None:
+    """Flags pointing speech recognition and synthesis at OpenAI-compatible audio servers."""
+
+    def default(name: str, fallback: str | None) -> str | None:
+        return env.get(f"VOCABLE_{name}") or fallback
+
+    group = parser.add_argument_group(
+        "remote speech (OpenAI-compatible /v1/audio APIs, e.g. on a GPU server; default: local)"
+    )
+    group.add_argument(
+        "--stt-url",
+        default=default("STT_URL", None),
+        metavar="URL",
+        help="transcribe with this server's /audio/transcriptions, e.g. http://gpu-host:8000/v1 "
+        "[VOCABLE_STT_URL; default: local Whisper]",
+    )
+    group.add_argument(
+        "--stt-remote-model",
+        default=default("STT_REMOTE_MODEL", "whisper-1"),
+        metavar="NAME",
+        help="[VOCABLE_STT_REMOTE_MODEL; default: whisper-1]",
+    )
+    group.add_argument(
+        "--tts-url",
+        default=default("TTS_URL", None),
+        metavar="URL",
+        help="synthesize with this server's /audio/speech [VOCABLE_TTS_URL; default: local Piper]",
+    )
+    group.add_argument(
+        "--tts-remote-model",
+        default=default("TTS_REMOTE_MODEL", "tts-1"),
+        metavar="NAME",
+        help="[VOCABLE_TTS_REMOTE_MODEL; default: tts-1]",
+    )
+    group.add_argument(
+        "--tts-remote-voice",
+        default=default("TTS_REMOTE_VOICE", "alloy"),
+        metavar="NAME",
+        help="[VOCABLE_TTS_REMOTE_VOICE; default: alloy]",
+    )
+    group.add_argument(
+        "--tts-remote-format",
+        choices=("pcm", "wav"),
+        default=default("TTS_REMOTE_FORMAT", "pcm"),
+        help="pcm: raw 24 kHz PCM16 as OpenAI sends it; wav: for servers whose raw audio has "
+        "another rate [VOCABLE_TTS_REMOTE_FORMAT; default: pcm]",
+    )
+    group.add_argument(
+        "--inference-api-key",
+        default=default("INFERENCE_API_KEY", None),
+        metavar="KEY",
+        help="bearer token for --stt-url and --tts-url [VOCABLE_INFERENCE_API_KEY; "
+        "default: none, which self-hosted servers accept]",
+    )
+
+
+def _remote_url(flag: str, url: str | None) -> str | None:
+    if not url:
+        return None
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError(
+            f"{flag} must be an http:// or https:// base URL, like http://host:8000/v1"
+        )
+    return url.rstrip("/")
+
+
+def _remote_stt(args: argparse.Namespace) -> RemoteTranscriberSettings | None:
+    url = _remote_url("--stt-url", args.stt_url)
+    if url is None:
+        return None
+    return RemoteTranscriberSettings(
+        base_url=url, model=args.stt_remote_model, api_key=args.inference_api_key or None
+    )
+
+
+def _remote_tts(args: argparse.Namespace) -> RemoteSynthesizerSettings | None:
+    url = _remote_url("--tts-url", args.tts_url)
+    if url is None:
+        return None
+    if args.tts_remote_format not in ("pcm", "wav"):  # an environment value skips choices=
+        raise ConfigError(f"--tts-remote-format must be pcm or wav, not {args.tts_remote_format!r}")
+    return RemoteSynthesizerSettings(
+        base_url=url,
+        model=args.tts_remote_model,
+        voice=args.tts_remote_voice,
+        response_format=args.tts_remote_format,
+        api_key=args.inference_api_key or None,
     )

@@ -6,7 +6,8 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from media import Synthesizer, Transcriber
+from media import SpeechToText, Synthesizer, TextToSpeech, Transcriber
+from media.remote import RemoteSynthesizer, RemoteTranscriber
 from playbooks import ChatClient, LoadedPlaybook, RetryPolicy, load_playbooks
 
 from .config import ServerConfig
@@ -18,8 +19,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Engines:
-    transcriber: Transcriber
-    synthesizer: Synthesizer
+    transcriber: SpeechToText
+    synthesizer: TextToSpeech
     playbooks: dict[str, LoadedPlaybook]
     llm: ChatClient | None
     """None when no LLM endpoint is configured."""
@@ -30,13 +31,11 @@ class Engines:
 
     @classmethod
     async def load(cls, config: ServerConfig) -> Engines:
-        """Load playbooks (raising ``PlaybookError``), then Whisper and Piper in worker threads,
-        concurrently, each warmed up."""
+        """Load playbooks (raising ``PlaybookError``), then speech recognition and synthesis
+        concurrently, each warmed up: local Whisper and Piper in worker threads, or clients of
+        the configured remote servers (which may be down: that is logged, not fatal)."""
         playbooks = load_playbooks(config.playbook_path)
-        transcriber, synthesizer = await asyncio.gather(
-            asyncio.to_thread(Transcriber.load, config.transcriber),
-            asyncio.to_thread(Synthesizer.load, config.synthesizer),
-        )
+        transcriber, synthesizer = await asyncio.gather(_transcriber(config), _synthesizer(config))
         llm = None
         if config.llm is not None:
             llm = ChatClient.connect(
@@ -50,7 +49,28 @@ class Engines:
         return cls(transcriber, synthesizer, playbooks, llm)
 
     async def close(self) -> None:
-        self.transcriber.close()
-        self.synthesizer.close()
+        await self.transcriber.aclose()
+        await self.synthesizer.aclose()
         if self.llm is not None:
             await self.llm.client.close()
+
+
+async def _transcriber(config: ServerConfig) -> SpeechToText:
+    if config.remote_stt is None:
+        return await asyncio.to_thread(Transcriber.load, config.transcriber)
+    remote = RemoteTranscriber(config.remote_stt)
+    log.info("speech recognition: %s, model %s", remote.endpoint, config.remote_stt.model)
+    await remote.warm_up()
+    return remote
+
+
+async def _synthesizer(config: ServerConfig) -> TextToSpeech:
+    if config.remote_tts is None:
+        return await asyncio.to_thread(Synthesizer.load, config.synthesizer)
+    remote = RemoteSynthesizer(config.remote_tts)
+    settings = config.remote_tts
+    log.info(
+        "speech synthesis: %s, model %s, voice %s", remote.endpoint, settings.model, settings.voice
+    )
+    await remote.warm_up()
+    return remote

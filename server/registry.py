@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import secrets
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Protocol
 
 from media import Speaker
@@ -95,9 +96,9 @@ class CallRegistry:
     ) -> Session:
         """A session on the shared models; its events go to ``emit`` and to ``on_event``."""
         engines = self.engines
-        options = OrchestratorOptions()
+        options = OrchestratorOptions(llm_timeout_ms=round(self.config.llm_timeout_s * 1000))
         if engines.llm is None:
-            options = OrchestratorOptions(fallback_answer=NO_LLM_LINE)
+            options = replace(options, fallback_answer=NO_LLM_LINE)
         orchestrator = PlaybookOrchestrator(engines.playbooks[playbook_id], engines.llm, options)
 
         def both(event: VoiceEvent) -> None:

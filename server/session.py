@@ -144,11 +144,17 @@ class Session:
             self._start_turn(self.voice.greet(), name="greeting")
 
     async def run(self, frames: AsyncIterable[bytes]) -> None:
-        """Start, then feed every caller frame (20 ms, 16 kHz PCM16) until the iterable ends."""
+        """Start, then feed every caller frame (20 ms, 16 kHz PCM16) until the iterable ends,
+        then close. Frames ending by themselves during a turn (the peer vanished rather than
+        hung up, which closes the session first) are reported as an ``error`` (``transport``)."""
         self.start()
         try:
             async for frame in frames:
                 self.feed(frame)
+            if self.busy and not self._closed:
+                self.voice.emit(
+                    "error", source="transport", message="the caller's audio ended mid-turn"
+                )
         finally:
             await self.close()
 
@@ -517,7 +523,9 @@ class Session:
             self._set_state("speaking" if self.voice.speaker.busy else "thinking")
 
     async def close(self) -> None:
-        """End the call: cancel any turn and wait for it. Idempotent."""
+        """End the call: cancel any turn and wait for it, and free the speaker's native
+        resources at once (the call's objects are reference cycles, freed only when the garbage
+        collector gets to them). Idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -534,6 +542,7 @@ class Session:
             self._turn.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._turn
+        self.voice.speaker.close()
         self._set_state("closed")
 
 

@@ -19,8 +19,8 @@ from media import (
     SentenceChunker,
     Speaker,
     SpeechEnded,
-    Synthesizer,
-    Transcriber,
+    SpeechToText,
+    TextToSpeech,
     Transcript,
     speakable,
 )
@@ -41,8 +41,8 @@ class VoicePlaybookOrchestrator:
     def __init__(
         self,
         orchestrator: PlaybookOrchestrator,
-        transcriber: Transcriber,
-        synthesizer: Synthesizer,
+        transcriber: SpeechToText,
+        synthesizer: TextToSpeech,
         speaker: Speaker,
         emit: VoiceEventHandler,
         *,
@@ -200,6 +200,8 @@ class _Speech:
         self.generation = 0
         """Bumped by a retraction: text and audio of older generations are void."""
         self.started = False
+        self.apologized = False
+        """Whether a sentence failed to synthesize and the fallback line took its place."""
 
     async def chunk(self, deltas: AsyncIterator[str | Retraction]) -> None:
         chunker = SentenceChunker()
@@ -228,28 +230,44 @@ class _Speech:
         self.sentences.put_nowait((self.generation, sentence))
 
     async def synthesize(self) -> None:
+        """Synthesize queued sentences in order. A sentence that fails is reported (an ``error``
+        event) and the fallback line is said in its place, once per answer."""
         voice = self.voice
         while (item := await self.sentences.get()) is not None:
             generation, sentence = item
             if generation != self.generation:
                 continue
-            pieces: list[Playback] = []
             try:
-                async for pcm in voice.synthesizer.synthesize(sentence):
-                    if generation != self.generation:
-                        break
-                    if self.timeline.first_audio_at is None:
-                        self.timeline.first_audio_at = voice.clock()
-                    pieces.append(voice.speaker.push(pcm, voice.synthesizer.sample_rate))
+                await self._play(generation, sentence)
             except Exception as exc:
                 log.exception("speech synthesis failed")
                 voice.emit("error", source="tts", message=f"{type(exc).__name__}: {exc}")
-                continue
-            if not pieces:
-                continue
-            self.playbacks.extend(pieces)
-            pieces[0].add_start_callback(functools.partial(self._started, sentence))
-            pieces[-1].add_done_callback(functools.partial(self._finished, sentence))
+                await self._apologize(generation, sentence)
+
+    async def _play(self, generation: int, sentence: str) -> None:
+        voice = self.voice
+        pieces: list[Playback] = []
+        async for pcm in voice.synthesizer.synthesize(sentence):
+            if generation != self.generation:
+                break
+            if self.timeline.first_audio_at is None:
+                self.timeline.first_audio_at = voice.clock()
+            pieces.append(voice.speaker.push(pcm, voice.synthesizer.sample_rate))
+        if not pieces:
+            return
+        self.playbacks.extend(pieces)
+        pieces[0].add_start_callback(functools.partial(self._started, sentence))
+        pieces[-1].add_done_callback(functools.partial(self._finished, sentence))
+
+    async def _apologize(self, generation: int, failed: str) -> None:
+        line = self.voice.orchestrator.options.fallback_answer
+        if self.apologized or failed == line:
+            return
+        self.apologized = True
+        try:
+            await self._play(generation, line)
+        except Exception:  # the same fault, already reported
+            log.exception("the fallback line could not be synthesized either")
 
     def _finished(self, sentence: str, result: PlaybackResult) -> None:
         if result.completed:

@@ -11,11 +11,12 @@ from pathlib import Path
 import numpy as np
 from aiohttp.test_utils import TestServer
 
-from media import Speaker, Synthesizer, Transcriber
+from media import Speaker, SpeechToText, TextToSpeech
 from media.audio import SAMPLE_RATE, silence
 from playbooks import (
     ChatClient,
     OrchestratorEvent,
+    OrchestratorOptions,
     PlaybookOrchestrator,
     RetryPolicy,
     load_playbooks,
@@ -122,14 +123,15 @@ def start_call(
     base_url: str,
     *,
     settings: SessionSettings | None = None,
-    tts: Synthesizer | None = None,
-    stt: Transcriber | None = None,
+    tts: TextToSpeech | None = None,
+    stt: SpeechToText | None = None,
     retries: int = 0,
     echo: tuple[float, int] | None = None,
+    options: OrchestratorOptions | None = None,
 ) -> VoiceCall:
     """Wire a call like the server does, with a 16 kHz speaker so Whisper can check the output."""
     client = ChatClient.connect(base_url, None, "scripted", retry=RetryPolicy(retries=retries))
-    orchestrator = PlaybookOrchestrator(playbook, client)
+    orchestrator = PlaybookOrchestrator(playbook, client, options)
     sink: list[Callable[[VoiceEvent], None]] = []
     voice = VoicePlaybookOrchestrator(
         orchestrator,

@@ -40,9 +40,11 @@ class Reply:
     ``content`` streams first (split into word tokens unless given as a list of chunks), then the
     tool calls, then ``content_after_tools``. ``status`` other than 200 answers with an OpenAI-style
     error body. ``hang`` never answers (until the client gives up or the server closes).
-    ``cut_after_chunks`` drops the connection mid-stream. ``deltas``, when given, replaces all of
-    the above for a streamed reply: each dict is sent verbatim as one chunk's ``delta`` (for
-    shapes the other fields cannot express, such as interleaved parallel tool-call fragments).
+    ``cut_after_chunks`` drops the connection mid-stream; ``stall_after_chunks`` stops sending
+    mid-stream but keeps the connection open (until the client gives up). ``deltas``, when
+    given, replaces all of the above for a streamed reply: each dict is sent verbatim as one
+    chunk's ``delta`` (for shapes the other fields cannot express, such as interleaved parallel
+    tool-call fragments).
     """
 
     content: str | list[str] = ""
@@ -54,6 +56,7 @@ class Reply:
     chunk_delay_s: float = 0.0
     hang: bool = False
     cut_after_chunks: int | None = None
+    stall_after_chunks: int | None = None
     deltas: list[dict[str, Any]] | None = None
 
 
@@ -185,6 +188,9 @@ class ScriptedLLM:
                     assert request.transport is not None
                     request.transport.close()
                     return response
+                if reply.stall_after_chunks is not None and n >= reply.stall_after_chunks:
+                    await self._wait(request, None)
+                    raise ConnectionResetError
                 if n and reply.chunk_delay_s:
                     await asyncio.sleep(reply.chunk_delay_s)
                 if request.transport is None or request.transport.is_closing():

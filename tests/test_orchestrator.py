@@ -733,6 +733,71 @@ async def test_invalid_tool_arguments_give_an_error_result(
     assert "lookup" in error_of(tool_results(llm.requests[1])["c1"])
 
 
+async def test_each_failed_tool_call_is_an_error_event_naming_its_source(
+    llm: ScriptedLLM, orchestrator: PlaybookOrchestrator
+) -> None:
+    llm.script(
+        [
+            Reply(
+                tool_calls=[
+                    call("boom", "c1"),
+                    call("sleepy", "c2"),
+                    call("launch_rockets", "c3"),
+                    ScriptedToolCall("lookup", '{"key": ', id="c4"),
+                    call("lookup", "c5", key="a"),
+                ]
+            ),
+            Reply(content="Some of that failed."),
+        ]
+    )
+    events = record(orchestrator)
+
+    assert await orchestrator.respond("go") == "Some of that failed."
+
+    errors = {e.data["tool"]: e.data for e in events if e.type == "error"}
+    assert {name: e["source"] for name, e in errors.items()} == {
+        "boom": "tool",  # the tool failed
+        "sleepy": "tool",
+        "launch_rockets": "tool_call",  # the LLM got the call wrong
+        "lookup": "tool_call",
+    }
+    assert "kaboom" in errors["boom"]["message"]
+    assert "timed out" in errors["sleepy"]["message"]
+    assert "unknown tool" in errors["launch_rockets"]["message"]
+    assert "not valid JSON" in errors["lookup"]["message"]
+
+
+async def test_a_silent_llm_is_given_up_on_after_llm_timeout(
+    llm: ScriptedLLM, make: Callable[..., PlaybookOrchestrator]
+) -> None:
+    # Phase 1's deadline passes first and hands over to the answer call, which hangs too
+    orchestrator = make(phase1_timeout_ms=200, llm_timeout_ms=400)
+    llm.script([Reply(hang=True), Reply(hang=True), Reply(content="Back.")])
+    events = record(orchestrator)
+
+    started = time.monotonic()
+    assert await orchestrator.respond("hello?") == DEFAULT_FALLBACK
+
+    assert 0.55 <= time.monotonic() - started < 2.0
+    (error,) = [e.data for e in events if e.type == "error"]
+    assert error == {"source": "llm", "message": "the LLM sent nothing for 0.4 s"}
+    assert await orchestrator.respond("still there?") == "Back."
+
+
+async def test_a_stream_stalling_mid_sentence_ends_with_the_fallback(
+    llm: ScriptedLLM, make: Callable[..., PlaybookOrchestrator]
+) -> None:
+    orchestrator = make(llm_timeout_ms=300)
+    llm.script([Reply(content="Your parcel is on its way. It left", stall_after_chunks=9)])
+
+    items, turn = await run_turn(orchestrator, "where is it?")
+
+    said = "".join(item for item in items if isinstance(item, str))
+    assert said == f"Your parcel is on its way. It left… {DEFAULT_FALLBACK}"
+    assert turn.answer == said
+    assert orchestrator.conversation.messages[-1]["content"] == said
+
+
 async def test_tools_of_one_round_run_concurrently(
     llm: ScriptedLLM, orchestrator: PlaybookOrchestrator
 ) -> None:
