@@ -33,6 +33,11 @@ from .tools import Tool, tool_of
 __all__ = ["LoadedPlaybook", "PlaybookError", "load_playbook", "load_playbooks"]
 
 PLAYBOOK_SUFFIXES = (".yaml", ".yml", ".json")
+MAX_VALUES = 100_000
+"""Most values (scalars, lists, mappings; a YAML alias counts its whole value again each time it
+is used) a playbook file may hold: bounds the work validation does on an alias bomb."""
+MAX_DEPTH = 64
+"""Deepest nesting of lists and mappings a playbook file may have."""
 RESERVED_TOOL = "playbook_transition"
 """Offered by the engine itself when an llm_decision transition leaves the stage."""
 
@@ -45,7 +50,20 @@ class PlaybookError(ValueError):
         self.path = path
         self.message = message
         where = f"{source}: {path}" if path else source
-        super().__init__(f"{where}: {message}")
+        super().__init__(_one_line(f"{where}: {message}"))
+
+
+def _shown(value: object, limit: int = 60) -> str:
+    """``repr(value)``, cut to about ``limit`` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _one_line(text: str) -> str:
+    """``text`` with line breaks and other control characters escaped, as ``repr`` would."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 @dataclass(frozen=True)
@@ -76,10 +94,18 @@ def load_playbook(path: str | Path) -> LoadedPlaybook:
     path = Path(path)
     label = path.name
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
     except OSError as exc:
         raise PlaybookError(str(path), "", f"cannot read file: {exc.strerror}") from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise PlaybookError(
+            label, "", f"not UTF-8 text: byte 0x{raw[exc.start]:02x} at line {line}"
+        ) from None
     data = _parse(text, label, path.suffix.lower())
+    _check_size(data, label)
     try:
         spec = Playbook.model_validate(data)
     except ValidationError as exc:
@@ -104,11 +130,40 @@ def load_playbooks(path: str | Path) -> dict[str, LoadedPlaybook]:
     for file in files:
         playbook = load_playbook(file)
         if playbook.spec.id in loaded:
-            raise PlaybookError(file.name, "id", f"duplicate playbook id {playbook.spec.id!r}")
+            message = f"duplicate playbook id {_shown(playbook.spec.id)}"
+            raise PlaybookError(file.name, "id", message)
         loaded[playbook.spec.id] = playbook
     if not loaded:
         raise PlaybookError(str(path), "", "no playbook files (.yaml, .yml, .json) found")
     return loaded
+
+
+class _SafeLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, reporting a value its constructors refuse (a 30 February, an
+    integer of 5,000 digits) as a YAML error at that value's line, like a syntax error, and
+    refusing to nest deeper than MAX_DEPTH (scanning deep flow nests takes quadratic time)."""
+
+    _depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        if self._depth >= MAX_DEPTH:
+            mark = parent.start_mark if parent is not None else None
+            raise yaml.composer.ComposerError(
+                None, None, f"nested more than {MAX_DEPTH} levels deep", mark
+            )
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep=deep)
+        except (ValueError, TypeError, OverflowError) as exc:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"invalid value: {exc}", node.start_mark
+            ) from None
 
 
 def _parse(text: str, label: str, suffix: str) -> Any:
@@ -119,19 +174,59 @@ def _parse(text: str, label: str, suffix: str) -> Any:
             raise PlaybookError(
                 label, "", f"JSON syntax error at line {exc.lineno}: {exc.msg}"
             ) from None
+        except ValueError as exc:  # an integer of more digits than Python converts
+            raise PlaybookError(label, "", f"invalid JSON value: {exc}") from None
+        except RecursionError:
+            raise PlaybookError(label, "", "nested too deeply") from None
     else:
         try:
-            data = yaml.safe_load(text)
+            data = yaml.load(text, Loader=_SafeLoader)  # a SafeLoader
         except yaml.MarkedYAMLError as exc:
             line = exc.problem_mark.line + 1 if exc.problem_mark else "?"
+            problem = exc.problem or exc.context or "invalid YAML"
+            raise PlaybookError(label, "", f"YAML syntax error at line {line}: {problem}") from None
+        except yaml.reader.ReaderError as exc:  # a control character, before any parsing
+            line = text.count("\n", 0, exc.position) + 1
             raise PlaybookError(
-                label, "", f"YAML syntax error at line {line}: {exc.problem}"
+                label, "", f"YAML syntax error at line {line}: {exc.reason} #x{exc.character:04x}"
             ) from None
         except yaml.YAMLError as exc:
             raise PlaybookError(label, "", f"YAML error: {exc}") from None
+        except RecursionError:
+            raise PlaybookError(label, "", "nested too deeply") from None
     if not isinstance(data, dict):
         raise PlaybookError(label, "", "a playbook must be a mapping at the top level")
     return data
+
+
+def _check_size(data: Any, label: str) -> None:
+    """Refuse a document nested deeper than MAX_DEPTH, holding more than MAX_VALUES values, or
+    holding itself (a YAML alias inside its own anchor): validating it could take forever."""
+    count = 0
+
+    def fail(message: str) -> None:
+        raise PlaybookError(label, "", message)
+
+    def walk(value: Any, depth: int, inside: frozenset[int]) -> None:
+        nonlocal count
+        count += 1
+        if count > MAX_VALUES:
+            fail(f"more than {MAX_VALUES} values (YAML aliases repeating each other?)")
+        if isinstance(value, dict):
+            children: list[Any] = [*value.keys(), *value.values()]
+        elif isinstance(value, list):
+            children = value
+        else:
+            return
+        if depth >= MAX_DEPTH:
+            fail(f"nested more than {MAX_DEPTH} levels deep")
+        if id(value) in inside:
+            fail("a YAML alias is used inside its own anchor")
+        inside = inside | {id(value)}
+        for child in children:
+            walk(child, depth + 1, inside)
+
+    walk(data, 0, frozenset())
 
 
 def _validation_error(label: str, exc: ValidationError) -> PlaybookError:
@@ -152,7 +247,8 @@ def _validation_error(label: str, exc: ValidationError) -> PlaybookError:
         loc[-1] = to_snake(loc[-1])  # pydantic names a missing field by its camelCase alias
     if first["type"] == "union_tag_invalid":
         tag = first.get("input", {}).get("type") if isinstance(first.get("input"), dict) else None
-        message = f"unknown condition type {tag!r}; expected one of {first['ctx']['expected_tags']}"
+        expected = first["ctx"]["expected_tags"]
+        message = f"unknown condition type {_shown(tag)}; expected one of {expected}"
     elif first["type"] == "extra_forbidden":
         message = "unknown field"
     else:
@@ -179,7 +275,13 @@ def _format_loc(loc: list[int | str]) -> str:
 
 
 def _import_module(file: Path, label: str) -> ModuleType:
-    if not file.is_file():
+    try:
+        found = file.is_file()
+    except OSError as exc:  # e.g. a name too long for the file system
+        raise PlaybookError(
+            label, "tools_module", f"cannot read {_shown(str(file))}: {exc.strerror}"
+        ) from None
+    if not found:
         raise PlaybookError(label, "tools_module", f"file not found: {file}")
     name = f"vocable_tools_{abs(hash(file.resolve()))}"
     spec = importlib.util.spec_from_file_location(name, file)
@@ -220,10 +322,10 @@ def _check_references(loaded: LoadedPlaybook, label: str) -> None:
     stage_ids: set[str] = set()
     for i, stage in enumerate(spec.stages):
         if stage.id in stage_ids:
-            fail(f"stages[{i}].id", f"duplicate stage id {stage.id!r}")
+            fail(f"stages[{i}].id", f"duplicate stage id {_shown(stage.id)}")
         stage_ids.add(stage.id)
     if spec.initial_stage not in stage_ids:
-        fail("initial_stage", f"unknown stage {spec.initial_stage!r}")
+        fail("initial_stage", f"unknown stage {_shown(spec.initial_stage)}")
 
     if RESERVED_TOOL in loaded.tools:
         fail("tools_module", f"the tool name {RESERVED_TOOL!r} is reserved for stage transitions")
@@ -241,21 +343,21 @@ def _check_references(loaded: LoadedPlaybook, label: str) -> None:
         ):
             fail(
                 f"stages[{i}].tool_choice.tool_name",
-                f"tool {choice.tool_name!r} is not offered in stage {stage.id!r}",
+                f"tool {_shown(choice.tool_name)} is not offered in stage {_shown(stage.id)}",
             )
 
     transition_ids: set[str] = set()
     for i, transition in enumerate(spec.transitions):
         where = f"transitions[{i}]"
         if transition.id in transition_ids:
-            fail(f"{where}.id", f"duplicate transition id {transition.id!r}")
+            fail(f"{where}.id", f"duplicate transition id {_shown(transition.id)}")
         transition_ids.add(transition.id)
         if transition.from_stage != "*" and transition.from_stage not in stage_ids:
-            fail(f"{where}.from", f"unknown stage {transition.from_stage!r}")
+            fail(f"{where}.from", f"unknown stage {_shown(transition.from_stage)}")
         if transition.action.target_stage not in stage_ids:
             fail(
                 f"{where}.action.target_stage",
-                f"unknown stage {transition.action.target_stage!r}",
+                f"unknown stage {_shown(transition.action.target_stage)}",
             )
         condition = transition.condition
         sources = (
@@ -266,7 +368,7 @@ def _check_references(loaded: LoadedPlaybook, label: str) -> None:
         elif isinstance(condition, CustomCondition) and condition.function not in loaded.functions:
             fail(
                 f"{where}.condition.function",
-                f"unknown function {condition.function!r} (define it in the tools module)",
+                f"unknown function {_shown(condition.function)} (define it in the tools module)",
             )
         elif (
             isinstance(condition, MaxTurnsCondition)
@@ -284,4 +386,4 @@ def _check_references(loaded: LoadedPlaybook, label: str) -> None:
 
 def _unknown_tool(name: str, loaded: LoadedPlaybook) -> str:
     known = ", ".join(sorted(loaded.tools)) or "none"
-    return f"unknown tool {name!r} (tools module defines: {known})"
+    return f"unknown tool {_shown(name)} (tools module defines: {known})"

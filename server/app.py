@@ -213,7 +213,7 @@ async def _offer(request: web.Request) -> web.Response:
         return _error(413, f"offer too large (at most {MAX_SDP_BYTES} bytes)")
     try:
         body = await request.json()
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         return _error(400, 'the body must be JSON: {"sdp": ..., "type": "offer"}')
     if not isinstance(body, dict):
         return _error(400, "the body must be a JSON object")
@@ -222,7 +222,11 @@ async def _offer(request: web.Request) -> web.Response:
         return _error(400, 'type must be "offer"')
     if not isinstance(sdp, str) or not sdp.strip():
         return _error(400, "sdp must be a non-empty string")
-    if len(sdp.encode()) > MAX_SDP_BYTES:
+    try:
+        size = len(sdp.encode())
+    except UnicodeEncodeError:  # a lone surrogate escape such as "\ud800"
+        return _error(400, "sdp must be valid Unicode text")
+    if size > MAX_SDP_BYTES:
         return _error(413, f"offer too large (at most {MAX_SDP_BYTES} bytes)")
     if playbook is not None and not isinstance(playbook, str):
         return _error(400, "playbook must be a string id")

@@ -6,9 +6,12 @@ ACK, CANCEL, BYE, OPTIONS, in-dialog checks), over UDP and TCP on the same port;
 (jitter buffer that reorders, loss concealment, RFC 4733 telephone-events, symmetric RTP).
 Vocable decides which calls to take and runs each as a :class:`SipCall`:
 
-- INVITE: from a source outside ``--sip-allow`` nothing is answered at all; at capacity 503; an
-  offer without PCMU/PCMA audio 488; otherwise 180 then 200 with the SDP answer. The request URI's
-  user part picks the playbook when one has that id (``sip:support@host``), else the default.
+- Any request: from a source outside ``--sip-allow`` nothing is answered at all; a malformed one
+  (bad CSeq or Content-Length, unparseable SDP) 400, with the problem in a ``Warning`` header.
+- INVITE: at capacity 503; an offer without PCMU/PCMA audio, or whose media address is not an IP
+  address and port we can send to, 488; otherwise 180 then 200 with the SDP answer. The request
+  URI's user part picks the playbook when one has that id (``sip:support@host``), else the
+  default.
 - re-INVITE: answered from the same port with the new direction (hold stops our audio).
 - Audio: the agent's speaker is pulled on a steady 20 ms clock and sent as G.711, silence when
   the agent is quiet; barge-in clears the speaker, so the next packet is already silence.
@@ -21,8 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import ipaddress
 import logging
+import re
 import secrets
 import socket
 from collections.abc import Callable, Mapping
@@ -38,6 +43,7 @@ from aiosipua import (
     SipResponse,
     SipUAS,
     negotiate_sdp,
+    parse_sdp,
 )
 from aiosipua.headers import parse_via, stringify_via
 from aiosipua.rtp_bridge import CallSession
@@ -64,6 +70,10 @@ SAMPLES_PER_FRAME = 160
 USER_AGENT = "Vocable"
 _CODECS: dict[int, Encoding] = {0: "ulaw", 8: "alaw"}
 _SENDING_DIRECTIONS = ("sendrecv", "sendonly")
+MAX_CSEQ = 2**31 - 1
+"""RFC 3261 8.1.1.5: a CSeq sequence number is below 2**31."""
+_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+"""One label of a host name (RFC 1123)."""
 
 
 class SipCall:
@@ -165,6 +175,9 @@ class SipCall:
             return
         try:
             answer = _reanswer(offer, self.answer, self.media.chosen_payload_type)
+            problem = _media_problem(offer, self.settings.host, on_hold_ok=True)
+            if problem is not None:
+                raise ValueError(problem)
         except (SdpNegotiationError, ValueError) as exc:
             log.warning("SIP call %s: re-INVITE refused: %s", self.id, exc)
             invite.reject(488, "Not Acceptable Here")
@@ -268,9 +281,20 @@ class SipServer:
         return (ip, self.port)
 
     def _on_invite(self, invite: IncomingCall) -> None:
-        task = asyncio.create_task(self._answer(invite), name=f"sip-invite:{invite.call_id}")
+        task = asyncio.create_task(
+            self._answer_or_fail(invite), name=f"sip-invite:{invite.call_id}"
+        )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    async def _answer_or_fail(self, invite: IncomingCall) -> None:
+        try:
+            await self._answer(invite)
+        except Exception:  # a bug: say so, and do not leave the caller ringing
+            log.exception("SIP INVITE %s could not be answered", invite.call_id)
+            if invite.dialog.state is DialogState.EARLY:
+                with contextlib.suppress(Exception):
+                    invite.reject(500, "Server Internal Error")
 
     async def _answer(self, invite: IncomingCall) -> None:
         registry = self.registry
@@ -284,6 +308,11 @@ class SipServer:
         offer = invite.sdp_offer
         if offer is None:
             invite.reject(488, "Not Acceptable Here")  # late offer (SDP in the ACK): unsupported
+            return
+        problem = _media_problem(offer, self.settings.host)
+        if problem is not None:
+            log.warning("SIP call from %s refused: %s", invite.caller, problem)
+            invite.reject(488, "Not Acceptable Here")
             return
         try:
             rtp_port, _ = await self._ports.allocate()
@@ -410,6 +439,16 @@ class _UdpTransport(UdpSipTransport):
         transport, _ = await loop.create_datagram_endpoint(Protocol, local_addr=self.local_addr)
         self._udp_transport = transport
 
+    def send(self, message: SipRequest | SipResponse, addr: tuple[str, int]) -> None:
+        """Send, unless ``addr`` (from a peer's Via or Contact) is no address at all: asyncio's
+        datagram transport closes for good on a port like 99999 or a host with a NUL, and the
+        endpoint would answer nothing any more."""
+        host, port = addr
+        if not (isinstance(port, int) and 0 < port < 65536 and _sendable_host(host)):
+            log.warning("SIP message to %r port %r dropped: not an address", host, port)
+            return
+        super().send(message, addr)
+
 
 def _stamp_source(request: SipRequest, addr: tuple[str, int]) -> None:
     """Set the top Via's ``received``/``rport`` to the true source, which reply routing follows."""
@@ -443,11 +482,121 @@ def _guard(transport: SipTransport, allowed: Callable[[tuple[str, int]], bool]) 
     def filtered(message: SipRequest | SipResponse, addr: tuple[str, int]) -> None:
         if not allowed(addr):
             return
-        if reliable and isinstance(message, SipRequest):
+        if not isinstance(message, SipRequest):
+            handler(message, addr)
+            return
+        if reliable:
             _stamp_source(message, addr)
-        handler(message, addr)
+        problem = _malformed(message)
+        if problem is None:
+            try:
+                handler(message, addr)
+                return
+            except ValueError as exc:  # a header aiosipua could not read, half-way through
+                problem = str(exc)
+        _bad_request(transport, message, addr, problem)
 
     transport.on_message = filtered
+
+
+def _malformed(request: SipRequest) -> str | None:
+    """Why ``request`` gets 400 Bad Request (RFC 3261 8.1.1.5, 18.3), or None: what aiosipua
+    does not check itself (it fails, or goes on, with these)."""
+    cseq = request.headers.get_first("cseq")
+    if cseq is not None:
+        number, *method = cseq.split() or [""]
+        value = _number(number)
+        if value is None or value > MAX_CSEQ:
+            return "bad CSeq number"
+        if method != [request.method]:
+            return "CSeq method does not match the request"
+    length = request.headers.get_first("content-length")
+    if length is not None:
+        declared = _number(length)
+        if declared is None:
+            return "bad Content-Length"
+        if declared > len(request.body):
+            return "body shorter than its Content-Length"
+    if request.body and request.content_type == "application/sdp":
+        try:
+            parse_sdp(request.text)
+        except ValueError as exc:
+            return f"malformed SDP: {exc}"
+    return None
+
+
+def _bad_request(
+    transport: SipTransport, request: SipRequest, addr: tuple[str, int], problem: str
+) -> None:
+    """Log ``problem`` and answer 400 with it in a Warning header (RFC 3261 20.43), unless the
+    request is an ACK (never answered) or has no Via to route the answer by."""
+    method = request.method[:20]
+    log.warning("SIP %r from %s:%d refused: %s", method, addr[0], addr[1], problem[:200])
+    if request.method == "ACK" or not request.headers.get("via"):
+        return
+    response = SipResponse(status_code=400, reason_phrase="Bad Request")
+    for name in ("Via", "From", "Call-ID", "CSeq"):
+        for value in request.headers.get(name):
+            response.headers.append(name, value)
+    to = request.headers.get_first("to")
+    if to is not None:
+        response.headers.set_single(
+            "To", to if ";tag=" in to else f"{to};tag={secrets.token_hex(4)}"
+        )
+    text = "".join(
+        c if c.isascii() and c.isprintable() and c not in '"\\' else "?" for c in problem
+    )
+    response.headers.set_single("Warning", f'399 {USER_AGENT.lower()} "{text[:120]}"')
+    response.headers.set_single("User-Agent", USER_AGENT)
+    try:
+        transport.send_reply(response)
+    except (ValueError, RuntimeError) as exc:  # no route back (no usable Via, TCP gone)
+        log.warning("SIP 400 to %s:%d not sent: %s", addr[0], addr[1], exc)
+
+
+def _media_problem(offer: SdpMessage, local_host: str, *, on_hold_ok: bool = False) -> str | None:
+    """Why the offer's audio cannot be sent to, or None: not an IP address of our RTP socket's
+    family, or a port outside 1-65535 (0, a stream declined, only on hold when ``on_hold_ok``)."""
+    remote = offer.rtp_address
+    if remote is None:
+        return None  # CallSession refuses that (no c= or m=audio)
+    host, port = remote
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return f"media address {host[:60]!r} is not an IP address"
+    family = _ip_version(local_host)
+    if address.version != family:
+        return f"media address {host} is not IPv{family} like ours"
+    if not 0 < port < 65536 and not (on_hold_ok and port == 0):
+        return f"media port {port} is out of range"
+    return None
+
+
+@functools.cache
+def _ip_version(host: str) -> int:
+    """4 or 6: the family of the address ``host`` (our bind address) names."""
+    return ipaddress.ip_address(_host_ip(host)).version
+
+
+def _sendable_host(host: str) -> bool:
+    """An IP address, or a host name the socket module resolves without raising anything
+    other than OSError."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        labels = host.removesuffix(".").split(".")
+        return len(host) <= 253 and all(_LABEL.fullmatch(label) for label in labels)
+    return True
+
+
+def _number(text: str) -> int | None:
+    """A header's decimal number (up to 10 digits; more is taken as 10**10), or None."""
+    text = text.strip()
+    if not (text.isascii() and text.isdigit()):
+        return None
+    digits = text.lstrip("0") or "0"
+    return int(digits) if len(digits) <= 10 else 10**10
 
 
 def _reanswer(offer: SdpMessage, current: SdpMessage, payload_type: int) -> SdpMessage:
@@ -474,7 +623,11 @@ def _offered_dtmf_type(offer: SdpMessage) -> int:
     101 when it offers none (the answer then carries no telephone-event)."""
     audio = offer.audio
     for codec in audio.codecs if audio is not None else []:
-        if codec.encoding_name.lower() == "telephone-event" and codec.clock_rate in (0, 8000):
+        if (
+            codec.encoding_name.lower() == "telephone-event"
+            and codec.clock_rate in (0, 8000)
+            and 0 <= codec.payload_type <= 127
+        ):
             return codec.payload_type
     return 101
 

@@ -1,0 +1,985 @@
+"""Fuzzing every input the server takes from outside, with hypothesis: ``POST /offer`` bodies,
+messages on a call's ``events`` data channel, SIP datagrams and playbook files.
+
+Whatever arrives, the answer is a clear 4xx (or a one-line validation message), never a 5xx, a
+crash or a logged traceback, and the server goes on serving. Runs are derandomized (the same
+examples every run) and bounded; each regression found by fuzzing is an ``@example``.
+
+The server-side targets run hypothesis in a worker thread (:func:`fuzz_on_loop`) while the server,
+its shared models and the peers stay on the test's event loop, so models load and calls connect
+once per target, not once per example.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import logging
+import shutil
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import yaml
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from aiortc import RTCPeerConnection
+from aiosipua import SipResponse, parse_sdp
+from hypothesis import HealthCheck, assume, example, given, settings
+from hypothesis import strategies as st
+
+from benchmarks.client import WebRTCCaller
+from playbooks import PlaybookError, load_playbook, load_playbooks
+from playbooks.models import (
+    CustomCondition,
+    IntentCondition,
+    KeywordCondition,
+    LLMConfig,
+    MaxTurnsCondition,
+    NamedToolChoice,
+    Playbook,
+    Stage,
+    TimeoutCondition,
+    ToolCallCondition,
+    Transition,
+    TransitionAction,
+)
+from server import cli
+from server.app import CALLS, SIP, create_app
+from server.config import ServerConfig, SipSettings
+from server.engines import Engines
+from tests.calls import synthesizer, transcriber, voice_server
+from tests.conftest import EXAMPLES
+from tests.scripted_llm import ScriptedLLM, answers_by_words
+from tests.sip_phone import SipPhone, offer_sdp
+
+T = TypeVar("T")
+Client = TestClient[web.Request, web.Application]
+
+
+def fuzz(max_examples: int) -> settings:
+    """Bounded, reproducible runs: the same examples every time, no example database."""
+    return settings(
+        max_examples=max_examples,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=[
+            HealthCheck.function_scoped_fixture,
+            HealthCheck.too_slow,
+            HealthCheck.data_too_large,
+            HealthCheck.large_base_example,
+            HealthCheck.filter_too_much,
+        ],
+    )
+
+
+class LoopBridge:
+    """Runs coroutines on the test's event loop from hypothesis' worker thread."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+
+    def run(self, work: Coroutine[Any, Any, T], timeout_s: float = 60.0) -> T:
+        future = asyncio.run_coroutine_threadsafe(work, self.loop)
+        try:
+            return future.result(timeout_s)
+        except BaseException:
+            future.cancel()
+            raise
+
+
+LOOP_USES_RANDOM = "ignore:Do not use the `random` module inside strategies"
+"""The server (aiortc, aioice) draws from ``random`` on its loop while hypothesis generates an
+example in its thread; hypothesis takes that for a strategy using ``random``."""
+
+
+async def fuzz_on_loop(test: Callable[[], None]) -> None:
+    """Run a ``@given`` test (whose examples use a :class:`LoopBridge`) in a worker thread."""
+    await asyncio.to_thread(test)
+
+
+# -- generic values ----------------------------------------------------------------------------
+
+
+def _field_names() -> list[str]:
+    models = (
+        Playbook,
+        Stage,
+        Transition,
+        TransitionAction,
+        LLMConfig,
+        NamedToolChoice,
+        KeywordCondition,
+        ToolCallCondition,
+        IntentCondition,
+        MaxTurnsCondition,
+        TimeoutCondition,
+        CustomCondition,
+    )
+    names = {"type", "from", "in"}
+    for model in models:
+        for name, info in model.model_fields.items():
+            names.add(name)
+            if isinstance(info.alias, str):
+                names.add(info.alias)
+    return sorted(names)
+
+
+FIELD_NAMES = _field_names()
+WORDS = ["offer", "text", "mute", "hangup", "greeting", "support", "keyword", "*", "auto", ""]
+
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(),
+    st.text(max_size=20),
+    st.sampled_from(WORDS),
+)
+json_values: st.SearchStrategy[Any] = st.recursive(
+    scalars,
+    lambda children: st.one_of(
+        st.lists(children, max_size=4),
+        st.dictionaries(st.sampled_from(FIELD_NAMES) | st.text(max_size=8), children, max_size=5),
+    ),
+    max_leaves=20,
+)
+
+
+def _deep(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+# -- 1. POST /offer ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[Client]:
+    """The real app on the shared models, without an LLM and without a rate limit (the fuzzer
+    sends far more offers a minute than a browser would)."""
+    engines = Engines(transcriber(), synthesizer(), load_playbooks(EXAMPLES), None)
+    client = TestClient(TestServer(create_app(ServerConfig(rate_limit_per_min=0), engines)))
+    await client.start_server()
+    yield client
+    await client.close()
+
+
+async def _audio_offer() -> str:
+    """A real browser-like offer: audio both ways and the ``events`` data channel."""
+    pc = RTCPeerConnection()
+    pc.addTransceiver("audio", direction="sendrecv")
+    pc.createDataChannel("events")
+    await pc.setLocalDescription(await pc.createOffer())
+    sdp = str(pc.localDescription.sdp)
+    await pc.close()
+    return sdp
+
+
+SDP_LINES = [
+    "m=audio 0 RTP/AVP 0",
+    "m=audio x UDP/TLS/RTP/SAVPF 111",
+    "m=video 9 UDP/TLS/RTP/SAVPF 96",
+    "m=application 9 UDP/DTLS/SCTP webrtc-datachannel",
+    "c=IN IP4 999.0.0.1",
+    "c=IN IP6 zz",
+    "a=rtpmap:111 opus/x/2",
+    "a=rtpmap:x PCMU/8000",
+    "a=fmtp:111 minptime=x",
+    "a=fingerprint:sha-256 ZZ",
+    "a=fingerprint:md5 00",
+    "a=setup:bogus",
+    "a=ice-ufrag:",
+    "a=ice-pwd:",
+    "a=candidate:x",
+    "a=candidate:1 1 UDP 1 999.1.1.1 99999 typ host",
+    "a=sctp-port:x",
+    "a=max-message-size:-1",
+    "a=mid:",
+    "a=group:BUNDLE 7 8",
+    "a=ssrc:x cname:y",
+    "a=extmap:x y",
+    "a=rtcp:x",
+    "a=msid:",
+    "a=sendonly",
+    "a=inactive",
+]
+
+
+def sdp_mutants(sdp: str) -> st.SearchStrategy[str]:
+    """``sdp`` with lines deleted, duplicated, swapped, replaced or garbled."""
+    lines = sdp.rstrip("\r\n").split("\r\n")
+    new_line = st.sampled_from(SDP_LINES) | st.text(max_size=40)
+
+    @st.composite
+    def mutant(draw: st.DrawFn) -> str:
+        out = list(lines)
+        for _ in range(draw(st.integers(1, 4))):
+            if not out:
+                out.append(draw(new_line))
+                continue
+            i = draw(st.integers(0, len(out) - 1))
+            op = draw(
+                st.sampled_from(["delete", "duplicate", "swap", "insert", "value", "chars", "cut"])
+            )
+            if op == "delete":
+                del out[i]
+            elif op == "duplicate":
+                out.insert(i, out[i])
+            elif op == "swap":
+                j = draw(st.integers(0, len(out) - 1))
+                out[i], out[j] = out[j], out[i]
+            elif op == "insert":
+                out.insert(i, draw(new_line))
+            elif op == "value":
+                out[i] = out[i].partition("=")[0] + "=" + draw(st.text(max_size=30))
+            elif op == "chars":
+                line = list(out[i]) or [""]
+                for _ in range(draw(st.integers(1, 3))):
+                    line[draw(st.integers(0, len(line) - 1))] = draw(st.characters())
+                out[i] = "".join(line)
+            else:
+                out[i] = out[i][: draw(st.integers(0, len(out[i])))]
+        separator = draw(st.sampled_from(["\r\n", "\n"]))
+        return separator.join(out) + separator
+
+    return mutant()
+
+
+def offer_bodies(sdp: str) -> st.SearchStrategy[bytes]:
+    sdps = st.one_of(st.just(sdp), sdp_mutants(sdp), st.text(max_size=200), json_values)
+    kinds = st.sampled_from(["offer", "answer", "pranswer", "", "OFFER"]) | json_values
+    playbooks = st.sampled_from(["support", "restaurant", "nope", ""]) | json_values
+    objects = st.builds(
+        lambda base, extra: {**extra, **base},
+        st.fixed_dictionaries({}, optional={"sdp": sdps, "type": kinds, "playbook": playbooks}),
+        st.dictionaries(st.text(max_size=8), json_values, max_size=2),
+    )
+    offers = st.builds(
+        lambda offer, playbook: {"type": "offer", "sdp": offer, "playbook": playbook},
+        st.just(sdp) | sdp_mutants(sdp),
+        st.none() | st.sampled_from(["support", "restaurant", "nope"]),
+    )
+    return st.one_of(
+        st.binary(max_size=200),
+        st.text(max_size=200).map(str.encode),
+        json_values.map(lambda value: json.dumps(value).encode()),
+        objects.map(lambda value: json.dumps(value).encode()),
+        offers.map(lambda value: json.dumps(value).encode()),
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings(LOOP_USES_RANDOM)
+async def test_offer_bodies_get_an_answer_or_a_clear_4xx(http: Client) -> None:
+    sdp = await _audio_offer()
+    bridge = LoopBridge()
+    statuses: Counter[int] = Counter()
+
+    async def post(body: bytes) -> None:
+        headers = {"Content-Type": "application/json"}
+        response = await http.post("/offer", data=body, headers=headers)
+        text = await response.text()
+        assert response.status < 500, (response.status, text)
+        statuses[response.status] += 1
+        payload = json.loads(text)
+        if response.status == 200:
+            assert payload["type"] == "answer"
+            assert "m=audio" in payload["sdp"]
+            hangup = await http.delete(f"/sessions/{payload['session_id']}")
+            assert hangup.status == 200
+        else:
+            assert 400 <= response.status < 500
+            assert isinstance(payload, dict)
+            assert set(payload) == {"error"}
+            assert isinstance(payload["error"], str)
+            assert payload["error"].strip()
+            assert not payload["error"].endswith(":")  # a reason, not an empty exception
+
+    def without(line: str) -> bytes:
+        """The offer without its first line starting with ``line``."""
+        lines = sdp.split("\r\n")
+        lines.remove(next(x for x in lines if x.startswith(line)))
+        return json.dumps({"type": "offer", "sdp": "\r\n".join(lines)}).encode()
+
+    @given(body=offer_bodies(sdp))
+    @example(body=json.dumps({"type": "offer", "sdp": sdp}).encode())
+    # aiortc took these offers but raised in createAnswer (AttributeError, ValueError): a 500,
+    # then pc.close() raised too and the call was never released; 8 such offers and the server
+    # refused every call (regressions)
+    @example(body=without("a=mid:0"))
+    @example(body=without("a=sendrecv"))
+    @example(body=without("m=application"))
+    # aiortc asserts on this one: "cannot use this SDP offer: " with no reason (regression)
+    @example(body=json.dumps({"type": "offer", "sdp": "v=0\r\nm=audio 9 x\r\n"}).encode())
+    @example(body=_deep(5000).encode())  # RecursionError in request.json() (regression)
+    @example(body=b'{"type": "offer", "sdp": "v=0 m=audio \\ud800"}')  # (regression)
+    @example(body=b"")
+    @example(body=b"\xff\xfe")
+    @example(body=b"NaN")
+    @example(body=b'{"type": "offer", "sdp": "v=0\\r\\nm=audio 1 x\\r\\n", "playbook": []}')
+    @fuzz(500)
+    def check(body: bytes) -> None:
+        bridge.run(post(body))
+
+    await fuzz_on_loop(check)
+    health = await http.get("/healthz")
+    assert health.status == 200
+    assert (await health.json())["active_sessions"] == 0
+    assert statuses[200] > 0  # the fuzzer reached real calls, not only the early refusals
+    assert statuses[400] > 0
+
+
+ONCE_500 = [
+    pytest.param(_deep(5000).encode(), id="deep-json"),
+    pytest.param(b'{"type": "offer", "sdp": "v=0\\r\\nm=audio \\ud800"}', id="lone-surrogate"),
+]
+"""Bodies ``/offer`` once answered 500: ``request.json()`` raised RecursionError on deep nesting,
+and ``len(sdp.encode())`` raised UnicodeEncodeError on a lone surrogate escape (regressions)."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("body", ONCE_500)
+async def test_offer_bodies_that_once_gave_500_get_400(http: Client, body: bytes) -> None:
+    response = await http.post("/offer", data=body, headers={"Content-Type": "application/json"})
+    assert response.status == 400
+    assert (await response.json())["error"]
+
+
+# -- 2. the events data channel -----------------------------------------------------------------
+
+MAX_MESSAGE_BYTES = 4 * 1024
+channel_types = st.sampled_from(["text", "mute", "dtmf", "interrupt", "dance", "", "TEXT", "Text"])
+channel_fields = json_values | st.text(max_size=30)
+channel_objects = st.fixed_dictionaries(
+    {"type": channel_types | json_values},
+    optional={"text": channel_fields, "muted": channel_fields | st.booleans(), "x": json_values},
+)
+channel_turns = st.one_of(
+    st.builds(lambda text: {"type": "text", "text": text}, st.text(min_size=1, max_size=40)),
+    st.builds(lambda muted: {"type": "mute", "muted": muted}, st.booleans()),
+)
+channel_messages: st.SearchStrategy[str | bytes] = st.one_of(
+    channel_turns.map(json.dumps),
+    st.text(max_size=100),
+    st.binary(max_size=100),
+    json_values.map(json.dumps),
+    channel_objects.map(json.dumps),
+    st.integers(1, MAX_MESSAGE_BYTES // 2).map(_deep),
+    st.integers(MAX_MESSAGE_BYTES - 30, MAX_MESSAGE_BYTES + 100).map(
+        lambda n: json.dumps({"type": "text", "text": "x" * n})
+    ),
+)
+
+
+def expected_valid(message: str | bytes) -> bool | None:
+    """Whether the server takes ``message`` (a typed turn or a mute switch); None for a hang-up,
+    which would end the call under test."""
+    if isinstance(message, bytes) or len(message.encode()) > MAX_MESSAGE_BYTES:
+        return False
+    try:
+        data = json.loads(message)
+    except (ValueError, RecursionError):
+        return False
+    if not isinstance(data, dict) or "type" not in data:
+        return False
+    kind = data["type"]
+    if isinstance(kind, str) and kind == "hangup":
+        return None
+    text, muted = data.get("text"), data.get("muted")
+    return bool(
+        (kind == "text" and isinstance(text, str) and text.strip())
+        or (kind == "mute" and isinstance(muted, bool))
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings(LOOP_USES_RANDOM)
+async def test_data_channel_messages_get_a_clear_error_and_the_call_stays_up(
+    llm: ScriptedLLM, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
+    llm.script(answers_by_words({}, "OK."))
+    async with voice_server(llm.base_url, ServerConfig(rate_limit_per_min=0)) as server:
+        caller = WebRTCCaller()
+        try:
+            await caller.connect(str(server.make_url("")).rstrip("/"), playbook="support")
+            await caller.wait_for("tts_end", timeout_s=30)  # the greeting: the channel is open
+            await _fuzz_channel(caller)
+            assert caller.session_id in server.app[CALLS].calls
+            answers = len(caller.of_type("agent_sentence"))
+            caller.send({"type": "text", "text": "Are you still there?"})
+            reply = await caller.wait_for("agent_sentence", count=answers + 1, timeout_s=30)
+            assert reply["text"] == "OK."
+            call = server.app[CALLS].calls[caller.session_id]
+            caller.send({"type": "hangup"})
+            await asyncio.wait_for(call.ended.wait(), 10)
+            assert len(server.app[CALLS]) == 0
+        finally:
+            await caller.close()
+    assert not _problems(caplog.records)
+
+
+async def _fuzz_channel(caller: WebRTCCaller) -> None:
+    bridge = LoopBridge()
+    probes = iter(range(1_000_000))
+    outcomes: Counter[bool] = Counter()
+
+    async def exchange(message: str | bytes, valid: bool) -> None:
+        """Send ``message`` then a probe the server refuses; the errors up to the probe's are
+        those ``message`` caused (the channel is ordered)."""
+        errors_before = len(caller.of_type("error"))
+        probe = f"probe-{next(probes)}"
+        caller.channel.send(message)
+        caller.channel.send(json.dumps({"type": probe}))
+        expected = errors_before + (0 if valid else 1) + 1
+        last = await caller.wait_for("error", count=expected, timeout_s=10)
+        assert probe in last["message"], (message, caller.of_type("error")[errors_before:])
+        if not valid:
+            error = caller.of_type("error")[errors_before]
+            assert error["source"] == "client"
+            assert probe not in error["message"]
+            assert isinstance(error["message"], str)
+            assert len(error["message"].strip()) > 10
+        outcomes[valid] += 1
+
+    @given(message=channel_messages)
+    @example(message=_deep(2000))  # RecursionError escaped the handler (regression)
+    @example(message='{"type": "text", "text": "   "}')
+    @example(message='{"type": "mute", "muted": "yes"}')
+    @example(message='{"type": {"nested": ["type"]}}')
+    @example(message=b"")
+    @example(message="")
+    @fuzz(300)
+    def check(message: str | bytes) -> None:
+        valid = expected_valid(message)
+        assume(valid is not None)
+        assert valid is not None
+        bridge.run(exchange(message, valid))
+
+    await fuzz_on_loop(check)
+    assert outcomes[True] > 0
+    assert outcomes[False] > 0
+    caller.send({"type": "mute", "muted": False})
+
+
+# -- 3. SIP datagrams ----------------------------------------------------------------------------
+
+SIP_METHODS = ["INVITE", "OPTIONS", "BYE", "CANCEL", "ACK", "REGISTER", "INFO", "FOO"]
+BAD_CSEQS = [
+    "banana {method}",
+    "1",
+    "",
+    "-1 {method}",
+    "99999999999 {method}",
+    "2147483648 {method}",
+    "1 NOTIFY",
+    "1 {method} extra",
+    "\uff11 {method}",
+]
+BAD_LENGTHS = ["-5", "abc", "", "{more}", "99999999999999999999", "1e3"]
+BAD_SDPS = [
+    b"v=0\r\nm=audio banana RTP/AVP 0\r\n",
+    b"v=0\r\nc=IN IP4 127.0.0.1\r\nm=audio 4000 RTP/AVP x\r\n",
+    b"v=0\r\nc=IN IP4 127.0.0.1\r\nm=audio 4000 RTP/AVP 0\r\na=rtpmap:x PCMU/8000\r\n",
+    b"v=0\r\nc=IN IP4 127.0.0.1\r\nm=audio 4000 RTP/AVP 0\r\nb=AS:x\r\n",
+    b"v=x\r\n",
+    b"t=a b\r\n",
+]
+UNREACHABLE_SDPS = [  # well-formed, but no address we can send RTP to: 488
+    offer_sdp(4000).replace("c=IN IP4 127.0.0.1", "c=IN IP4 999.1.1.1").encode(),
+    offer_sdp(70000).encode(),
+    offer_sdp(0).encode(),
+    offer_sdp(4000).replace("c=IN IP4 127.0.0.1", "c=IN IP6 ::1").encode(),
+    offer_sdp(4000).replace("c=IN IP4 127.0.0.1", "c=IN IP4 example.invalid").encode(),
+]
+ODD_VIAS = [  # where answers would go: nowhere sendable, or somewhere harmless on 127.0.0.1
+    "SIP/2.0/UDP 127.0.0.1:99999;branch={branch}",
+    "SIP/2.0/UDP 127.0.0.1:0;branch={branch}",
+    "SIP/2.0/UDP 127.0.0.1:-1;branch={branch}",
+    "SIP/2.0/UDP 127.0.0.1:9;branch={branch}",
+    "SIP/2.0/UDP [zz]:5060;branch={branch};rport",
+    "SIP/2.0/UDP 127.0.0.1:9;branch={branch};rport=abc",
+    "SIP/2.0/UDP 127.0.0.1;branch={branch};received=a\x00b",
+    "garbage;branch={branch}",
+    "SIP/2.0/UDP 127.0.0.1:9",
+]
+REQUIRED = ("From", "To", "Call-ID", "CSeq")
+
+
+@dataclass(frozen=True)
+class SipCase:
+    """A request to render with a fresh Call-ID and branch, and what it must be answered."""
+
+    method: str
+    headers: tuple[tuple[str, bytes], ...] = ()
+    """Header lines replacing (or, for a new name, added to) the valid request's."""
+    drop: tuple[str, ...] = ()
+    repeat: tuple[str, ...] = ()
+    """Headers sent twice."""
+    body: bytes | None = None
+    """None: an SDP offer for INVITE, empty otherwise."""
+    length: str | None = None
+    """The Content-Length value; None: the true length."""
+    flips: tuple[tuple[float, int], ...] = ()
+    """(position as a fraction of the datagram, new byte)."""
+    cut: float | None = None
+    newline: bytes = b"\r\n"
+    expect: int | None = None
+    """The status the request must be answered with; None: any answer, or none."""
+
+    def render(self, call_id: str, branch: str, phone_port: int, server_port: int) -> bytes:
+        body = self.body
+        if body is None:
+            body = offer_sdp(40000).encode() if self.method == "INVITE" else b""
+        length = str(len(body)) if self.length is None else self.length
+        lines: dict[str, bytes] = {
+            "Via": f"SIP/2.0/UDP 127.0.0.1:{phone_port};branch={branch};rport".encode(),
+            "From": f"<sip:fuzz@127.0.0.1:{phone_port}>;tag=fz".encode(),
+            "To": f"<sip:support@127.0.0.1:{server_port}>".encode(),
+            "Call-ID": call_id.encode(),
+            "CSeq": f"1 {self.method}".encode(),
+            "Contact": f"<sip:fuzz@127.0.0.1:{phone_port}>".encode(),
+            "Max-Forwards": b"70",
+            "Content-Type": b"application/sdp" if body else b"",
+            "Content-Length": length.replace("{more}", str(len(body) + 1)).encode(),
+        }
+        for name, value in self.headers:
+            lines[name] = value.replace(b"{branch}", branch.encode()).replace(
+                b"{method}", self.method.encode()
+            )
+        request_line = f"{self.method} sip:support@127.0.0.1:{server_port} SIP/2.0".encode()
+        head = [request_line]
+        for name, value in lines.items():
+            if name not in self.drop and not (name == "Content-Type" and not value):
+                head += [name.encode() + b": " + value] * (2 if name in self.repeat else 1)
+        data = bytearray(self.newline.join(head) + self.newline * 2 + body)
+        for where, byte in self.flips:
+            data[min(int(where * len(data)), len(data) - 1)] = byte
+        if self.cut is not None:
+            data = data[: max(1, int(self.cut * len(data)))]
+        return bytes(data)
+
+
+def _sdp_is_malformed(body: bytes) -> bool:
+    try:
+        parse_sdp(body.decode("utf-8", errors="replace"))
+    except ValueError:
+        return True
+    return False
+
+
+@st.composite
+def sip_cases(draw: st.DrawFn) -> SipCase:
+    method = draw(st.sampled_from(SIP_METHODS))
+    kind = draw(
+        st.sampled_from(
+            [
+                "valid",
+                "drop",
+                "duplicate",
+                "huge",
+                "cseq",
+                "length",
+                "sdp",
+                "media",
+                "non-utf8",
+                "via",
+                "flips",
+                "cut",
+                "lf",
+            ]
+        )
+    )
+    answered = method != "ACK"  # an ACK is never answered
+    if kind == "drop":
+        names = draw(st.lists(st.sampled_from(["Via", *REQUIRED, "Contact"]), min_size=1))
+        required_gone = any(name in REQUIRED for name in names)
+        expect = 400 if answered and "Via" not in names and required_gone else None
+        return SipCase(method, drop=tuple(names), expect=expect)
+    if kind == "duplicate":
+        names = draw(st.lists(st.sampled_from(["Via", *REQUIRED, "Content-Length", "Contact"])))
+        return SipCase(method, repeat=tuple(names))
+    if kind == "huge":
+        size = draw(st.integers(1000, 60000))
+        name = draw(st.sampled_from(["X-Flood", "Subject", "User-Agent", "To"]))
+        return SipCase(method, headers=((name, b"A" * size),))
+    if kind == "cseq":
+        value = draw(st.sampled_from(BAD_CSEQS))
+        return SipCase(
+            method, headers=(("CSeq", value.encode()),), expect=400 if answered else None
+        )
+    if kind == "length":
+        value = draw(st.sampled_from(BAD_LENGTHS))
+        return SipCase(method, length=value, expect=400 if answered else None)
+    if kind == "sdp":
+        body = draw(st.sampled_from(BAD_SDPS) | st.binary(min_size=1, max_size=100))
+        malformed = _sdp_is_malformed(body)
+        return SipCase("INVITE", body=body, expect=400 if malformed else None)
+    if kind == "media":
+        return SipCase("INVITE", body=draw(st.sampled_from(UNREACHABLE_SDPS)), expect=488)
+    if kind == "non-utf8":
+        name = draw(st.sampled_from(["From", "To", "Contact", "Call-ID", "Subject"]))
+        junk = draw(st.binary(min_size=1, max_size=8)) + b"\xff\xfe"
+        return SipCase(method, headers=((name, junk),))
+    if kind == "via":
+        return SipCase(method, headers=(("Via", draw(st.sampled_from(ODD_VIAS)).encode()),))
+    if kind == "flips":
+        flips = draw(
+            st.lists(st.tuples(st.floats(0, 1), st.integers(0, 255)), min_size=1, max_size=8)
+        )
+        return SipCase(method, flips=tuple(flips))
+    if kind == "cut":
+        return SipCase(method, cut=draw(st.floats(0, 1)))
+    if kind == "lf":
+        return SipCase(method, newline=b"\n")
+    return SipCase(method, expect=200 if method in ("OPTIONS", "INVITE") else None)
+
+
+sip_datagrams = st.one_of(st.binary(max_size=400).map(lambda data: (data, None)), sip_cases())
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings(LOOP_USES_RANDOM)
+async def test_sip_datagrams_never_disturb_the_endpoint(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING)
+    settings_ = SipSettings(host="127.0.0.1", port=0)
+    config = ServerConfig(sip=settings_, max_sessions=1, rate_limit_per_min=0)
+    async with voice_server(None, config) as server:
+        sip = server.app[SIP]
+        phone = await SipPhone.open(sip.port)
+        try:
+            await _fuzz_sip(server, phone, caplog)
+        finally:
+            await phone.close()
+            for call in list(sip.calls.values()):
+                await call.hangup("test over", by_peer=True)
+
+
+def _problems(records: list[logging.LogRecord]) -> list[str]:
+    """Error records of the server and the libraries it drives: an exception nobody handled."""
+    return [
+        f"{record.name}: {record.getMessage()[:300]}"
+        for record in records
+        if record.levelno >= logging.ERROR
+        and record.name.split(".")[0] in ("server", "aiosipua", "aiortp", "asyncio")
+    ]
+
+
+async def _fuzz_sip(server: TestServer, phone: SipPhone, caplog: pytest.LogCaptureFixture) -> None:
+    sip = server.app[SIP]
+    bridge = LoopBridge()
+    numbers = iter(range(1_000_000))
+    answers: Counter[int | None] = Counter()
+
+    async def replies_to(branch: str, until: Callable[[SipResponse], bool]) -> list[SipResponse]:
+        """Responses to the request with Via ``branch``, up to one ``until`` accepts."""
+        seen: list[SipResponse] = []
+        async with asyncio.timeout(10):
+            while True:
+                message = await phone.endpoint.inbox.get()
+                if not isinstance(message, SipResponse):
+                    continue
+                if branch in (message.headers.get_first("via") or ""):
+                    seen.append(message)
+                if branch in (message.headers.get_first("via") or "") and until(message):
+                    return seen
+
+    async def exchange(datagram: bytes | SipCase, expect: int | None) -> None:
+        number = next(numbers)
+        branch = f"z9hG4bKfuzz{number}x"
+        if isinstance(datagram, SipCase):
+            data = datagram.render(f"fuzz-{number}", branch, phone.port, sip.port)
+        else:
+            data = datagram
+        records = len(caplog.records)
+        phone.send_raw(data)
+        # an OPTIONS after every datagram: the endpoint still answers, and everything it said
+        # synchronously about the datagram (400s, 100 Trying) has arrived before the 200
+        probe = f"z9hG4bKprobe{number}x"
+        phone.send_raw(SipCase("OPTIONS").render(f"probe-{number}", probe, phone.port, sip.port))
+        phone_inbox = phone.endpoint.inbox
+        before: list[SipResponse] = []
+        async with asyncio.timeout(10):
+            while True:
+                message = await phone_inbox.get()
+                if not isinstance(message, SipResponse):
+                    continue
+                via = message.headers.get_first("via") or ""
+                if probe in via:
+                    assert message.status_code == 200
+                    break
+                if branch in via:
+                    before.append(message)
+        statuses = [m.status_code for m in before]
+        if 100 in statuses and not any(code >= 200 for code in statuses):  # an INVITE in hand
+            final = await replies_to(branch, lambda m: m.status_code >= 200)
+            statuses += [m.status_code for m in final]
+        answering = [t for t in asyncio.all_tasks() if t.get_name().startswith("sip-invite:")]
+        if answering:  # an INVITE whose answers went nowhere (an odd Via) may still start a call
+            await asyncio.wait(answering, timeout=10)
+        for call in list(sip.calls.values()):  # no BYE: the mutated Contact is no one's
+            await call.hangup("fuzz example over", by_peer=True)
+        finals = [code for code in statuses if code >= 200]
+        answers[finals[0] if finals else None] += 1
+        if expect is not None:
+            assert expect in finals, (data[:300], statuses)
+        if 400 in finals:
+            (bad,) = [m for m in before if m.status_code == 400]
+            assert bad.reason_phrase
+        assert not _problems(caplog.records[records:]), data[:300]
+
+    @given(case=sip_datagrams)
+    # a Via port of 99999 made asyncio close the SIP socket for good: deaf from then on
+    @example(case=SipCase("OPTIONS", headers=(("Via", ODD_VIAS[0].encode()),)))
+    # these raised inside aiosipua's handler (a logged traceback) and went unanswered
+    @example(case=SipCase("INVITE", headers=(("CSeq", b"banana INVITE"),), expect=400))
+    @example(case=SipCase("INVITE", body=BAD_SDPS[0], expect=400))
+    # these were taken as they were (RFC 3261: 400)
+    @example(case=SipCase("INVITE", length="{more}", expect=400))
+    @example(case=SipCase("INVITE", headers=(("CSeq", b"1"),), expect=400))
+    # these started calls whose RTP went nowhere: a warning every 20 ms, or asyncio closing the
+    # RTP socket (port 70000)
+    @example(case=SipCase("INVITE", body=UNREACHABLE_SDPS[0], expect=488))
+    @example(case=SipCase("INVITE", body=UNREACHABLE_SDPS[1], expect=488))
+    @example(case=SipCase("INVITE", expect=200))
+    @example(case=(b"", None))
+    @fuzz(600)
+    def check(case: tuple[bytes, None] | SipCase) -> None:
+        if isinstance(case, SipCase):
+            bridge.run(exchange(case, case.expect))
+        else:
+            bridge.run(exchange(*case))
+
+    await fuzz_on_loop(check)
+    assert answers[400] > 0
+    assert answers[200] > 0
+
+
+# -- 4. playbook files ---------------------------------------------------------------------------
+
+EXAMPLE_DOCS: dict[str, Any] = {
+    path.name: yaml.safe_load(path.read_text()) for path in sorted(EXAMPLES.glob("*.yaml"))
+}
+WRONG_TYPES: list[Any] = [None, True, 0, -1, 1.5, "", "x", [], {}, [1], {"a": 1}, "nowhere"]
+
+
+def _spots(tree: Any) -> list[tuple[Any, Any]]:
+    """Every (container, key or index) in a parsed document."""
+    found: list[tuple[Any, Any]] = []
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, value in list(items):
+            found.append((node, key))
+            if isinstance(value, dict | list):
+                stack.append(value)
+    return found
+
+
+@st.composite
+def mutated_examples(draw: st.DrawFn) -> Any:
+    """A real example playbook with keys dropped, values of the wrong type, unknown keys and
+    stages, duplicated entries, huge strings."""
+    doc = copy.deepcopy(EXAMPLE_DOCS[draw(st.sampled_from(sorted(EXAMPLE_DOCS)))])
+    for _ in range(draw(st.integers(1, 4))):
+        spots = _spots(doc)
+        container, key = spots[draw(st.integers(0, len(spots) - 1))]
+        op = draw(st.sampled_from(["drop", "type", "value", "key", "stage", "duplicate", "huge"]))
+        if op == "drop":
+            del container[key]
+        elif op == "type":
+            container[key] = copy.deepcopy(draw(st.sampled_from(WRONG_TYPES)))
+        elif op == "value":
+            container[key] = draw(json_values)
+        elif op == "key" and isinstance(container, dict):
+            container[draw(st.sampled_from(FIELD_NAMES) | st.text(max_size=10))] = draw(scalars)
+        elif op == "stage" and doc.get("transitions"):
+            transition = draw(st.sampled_from(doc["transitions"]))
+            unknown = draw(st.text(max_size=10) | st.sampled_from(["*", "nowhere"]))
+            if isinstance(transition, dict) and isinstance(transition.get("action"), dict):
+                field = draw(st.sampled_from(["from", "target_stage"]))
+                target = transition if field == "from" else transition["action"]
+                target[field] = unknown
+        elif op == "duplicate" and isinstance(container, list):
+            container.append(copy.deepcopy(container[key]))
+        elif op == "huge":
+            container[key] = draw(st.sampled_from(["x", "é", "\n"])) * 100_000
+        if not doc:
+            break
+    return doc
+
+
+@st.composite
+def documents(draw: st.DrawFn) -> tuple[str, bytes]:
+    """(file suffix, contents): random trees or mutated examples, as YAML or JSON."""
+    tree = draw(mutated_examples() | json_values)
+    suffix = draw(st.sampled_from([".yaml", ".yml", ".json"]))
+    if suffix == ".json":
+        text = json.dumps(tree, ensure_ascii=draw(st.booleans()))
+    else:
+        text = yaml.safe_dump(tree, allow_unicode=draw(st.booleans()), sort_keys=False)
+    return suffix, text.encode()
+
+
+BYTE_NOISE = [b"\xff", b"\xc3", b"\x00", b"\t", b"&a ", b"*a ", b"!!binary ", b"<<: ", b"? ", b"{"]
+
+
+@st.composite
+def garbled_files(draw: st.DrawFn) -> tuple[str, bytes]:
+    """A real example file with lines deleted or duplicated, bytes inserted (non-UTF-8, tabs,
+    stray anchors, aliases and tags) or the end cut off."""
+    name = draw(st.sampled_from(sorted(EXAMPLE_DOCS)))
+    lines = (EXAMPLES / name).read_bytes().split(b"\n")
+    for _ in range(draw(st.integers(1, 5))):
+        i = draw(st.integers(0, len(lines) - 1))
+        op = draw(st.sampled_from(["delete", "duplicate", "insert", "cut"]))
+        if op == "delete" and len(lines) > 1:
+            del lines[i]
+        elif op == "duplicate":
+            lines.insert(i, lines[i])
+        elif op == "insert":
+            at = draw(st.integers(0, len(lines[i])))
+            noise = draw(st.sampled_from(BYTE_NOISE) | st.binary(min_size=1, max_size=4))
+            lines[i] = lines[i][:at] + noise + lines[i][at:]
+        else:
+            lines[i] = lines[i][: draw(st.integers(0, len(lines[i])))]
+    return ".yaml", b"\n".join(lines)
+
+
+def _bomb(width: int, depth: int) -> str:
+    """A YAML value whose aliases expand to ``width ** depth`` scalars (a billion laughs)."""
+    value = "&l0 [" + ", ".join(["lol"] * width) + "]"
+    for level in range(1, depth):
+        value = f"&l{level} [{value}, " + ", ".join([f"*l{level - 1}"] * (width - 1)) + "]"
+    return value
+
+
+@st.composite
+def alias_bombs(draw: st.DrawFn) -> tuple[str, bytes]:
+    """An example playbook with one value replaced by an alias bomb, a self-referencing alias or
+    a deep nest of lists."""
+    doc = copy.deepcopy(EXAMPLE_DOCS[draw(st.sampled_from(sorted(EXAMPLE_DOCS)))])
+    spots = _spots(doc)
+    container, key = spots[draw(st.integers(0, len(spots) - 1))]
+    container[key] = "BOMB_GOES_HERE"
+    value = draw(
+        st.builds(_bomb, st.integers(2, 10), st.integers(1, 8))
+        | st.sampled_from(["&r [x, *r]", "&r {a: *r}"])
+        | st.integers(1, 1500).map(_deep)
+    )
+    text = yaml.safe_dump(doc, sort_keys=False).replace("BOMB_GOES_HERE", value, 1)
+    return ".yaml", text.encode()
+
+
+playbook_files = st.one_of(documents(), garbled_files(), alias_bombs())
+
+DOCUMENT_PROBLEMS = (  # errors about the whole file, which has no single field or line to name
+    "a playbook must be a mapping",
+    "more than",
+    "nested",
+    "a YAML alias",
+    "invalid JSON value",
+    "YAML error",
+)
+
+
+def load_error(path: Path) -> PlaybookError | None:
+    """What loading ``path`` raised; None when it loaded. Any other exception propagates."""
+    try:
+        load_playbook(path)
+    except PlaybookError as error:
+        return error
+    return None
+
+
+def check_playbook_file(folder: Path, suffix: str, content: bytes) -> None:
+    """Loads, or raises one PlaybookError naming the file and the line or field."""
+    path = folder / f"fuzzed{suffix}"
+    path.write_bytes(content)
+    error = load_error(path)
+    if error is None:
+        return
+    message = str(error)
+    assert message.startswith(f"{path.name}: "), message
+    assert error.source == path.name
+    assert error.message.strip()
+    assert "\n" not in message
+    assert "\r" not in message
+    assert len(message) < 1000, message[:300]
+    named = error.path or " at line " in message
+    assert named or any(problem in message for problem in DOCUMENT_PROBLEMS), message
+
+
+@pytest.fixture
+def playbook_dir(tmp_path: Path) -> Path:
+    """A folder with the examples' tools modules, so mutated examples reach the checks of
+    tools and condition functions."""
+    for tools in EXAMPLES.glob("*_tools.py"):
+        shutil.copy(tools, tmp_path / tools.name)
+    return tmp_path
+
+
+@given(file=playbook_files)
+@example(file=(".yaml", b"id: \xff\xfe\n"))  # UnicodeDecodeError escaped (regression)
+@example(file=(".yaml", _deep(3000).encode()))  # RecursionError
+@example(file=(".json", _deep(3000).encode()))  # RecursionError
+@example(file=(".yaml", b"id: " + b"1" * 5000))  # ValueError: int of more than 4300 digits
+@example(file=(".json", b'{"id": ' + b"1" * 5000 + b"}"))  # the same, from json
+@example(file=(".yaml", b"id: 2001-02-30\n"))  # ValueError: day is out of range for month
+@example(file=(".yaml", b"id: 2001-01-01 00:00:00 +99:00\n"))  # ValueError: bad UTC offset
+@example(file=(".yaml", b"id: a\x00b\n"))  # multi-line ReaderError message
+@example(file=(".yaml", b"id: a\ntools_module: " + b"m" * 5000 + b"\n"))  # OSError: too long
+@example(  # pydantic spent forever on a discriminator holding 10**8 aliased scalars
+    file=(
+        ".yaml",
+        b"id: a\nname: a\ninitial_stage: s\nstages: [{id: s, name: s, system_prompt: x}]\n"
+        b"transitions: [{id: t, from: s, action: {target_stage: s}, condition: {type: "
+        + _bomb(10, 8).encode()
+        + b"}}]\n",
+    )
+)
+@example(file=(".yaml", b"x: &r [x, *r]\n"))  # a value holding itself
+@fuzz(300)
+def test_playbook_files_load_or_fail_with_one_clear_line(
+    playbook_dir: Path, file: tuple[str, bytes]
+) -> None:
+    check_playbook_file(playbook_dir, *file)
+
+
+INVALID_FILES = {
+    "non_utf8.yaml": b"id: caf\xe9\n",
+    "bomb.yaml": b"id: " + _bomb(10, 8).encode() + b"\n",
+    "deep.json": _deep(3000).encode(),
+    "digits.yaml": b"id: " + b"9" * 5000 + b"\n",
+    "date.yaml": b"id: x\nname: x\ninitial_stage: 2024-02-30\n",
+    "stage.yaml": (EXAMPLES / "support.yaml")
+    .read_bytes()
+    .replace(b"target_stage: farewell", b"target_stage: 'far\\nwell'", 1),
+    "types.json": json.dumps({"id": 3, "name": [], "initial_stage": {}, "stages": "x"}).encode(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(INVALID_FILES))
+def test_chat_refuses_an_invalid_playbook_with_one_line_and_status_2(
+    playbook_dir: Path,
+    name: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(cli, "configure_logging", lambda *args, **kwargs: None)  # keep pytest's
+    path = playbook_dir / name
+    path.write_bytes(INVALID_FILES[name])
+    code = cli.main(["chat", str(path), "--llm-base-url", "http://127.0.0.1:9/v1"])
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert out == ""
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"vocable: {name}: ")
+    assert len(lines[0]) < 300
