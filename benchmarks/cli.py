@@ -11,10 +11,7 @@ import argparse
 import asyncio
 import json
 import logging
-import os
-import platform
 import shlex
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -25,6 +22,7 @@ from tqdm import tqdm
 
 from .corpus import load_corpus
 from .llm import LLMPacing, paced_llm
+from .provenance import git_commit, machine
 from .report import plot, summarize, to_markdown
 from .scenarios import BenchTarget, backchannel, barge_in, concurrency_level, new_caller
 from .server_process import ServerProcess, free_port
@@ -135,8 +133,8 @@ async def _run(args: argparse.Namespace, command: str) -> Path:
     run = {
         "command": command,
         "started_at": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "git_commit": _git_commit(),
-        "machine": _machine(),
+        "git_commit": git_commit(),
+        "machine": machine(),
         "settings": {
             "llm": f"scripted, first token {args.ttft_ms:g} ms, {args.tokens_per_s:g} tokens/s"
             if not args.llm_base_url
@@ -257,36 +255,3 @@ def _micro(quick: bool) -> dict[str, Any]:
         Synthesizer.load(),
         progress=lambda message: print(f"  {message}", file=sys.stderr),
     )
-
-
-def _git_commit() -> str:
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-    except OSError:
-        return "unknown"
-    return f"{commit}{'-dirty' if dirty else ''}" or "unknown"
-
-
-def _machine() -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "system": platform.platform(),
-    }

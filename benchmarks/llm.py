@@ -36,7 +36,9 @@ class LLMPacing:
         return self.first_token_ms + (len(first.split()) - 1) * 1000 / self.tokens_per_s
 
 
-def paced_llm(pacing: LLMPacing) -> ScriptedLLM:
+def paced_llm(pacing: LLMPacing, answer: str = SHORT_ANSWER) -> ScriptedLLM:
+    """The scripted LLM answering ``answer`` (``LONG_ANSWER`` when asked for "everything")."""
+
     def reply(body: dict[str, Any]) -> Reply:
         if not body.get("stream"):  # an intent classification
             return Reply(content='{"intent": "none", "confidence": 0.0}')
@@ -44,9 +46,8 @@ def paced_llm(pacing: LLMPacing) -> ScriptedLLM:
             (m for m in reversed(body["messages"]) if m["role"] == "user"), {}
         )
         content = str(last.get("content", ""))
-        answer = LONG_ANSWER if "everything" in content.lower() else SHORT_ANSWER
         return Reply(
-            content=answer,
+            content=LONG_ANSWER if "everything" in content.lower() else answer,
             first_token_delay_s=pacing.first_token_ms / 1000,
             chunk_delay_s=1 / pacing.tokens_per_s,
         )
