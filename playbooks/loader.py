@@ -1,4 +1,4 @@
-"""Loading playbook files (YAML or JSON) and their tools module, with one clear error per problem.
+"""Loading playbook files (YAML, JSON, Markdown) and their tools module, one clear error each.
 
 Every failure raises :class:`PlaybookError`, whose message names the file and the field path, e.g.
 ``support.yaml: transitions[2].action.target_stage: unknown stage 'billing'``.
@@ -32,7 +32,7 @@ from .tools import Tool, tool_of
 
 __all__ = ["LoadedPlaybook", "PlaybookError", "load_playbook", "load_playbooks"]
 
-PLAYBOOK_SUFFIXES = (".yaml", ".yml", ".json")
+PLAYBOOK_SUFFIXES = (".yaml", ".yml", ".json", ".md")
 MAX_VALUES = 100_000
 """Most values (scalars, lists, mappings; a YAML alias counts its whole value again each time it
 is used) a playbook file may hold: bounds the work validation does on an alias bomb."""
@@ -104,7 +104,19 @@ def load_playbook(path: str | Path) -> LoadedPlaybook:
         raise PlaybookError(
             label, "", f"not UTF-8 text: byte 0x{raw[exc.start]:02x} at line {line}"
         ) from None
-    data = _parse(text, label, path.suffix.lower())
+    if path.suffix.lower() == ".md":
+        from .markdown import compile_markdown  # it imports this module
+
+        data, lines = compile_markdown(text, label)
+        try:
+            return _resolve(data, path, label)
+        except PlaybookError as exc:
+            raise lines.locate(exc) from None
+    return _resolve(_parse(text, label, path.suffix.lower()), path, label)
+
+
+def _resolve(data: Any, path: Path, label: str) -> LoadedPlaybook:
+    """Validate a parsed playbook file and load the tools it refers to."""
     _check_size(data, label)
     try:
         spec = Playbook.model_validate(data)
@@ -115,7 +127,29 @@ def load_playbook(path: str | Path) -> LoadedPlaybook:
     if spec.tools_module:
         module = _import_module(path.parent / spec.tools_module, label)
         tools, functions = _collect(module)
+    if spec.mcp_servers:
+        tools = {**tools, **_mcp_tools(spec, path.parent, label, tools)}
     return LoadedPlaybook.from_spec(spec, tools, functions, path)
+
+
+def _mcp_tools(
+    spec: Playbook, cwd: Path, label: str, module_tools: Mapping[str, Tool]
+) -> dict[str, Tool]:
+    """The tools of the playbook's MCP servers (sessions opened now); see :mod:`playbooks.mcp`."""
+    from .mcp import McpLoadError, mcp_tools
+
+    try:
+        found = mcp_tools(spec.mcp_servers, cwd)
+    except McpLoadError as exc:
+        raise PlaybookError(label, exc.path, exc.message) from None
+    for name in found:
+        if name in module_tools:
+            raise PlaybookError(
+                label,
+                "mcp_servers",
+                f"tool {name!r} is defined by the tools module and an MCP server",
+            )
+    return found
 
 
 def load_playbooks(path: str | Path) -> dict[str, LoadedPlaybook]:
@@ -134,7 +168,7 @@ def load_playbooks(path: str | Path) -> dict[str, LoadedPlaybook]:
             raise PlaybookError(file.name, "id", message)
         loaded[playbook.spec.id] = playbook
     if not loaded:
-        raise PlaybookError(str(path), "", "no playbook files (.yaml, .yml, .json) found")
+        raise PlaybookError(str(path), "", "no playbook files (.yaml, .yml, .json, .md) found")
     return loaded
 
 

@@ -9,18 +9,20 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 from pydantic.alias_generators import to_camel
 
 __all__ = [
     "BargeInPolicy",
     "Condition",
     "CustomCondition",
+    "ExecutionMode",
     "IntentCondition",
     "KeywordCondition",
     "LLMConfig",
     "LLMDecisionCondition",
     "MaxTurnsCondition",
+    "McpServer",
     "NamedToolChoice",
     "Playbook",
     "Stage",
@@ -73,6 +75,8 @@ BargeInPolicy = Literal["immediate", "confirmed", "pause_resume", "disabled"]
 starts; ``confirmed`` once the caller has spoken a minimum of voiced audio; ``pause_resume``
 pauses the agent at once and resumes where it stopped if the sound was a backchannel or noise,
 else cuts it off; ``disabled`` lets the agent finish (the caller's words are answered after)."""
+
+ExecutionMode = Literal["playbook", "iterative", "single-shot"]
 
 ToolChoice = Annotated[
     Annotated[Literal["auto", "none", "required"], Tag("mode")]
@@ -182,6 +186,35 @@ class Stage(_Model):
     max_turns: int | None = Field(default=None, gt=0)
     timeout_ms: int | None = Field(default=None, gt=0)
     greeting: str | None = None
+    mode: ExecutionMode = "playbook"
+    """How a turn runs here: ``playbook`` (the tool loop, then the answer), ``iterative`` (the
+    tool loop stops as soon as one of the stage's transitions holds) or ``single-shot`` (one
+    streamed call, no tools)."""
+
+
+class McpServer(_Model):
+    """An MCP server whose tools join the playbook's: a stdio ``command`` or a streamable HTTP
+    ``url`` (exactly one). ``tools`` names the ones taken (default ``all``)."""
+
+    name: str = Field(min_length=1)
+    command: str | None = Field(default=None, min_length=1)
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    url: str | None = Field(default=None, pattern=r"^https?://")
+    headers: dict[str, str] = Field(default_factory=dict)
+    timeout_ms: int = Field(default=30_000, gt=0)
+    """Each call's time limit, and the limit for connecting and listing tools."""
+    tools: list[str] | Literal["all"] = "all"
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpServer:
+        if (self.command is None) == (self.url is None):
+            raise ValueError("give exactly one of command (stdio) or url (streamable HTTP)")
+        if self.command is None and (self.args or self.env):
+            raise ValueError("args and env apply to a command, not a url")
+        if self.url is None and self.headers:
+            raise ValueError("headers apply to a url, not a command")
+        return self
 
 
 class Playbook(_Model):
@@ -195,6 +228,7 @@ class Playbook(_Model):
     global_tools: list[str] = Field(default_factory=list)
     default_llm_config: LLMConfig = Field(default_factory=LLMConfig)
     tools_module: str | None = None
+    mcp_servers: list[McpServer] = Field(default_factory=list)
 
     def stage(self, stage_id: str) -> Stage:
         for stage in self.stages:

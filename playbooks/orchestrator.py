@@ -46,6 +46,10 @@ log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
 DEFAULT_FALLBACK = "Sorry, I'm having trouble right now."
+ITERATIVE_NOTE = (
+    "Work step by step: call your tools as often as the task needs, check each result, and"
+    " answer only when the task is done or you need something from the caller."
+)
 CANCELLED_RESULT = json.dumps({"error": "cancelled: the caller interrupted before it finished"})
 
 
@@ -163,7 +167,7 @@ class PlaybookOrchestrator:
             elif first_round and stage.tool_choice == "required":
                 choice = "required"
         return ChatRequest(
-            messages=self.conversation.for_request(self.engine.system_prompt()),
+            messages=self.conversation.for_request(self._system_prompt()),
             model=config.model or self._default_model,
             tools=tools or None,
             tool_choice=choice,
@@ -171,6 +175,15 @@ class PlaybookOrchestrator:
             max_tokens=config.max_tokens,
             top_p=config.top_p,
         )
+
+    def _system_prompt(self) -> str:
+        """The engine's prompt; an iterative stage adds how to work and when the stage ends."""
+        prompt = self.engine.system_prompt()
+        if self.engine.stage.mode != "iterative":
+            return prompt
+        exits = [f"- {t.description}" for t in self.engine.outgoing() if t.description]
+        ends = "\n".join(["This stage ends when:", *exits]) if exits else ""
+        return "\n\n".join(part for part in (prompt, ITERATIVE_NOTE, ends) if part)
 
     async def _classify_intent(self, user_text: str, intents: Sequence[str]) -> IntentResult:
         listing = "\n".join(f"- {intent}" for intent in intents)
@@ -319,12 +332,13 @@ class Turn:
             o._transition(early, keep=[user_message])
 
         o._events.emit("phase1_start")
-        needs_answer_call = False
+        needs_answer_call = o.engine.stage.mode == "single-shot"  # no tool loop at all
         failed = False
         try:
-            async for delta in self._tool_loop(user_message):
-                yield delta
-            needs_answer_call = self._needs_answer_call
+            if not needs_answer_call:
+                async for delta in self._tool_loop(user_message):
+                    yield delta
+                needs_answer_call = self._needs_answer_call
         except LLMError as exc:
             failed = True
             o._events.emit("error", source="llm", message=str(exc))
@@ -421,7 +435,14 @@ class Turn:
                 # this round is the answer, unless it said nothing (then ask once without tools)
                 self._needs_answer_call = not self._round_has_text
                 return
+            iterative = o.engine.stage.mode == "iterative"
             transitioned = await self._run_tools(calls, deadline, user_message)
+            if iterative and not transitioned:
+                # the stage's exit conditions are checked after every round of tool work
+                exit_ = await o.engine.evaluate("after_turn", self._facts, o._classify_intent)
+                if exit_ is not None:
+                    o._transition(exit_, keep=[user_message])
+                    transitioned = True
             if transitioned or loop.time() >= deadline:
                 self._needs_answer_call = True
                 return

@@ -1,4 +1,5 @@
-"""The ``vocable`` command: ``chat`` (text conversation with a playbook) and ``serve``."""
+"""The ``vocable`` command: ``chat`` (text conversation with a playbook), ``playbook check|graph``
+and ``serve``."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from playbooks import (
     load_playbook,
     load_playbooks,
 )
+from playbooks.outline import mermaid, outline
 
 from .chat import run_chat
 from .config import add_serve_arguments
@@ -39,6 +41,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "chat":
             return _chat(args)
+        if args.command == "playbook":
+            return _playbook(args)
         return _serve(args)
     except (PlaybookError, ConfigError) as exc:
         print(f"vocable: {exc}", file=sys.stderr)
@@ -55,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     chat = commands.add_parser("chat", help="talk to a playbook in text over stdin/stdout")
-    chat.add_argument("playbook", type=Path, help="playbook file (.yaml, .yml or .json)")
+    chat.add_argument("playbook", type=Path, help="playbook file (.yaml, .yml, .json or .md)")
     add_llm_arguments(chat)
     chat.add_argument("--history-limit", type=_positive_int, default=50, metavar="N")
     chat.add_argument(
@@ -74,6 +78,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     chat.add_argument("--phase1-timeout-ms", type=_positive_int, default=60_000, metavar="N")
     chat.add_argument("--json", action="store_true", help="one JSON object per event and answer")
+
+    playbook = commands.add_parser("playbook", help="check a playbook file or draw its graph")
+    actions = playbook.add_subparsers(dest="action", required=True)
+    check = actions.add_parser("check", help="validate; list the compiled stages and transitions")
+    check.add_argument("file", type=Path, help="playbook file (.yaml, .yml, .json or .md)")
+    graph = actions.add_parser("graph", help="print the stage graph as Mermaid text")
+    graph.add_argument("file", type=Path, help="playbook file (.yaml, .yml, .json or .md)")
 
     serve = commands.add_parser("serve", help="run the voice server (WebRTC and the web client)")
     add_serve_arguments(serve)
@@ -107,6 +118,18 @@ def _chat(args: argparse.Namespace) -> int:
             await client.client.close()
 
     asyncio.run(run())
+    return 0
+
+
+def _playbook(args: argparse.Namespace) -> int:
+    """``playbook check|graph FILE``: the output on stdout; an invalid file exits 2 with its one
+    ``file[:line]: message`` line on stderr."""
+    try:
+        loaded = load_playbook(args.file)
+    except PlaybookError as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_USAGE
+    print(outline(loaded) if args.action == "check" else mermaid(loaded.spec))
     return 0
 
 

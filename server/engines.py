@@ -53,6 +53,10 @@ class Engines:
         await self.synthesizer.aclose()
         if self.llm is not None:
             await self.llm.client.close()
+        if any(p.spec.mcp_servers for p in self.playbooks.values()):
+            from playbooks.mcp import close_mcp_sessions
+
+            await asyncio.to_thread(close_mcp_sessions)
 
 
 async def _transcriber(config: ServerConfig) -> SpeechToText:

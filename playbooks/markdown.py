@@ -1,0 +1,363 @@
+"""Markdown playbooks: a ``.md`` file compiled to the same data as a YAML playbook.
+
+``#`` names the playbook (its text is the global prompt); each ``##`` is a stage (its text is
+the stage prompt; ``{#id}`` after the title sets the id, else the title's slug); under a stage,
+``### Steps`` (a numbered list the prompt carries), ``### Triggers`` (``- condition → stage``,
+each an ``intent`` transition) and ``### Tools`` (``- tool_name``). An optional YAML front
+matter between ``---`` lines holds everything else: playbook fields, ``transitions`` in the YAML
+form and per-stage options under ``stages: {stage_id: {...}}``. See docs/playbooks-markdown.md.
+
+:func:`compile_markdown` returns the data with a :class:`LineMap`; the loader validates the data
+like a YAML file's and passes any :class:`PlaybookError` through :meth:`LineMap.locate`, so every
+error reads ``file.md:LINE: message``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+from pydantic.alias_generators import to_snake
+
+from .loader import MAX_VALUES, PlaybookError, _SafeLoader, _shown
+
+__all__ = ["LineMap", "compile_markdown", "slug"]
+
+_HEADING = re.compile(r"^(#{1,3})[ \t]+(.*?)(?:[ \t]+#+)?[ \t]*$")
+_EXPLICIT_ID = re.compile(r"[ \t]*\{#([^{}\s]+)\}$")
+_FENCE = re.compile(r"^[ \t]{0,3}(```|~~~)")
+_STEP = re.compile(r"^\d{1,3}[.)][ \t]+\S")
+_BULLET = re.compile(r"^[-*+][ \t]+(.*\S)[ \t]*$")
+_ARROW = re.compile(r"[ \t]*(?:→|->|=>)[ \t]*")
+_TOOL = re.compile(r"^`?([A-Za-z_][\w.-]*)`?(?:[ \t]*(?:[:—–]|[ \t]-[ \t]).*)?$")
+_SECTIONS = ("steps", "triggers", "tools")
+_FROM_BODY = {
+    "name": "the # heading",
+    "global_system_prompt": "the text under the # heading",
+    "globalSystemPrompt": "the text under the # heading",
+}
+_STAGE_FROM_BODY = {
+    "id": "the ## heading ({#id})",
+    "name": "the ## heading",
+    "system_prompt": "the stage's text and its ### Steps",
+    "systemPrompt": "the stage's text and its ### Steps",
+    "tools": "the stage's ### Tools",
+}
+STEPS_INTRO = "Follow these steps:"
+"""The line between a stage's text and its numbered steps in the stage prompt."""
+
+
+def slug(title: str) -> str:
+    """A stage or playbook id from a title: lowercase words joined by ``_``."""
+    return re.sub(r"\W+", "_", title.lower()).strip("_")
+
+
+@dataclass
+class LineMap:
+    """Where each field path of the compiled data (``stages[1].tools[0]``) came from."""
+
+    label: str
+    lines: dict[str, int] = field(default_factory=dict)
+
+    def add(self, path: str, line: int) -> None:
+        self.lines.setdefault(_normal(path), line)
+
+    def line_of(self, path: str) -> int:
+        """The line of ``path`` or of its nearest enclosing field; 1 if none is known."""
+        parts = _normal(path)
+        while parts:
+            if parts in self.lines:
+                return self.lines[parts]
+            parts = re.sub(r"(\.[^.\[]*|\[\d+\])$", "", parts)
+        return 1
+
+    def locate(self, error: PlaybookError) -> PlaybookError:
+        """``error`` as ``file.md:LINE: [field: ]message``; the field is named only when it is
+        a key, not a list position."""
+        if error.source != self.label:  # from elsewhere (a file it could not read): as is
+            return error
+        last = re.split(r"[.\[]", error.path)[-1] if error.path else ""
+        prefix = f"{last}: " if last and not last.endswith("]") else ""
+        return _error(self.label, self.line_of(error.path), prefix + error.message)
+
+
+@dataclass
+class _Stage:
+    title: str
+    id: str
+    line: int
+    text: list[str] = field(default_factory=list)
+    steps: list[str] = field(default_factory=list)
+    triggers: list[tuple[str, str, int]] = field(default_factory=list)
+    tools: list[tuple[str, int]] = field(default_factory=list)
+    sections: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class _Document:
+    label: str
+    name: str | None = None
+    name_line: int = 0
+    text: list[str] = field(default_factory=list)
+    stages: list[_Stage] = field(default_factory=list)
+
+
+def compile_markdown(text: str, label: str) -> tuple[dict[str, Any], LineMap]:
+    """The playbook data of a Markdown file (not yet validated) and where its fields came from.
+    Raises :class:`PlaybookError` (``label:LINE: message``) for a malformed document."""
+    lines = text.splitlines()
+    front, body_start, where = _front_matter(lines, label)
+    doc = _parse_body(lines, body_start, label)
+    if doc.name is None:
+        raise _error(label, max(body_start, 1), "no '# Playbook name' heading")
+    if not doc.stages:
+        raise _error(label, doc.name_line, "no '## Stage' heading: a playbook needs a stage")
+    return _assemble(doc, front, where), where
+
+
+def _front_matter(lines: list[str], label: str) -> tuple[dict[str, Any], int, LineMap]:
+    """The front matter's mapping, the index of the first body line, and its key lines."""
+    where = LineMap(label)
+    if not lines or lines[0].rstrip() != "---":
+        return {}, 0, where
+    end = next((i for i in range(1, len(lines)) if lines[i].rstrip() in ("---", "...")), None)
+    if end is None:
+        raise _error(label, 1, "front matter opened with '---' is never closed")
+    source = "\n".join(lines[1:end])
+    try:
+        loader = _SafeLoader(source)
+    except yaml.reader.ReaderError as exc:  # a control character, before any parsing
+        line = source.count("\n", 0, exc.position) + 2
+        raise _error(label, line, f"front matter: {exc.reason} #x{exc.character:04x}") from None
+    try:
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else {}
+    except yaml.MarkedYAMLError as exc:
+        line = exc.problem_mark.line + 2 if exc.problem_mark else 1
+        raise _error(label, line, f"front matter: {exc.problem or exc.context}") from None
+    except (yaml.YAMLError, RecursionError) as exc:
+        raise _error(label, 1, f"front matter: {exc}") from None
+    finally:
+        loader.dispose()
+    if not isinstance(data, dict):
+        raise _error(label, 2, "front matter must be a YAML mapping")
+    if node is not None:
+        _record(node, "", where, offset=2)
+    return data, end + 1, where
+
+
+def _record(node: yaml.Node, path: str, where: LineMap, offset: int) -> None:
+    """Record the line of every key and list item under ``node`` (0-based marks + offset), up
+    to MAX_VALUES of them: aliases repeating each other would make the walk endless (the
+    loader then refuses the document for its size)."""
+    if len(where.lines) >= MAX_VALUES:
+        return
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode):
+                child = f"{path}.{key.value}" if path else str(key.value)
+                where.add(child, key.start_mark.line + offset)
+                _record(value, child, where, offset)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            child = f"{path}[{index}]"
+            where.add(child, item.start_mark.line + offset)
+            _record(item, child, where, offset)
+
+
+def _parse_body(lines: list[str], start: int, label: str) -> _Document:
+    doc = _Document(label)
+    stage: _Stage | None = None
+    section: str | None = None
+    fenced = False
+    for index in range(start, len(lines)):
+        number, raw = index + 1, lines[index]
+        heading = None if fenced else _HEADING.match(raw)
+        if _FENCE.match(raw):
+            fenced = not fenced
+        if heading is not None:
+            level, title = len(heading.group(1)), heading.group(2).strip()
+            if level == 1:
+                if doc.name is not None:
+                    raise _error(label, number, "a second '#' heading: one playbook per file")
+                doc.name, doc.name_line = title, number
+            elif level == 2:
+                if doc.name is None:
+                    raise _error(label, number, "a stage before the '# Playbook name' heading")
+                stage, section = _new_stage(doc, title, number), None
+                doc.stages.append(stage)
+            else:
+                if stage is None:
+                    raise _error(label, number, f"'### {title}' outside a '##' stage")
+                section = title.lower()
+                if section not in _SECTIONS:
+                    raise _error(
+                        label,
+                        number,
+                        f"unknown section {_shown(title)}; expected Steps, Triggers or Tools",
+                    )
+                if section in stage.sections:
+                    first = stage.sections[section]
+                    raise _error(label, number, f"a second '### {title}' (first at line {first})")
+                stage.sections[section] = number
+            continue
+        if doc.name is None:
+            if raw.strip():
+                raise _error(label, number, "text before the '# Playbook name' heading")
+        elif stage is None:
+            doc.text.append(raw)
+        elif section is None or fenced:
+            (stage.steps if section == "steps" else stage.text).append(raw)
+        elif raw.strip():
+            _section_line(stage, section, raw, number, label)
+    if fenced:
+        raise _error(label, len(lines), "a code block is never closed")
+    return doc
+
+
+def _new_stage(doc: _Document, title: str, number: int) -> _Stage:
+    explicit = _EXPLICIT_ID.search(title)
+    name = title[: explicit.start()].strip() if explicit else title
+    stage_id = explicit.group(1) if explicit else slug(name)
+    if not name:
+        raise _error(doc.label, number, "a stage heading needs a title")
+    if not stage_id:
+        raise _error(doc.label, number, f"no id can be made of {_shown(name)}: add {{#id}}")
+    for other in doc.stages:
+        if other.id == stage_id:
+            message = f"duplicate stage id {_shown(stage_id)} (line {other.line})"
+            raise _error(doc.label, number, message)
+    return _Stage(name, stage_id, number)
+
+
+def _section_line(stage: _Stage, section: str, raw: str, number: int, label: str) -> None:
+    if section == "steps":
+        if not _STEP.match(raw) and not (raw[:1].isspace() and stage.steps):
+            raise _error(label, number, "a step is a numbered line: '1. Ask for ...'")
+        stage.steps.append(raw.rstrip())
+        return
+    bullet = _BULLET.match(raw)
+    if section == "triggers":
+        parts = _ARROW.split(bullet.group(1)) if bullet else []
+        if len(parts) != 2 or not parts[0].strip() or not parts[1].strip():
+            raise _error(label, number, "a trigger is a bullet: '- <condition> → <stage>'")
+        condition = parts[0].strip().rstrip(".")
+        stage.triggers.append((condition, parts[1].strip().strip("`"), number))
+        return
+    tool = _TOOL.match(bullet.group(1)) if bullet else None
+    if tool is None:
+        raise _error(label, number, "a tool is a bullet with its name: '- lookup_order'")
+    stage.tools.append((tool.group(1), number))
+
+
+def _assemble(doc: _Document, front: dict[str, Any], where: LineMap) -> dict[str, Any]:
+    label = doc.label
+    for key, source in _FROM_BODY.items():
+        if key in front:
+            raise _error(label, where.line_of(key), f"{key}: set by {source}, not front matter")
+    ids = [stage.id for stage in doc.stages]
+    options = front.pop("stages", None) or {}
+    if not isinstance(options, dict):
+        raise _error(label, where.line_of("stages"), "stages: a mapping of stage id to options")
+    front_lines = dict(where.lines)
+    where.lines.clear()
+    for path, line in front_lines.items():  # front matter paths -> compiled data paths
+        match = re.match(r"stages\.([^.\[]+)(.*)$", path)
+        if match is None:
+            where.add(path, line)
+        elif match.group(1) in ids:
+            where.add(f"stages[{ids.index(match.group(1))}]{match.group(2)}", line)
+    for stage_id, extra in options.items():
+        line = front_lines.get(f"stages.{stage_id}", 1)
+        if stage_id not in ids:
+            message = f"stages: no stage {_shown(stage_id)} in this file (stages: {', '.join(ids)})"
+            raise _error(label, line, message)
+        if not isinstance(extra, dict):
+            raise _error(label, line, f"stages.{stage_id}: a mapping of stage options")
+        for key, source in _STAGE_FROM_BODY.items():
+            if key in extra:
+                key_line = front_lines.get(f"stages.{stage_id}.{key}", line)
+                raise _error(label, key_line, f"{key}: set by {source}, not front matter")
+
+    listed = front.pop("transitions", None) or []
+    if not isinstance(listed, list):
+        raise _error(label, where.line_of("transitions"), "transitions: a list of transitions")
+    transitions: list[Any] = list(listed)
+    taken = {t.get("id") for t in transitions if isinstance(t, dict)}
+    stages: list[dict[str, Any]] = []
+    for i, stage in enumerate(doc.stages):
+        where.add(f"stages[{i}]", stage.line)
+        for j, (_, line) in enumerate(stage.tools):
+            where.add(f"stages[{i}].tools[{j}]", line)
+        stages.append(
+            {
+                "id": stage.id,
+                "name": stage.title,
+                "system_prompt": _prompt(stage, label),
+                "tools": [name for name, _ in stage.tools],
+                **options.get(stage.id, {}),
+            }
+        )
+        for condition, target, line in stage.triggers:
+            target_id = target if target in ids else slug(target)
+            if target_id not in ids:
+                message = f"unknown stage {_shown(target)} (stages: {', '.join(ids)})"
+                raise _error(label, line, message)
+            transition_id = _unique(f"{stage.id}_to_{target_id}", taken)
+            where.add(f"transitions[{len(transitions)}]", line)
+            transitions.append(
+                {
+                    "id": transition_id,
+                    "from": stage.id,
+                    "condition": {"type": "intent", "intent": condition},
+                    "action": {"target_stage": target_id},
+                    "description": condition,
+                }
+            )
+    where.add("name", doc.name_line)
+    where.add("global_system_prompt", doc.name_line)
+    where.add("stages", doc.stages[0].line)
+    where.add("initial_stage", doc.stages[0].line)
+    where.add("id", doc.name_line)
+    assert doc.name is not None
+    data: dict[str, Any] = {
+        "id": slug(doc.name) or doc.name,
+        "name": doc.name,
+        "initial_stage": ids[0],
+        **front,
+        "stages": stages,
+        "transitions": transitions,
+    }
+    prompt = "\n".join(doc.text).strip()
+    if prompt:
+        data["global_system_prompt"] = prompt
+    return data
+
+
+def _prompt(stage: _Stage, label: str) -> str:
+    text = "\n".join(stage.text).strip()
+    steps = "\n".join(stage.steps).strip()
+    if steps:
+        text = f"{text}\n\n{STEPS_INTRO}\n{steps}" if text else f"{STEPS_INTRO}\n{steps}"
+    if not text:
+        raise _error(label, stage.line, f"stage {_shown(stage.id)} has no prompt text or steps")
+    return text
+
+
+def _unique(base: str, taken: set[Any]) -> str:
+    candidate, n = base, 1
+    while candidate in taken:
+        n += 1
+        candidate = f"{base}_{n}"
+    taken.add(candidate)
+    return candidate
+
+
+def _normal(path: str) -> str:
+    return ".".join(to_snake(part) for part in path.split("."))
+
+
+def _error(label: str, line: int, message: str) -> PlaybookError:
+    return PlaybookError(f"{label}:{line}", "", message)

@@ -1,0 +1,207 @@
+"""MCP servers' tools in playbooks: a FastMCP server (tests/mcp_server.py) over stdio and
+streamable HTTP, driven through ``vocable chat --json`` with the scripted LLM."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from playbooks import PlaybookError, ToolError, load_playbook
+from playbooks.mcp import close_mcp_sessions
+from playbooks.tools import InvalidToolCall
+from tests.conftest import REPO
+from tests.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
+from tests.test_cli import _json_lines, _vocable
+
+ALL_TOOLS = {"lookup_order", "refund", "explode", "slow", "echo", "crash", "pid"}
+STDIO: dict[str, Any] = {
+    "name": "orders",
+    "command": sys.executable,
+    "args": ["-m", "tests.mcp_server"],
+    "env": {"PYTHONPATH": str(REPO)},
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@pytest.fixture(scope="module")
+def http_server() -> Iterator[dict[str, Any]]:
+    """The test server on streamable HTTP, as an ``mcp_servers`` entry."""
+    port = _free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.mcp_server", "--http", str(port)],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert process.poll() is None, "the MCP test server exited"
+                assert time.monotonic() < deadline, "the MCP test server did not start"
+                time.sleep(0.1)
+        yield {"name": "orders", "url": f"http://127.0.0.1:{port}/mcp"}
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+@pytest.fixture(autouse=True)
+def _close_sessions() -> Iterator[None]:
+    yield
+    close_mcp_sessions()
+
+
+def _playbook(folder: Path, server: dict[str, Any], stage_tools: list[str], **options: Any) -> Path:
+    spec = {
+        "id": "mcp",
+        "name": "MCP",
+        "initial_stage": "main",
+        "mcp_servers": [{**server, **options}],
+        "stages": [{"id": "main", "name": "Main", "system_prompt": "Help.", "tools": stage_tools}],
+    }
+    path = folder / "mcp.yaml"
+    path.write_text(json.dumps(spec))  # JSON is YAML
+    return path
+
+
+def _offered(request: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {t["function"]["name"]: t["function"] for t in request.get("tools") or []}
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_chat_calls_mcp_tools_like_python_tools(
+    transport: str, llm: ScriptedLLM, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    server = STDIO if transport == "stdio" else request.getfixturevalue("http_server")
+    playbook = _playbook(tmp_path, server, sorted(ALL_TOOLS), timeout_ms=1500)
+    llm.script(
+        [
+            Reply(
+                tool_calls=[
+                    ScriptedToolCall("lookup_order", {"order_id": "A1001"}),
+                    ScriptedToolCall("refund", {"order_id": "A1001"}),
+                    ScriptedToolCall("explode", {}),
+                ]
+            ),
+            Reply(content="A1001 shipped."),
+            Reply(tool_calls=[ScriptedToolCall("slow", {"seconds": 10})]),
+            Reply(content="That took too long."),
+        ]
+    )
+    code, out, err = await _vocable(
+        "chat",
+        str(playbook),
+        "--llm-base-url",
+        llm.base_url,
+        "--llm-model",
+        "scripted-model",
+        "--json",
+        stdin="Where is A1001?\nAnd slowly?\n",
+    )
+    assert code == 0, err
+    offered = _offered(llm.requests[0])
+    assert set(offered) == ALL_TOOLS
+    assert offered["lookup_order"]["description"].startswith("Look up an order's status.")
+    assert offered["lookup_order"]["parameters"]["properties"]["order_id"]["type"] == "string"
+    assert offered["refund"]["parameters"]["required"] == ["order_id", "amount"]
+
+    results = [m["content"] for m in llm.requests[1]["messages"] if m["role"] == "tool"]
+    assert '"status": "shipped"' in results[0]  # the server's answer reached the LLM
+    assert "invalid arguments for 'refund': amount: Field required" in results[1]
+    assert "the warehouse is on fire" in results[2]
+    slow_result = [m["content"] for m in llm.requests[3]["messages"] if m["role"] == "tool"]
+    assert "timed out after 1.5 s" in slow_result[-1]
+
+    lines = _json_lines(out)
+    errors = [(e["source"], e["tool"], e["message"]) for e in lines if e["type"] == "error"]
+    assert [(source, tool) for source, tool, _ in errors] == [
+        ("tool_call", "refund"),
+        ("tool", "explode"),
+        ("tool", "slow"),
+    ]
+    answers = [line["text"] for line in lines if line["type"] == "answer"]
+    assert answers == ["A1001 shipped.", "That took too long."]
+
+
+async def test_only_the_listed_tools_join(llm: ScriptedLLM, tmp_path: Path) -> None:
+    playbook = _playbook(tmp_path, STDIO, ["lookup_order"], tools=["lookup_order"])
+    llm.script([Reply(content="Hello.")])
+    code, _, err = await _vocable(
+        "chat", str(playbook), "--llm-base-url", llm.base_url, "--json", stdin="Hi\n"
+    )
+    assert code == 0, err
+    assert set(_offered(llm.requests[0])) == {"lookup_order"}
+
+
+async def test_annotations_give_side_effects_and_a_lost_server_reconnects(
+    tmp_path: Path,
+) -> None:
+    loaded = await asyncio.to_thread(load_playbook, _playbook(tmp_path, STDIO, []))
+    tools = loaded.tools
+    assert not tools["lookup_order"].side_effects
+    assert tools["refund"].side_effects
+    assert tools["refund"].on_interrupt == "finish"
+    assert tools["explode"].side_effects  # no annotations: assume side effects
+    first = await tools["pid"].call("{}")
+    with pytest.raises(ToolError, match="lost the connection to MCP server 'orders'"):
+        await tools["crash"].call("{}")
+    second = await tools["pid"].call("{}")
+    assert second != first  # a new server process answered
+    assert '"status": "processing"' in await tools["lookup_order"].call('{"order_id": "A1002"}')
+
+
+async def test_arguments_are_validated_against_the_json_schema(tmp_path: Path) -> None:
+    loaded = await asyncio.to_thread(load_playbook, _playbook(tmp_path, STDIO, [], tools=["echo"]))
+    echo = loaded.tools["echo"]
+    # optional arguments left out are not sent (the server's defaults apply); "2" becomes 2
+    assert json.loads(await echo.call('{"text": "ab"}')) == {"text": "ab", "tags": None}
+    result = json.loads(await echo.call('{"text": "ab", "times": "2", "tags": ["x"]}'))
+    assert result == {"text": "abab", "tags": ["x"]}
+    with pytest.raises(InvalidToolCall, match=r"'echo': tags\.0: Input should be a valid string"):
+        await echo.call('{"text": "ab", "tags": [1]}')
+    with pytest.raises(InvalidToolCall, match="not valid JSON"):
+        await echo.call("{text")
+
+
+@pytest.mark.parametrize(
+    ("server", "message"),
+    [
+        (
+            {**STDIO, "tools": ["lookup_order", "nope"]},
+            "mcp.yaml: mcp_servers[0].tools[1]: MCP server 'orders' has no tool 'nope'",
+        ),
+        (
+            {"name": "gone", "command": "/nonexistent/mcp-server"},
+            "mcp.yaml: mcp_servers[0]: cannot connect to MCP server 'gone'",
+        ),
+        (
+            {**STDIO, "url": "http://127.0.0.1:9/mcp"},
+            "give exactly one of command (stdio) or url (streamable HTTP)",
+        ),
+    ],
+)
+async def test_an_unusable_server_is_refused_at_load(
+    server: dict[str, Any], message: str, tmp_path: Path
+) -> None:
+    with pytest.raises(PlaybookError) as caught:
+        await asyncio.to_thread(load_playbook, _playbook(tmp_path, server, []))
+    assert message in str(caught.value)
