@@ -327,3 +327,41 @@ async def test_workers_share_the_port_and_route_hangups_and_metrics(
         err = await _stop(server, timeout_s=60)
     assert server.process.returncode == 0, err
     assert "Traceback" not in err
+
+
+@pytest.mark.slow
+async def test_secrets_never_reach_the_logs(unused_tcp_port: int, llm: ScriptedLLM) -> None:
+    secrets = {"token": "tok-7f3a9c", "key": "sk-live-5b2e8d", "turn": "turn-pass-4c1d"}
+    llm.script(answers_by_words({}, "Hello."))
+    flags = (
+        "--log-format", "json", "--auth-token", secrets["token"], "--llm-api-key", secrets["key"],
+        "--ice-server", "turn:127.0.0.1:3478", "--turn-username", "vocable",
+        "--turn-credential", secrets["turn"],
+    )  # fmt: skip
+    async with served(unused_tcp_port, llm, *flags) as server:
+        await server.wait_line("ready")
+        async with aiohttp.ClientSession() as http:
+            wrong = {"Authorization": "Bearer tok-wrong"}
+            async with http.post(f"{server.base}/offer", json={}, headers=wrong) as response:
+                assert response.status == 401
+                assert secrets["token"] not in await response.text()
+            right = {"Authorization": f"Bearer {secrets['token']}"}
+            bad_sdp = {"type": "offer", "sdp": "v=0\r\nm=audio 9 x\r\n"}
+            async with http.post(f"{server.base}/offer", json=bad_sdp, headers=right) as response:
+                assert response.status == 400
+        caller = WebRTCCaller()
+        try:  # a whole call, with its LLM request, under the token
+            await caller.connect(server.base, token=secrets["token"], playbook="support")
+            await caller.wait_for("tts_end", timeout_s=30)
+            caller.send({"type": "text", "text": "Hi there."})
+            await caller.wait_for("tts_end", count=2, timeout_s=30)
+            await _hang_up(caller)
+        finally:
+            await caller.close()
+        err = await _stop(server)
+    assert llm.requests  # the key was used...
+    output = err + "".join(server.lines)
+    for secret in secrets.values():  # ...and never written out
+        assert secret not in output
+    for line in err.splitlines():
+        json.loads(line)  # every log line is JSON
