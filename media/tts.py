@@ -2,22 +2,28 @@
 
 One :class:`Synthesizer` serves every call of the process (the voice is loaded once); its pool
 bounds how many syntheses run at once. Piper has no token-level streaming: feed it sentences.
+:meth:`Synthesizer.variant` gives the same engine with another voice file or speaking rate; each
+distinct voice file is loaded once per process, on first use or by :meth:`Synthesizer.preload`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import threading
 from collections.abc import AsyncGenerator, AsyncIterator, Generator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 __all__ = [
     "PIECE_MS",
     "Synthesizer",
     "SynthesizerSettings",
     "TextToSpeech",
+    "VoiceSettings",
+    "VoiceVariants",
     "default_piper_voice",
 ]
 
@@ -63,16 +69,48 @@ class TextToSpeech(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class VoiceSettings:
+    """A variation of a synthesizer's voice."""
+
+    model: str | None = None
+    """Another Piper ``.onnx`` voice (its ``.onnx.json`` beside it); None: the synthesizer's."""
+    speaking_rate: float | None = None
+    """1 is the voice's own pace, 0.8 is 20 % slower (Piper's length scale divided by it)."""
+    speaker: int | None = None
+    """The speaker of a multi-speaker voice."""
+
+
+@runtime_checkable
+class VoiceVariants(Protocol):
+    """A speech engine that can speak in other voices (the local :class:`Synthesizer`)."""
+
+    @property
+    def voice_id(self) -> str:
+        """The name of its own voice (the model file's stem)."""
+        ...
+
+    def variant(self, settings: VoiceSettings) -> TextToSpeech:
+        """This engine speaking with ``settings``; shares its workers and loaded voices."""
+        ...
+
+
 class Synthesizer:
     """Piper synthesis to PCM16 at :attr:`sample_rate`. Build with :meth:`load`."""
 
-    def __init__(self, voice: Any, settings: SynthesizerSettings) -> None:
+    def __init__(
+        self, voice: Any, settings: SynthesizerSettings, model: Path | None = None
+    ) -> None:
         self._voice = voice
         self.settings = settings
         self.sample_rate: int = int(voice.config.sample_rate)
+        self.voice_id = model.stem if model is not None else "piper"
         self._executor = ThreadPoolExecutor(
             max_workers=settings.workers, thread_name_prefix="piper"
         )
+        self._voices: dict[Path, Any] = {} if model is None else {model.resolve(): voice}
+        self._loading = threading.Lock()
+        self._variants: dict[VoiceSettings, _Variant] = {}
 
     @classmethod
     def load(cls, settings: SynthesizerSettings | None = None) -> Synthesizer:
@@ -87,18 +125,48 @@ class Synthesizer:
             model, config = default_piper_voice()
         if not model.is_file() or not config.is_file():
             raise FileNotFoundError(f"Piper voice needs {model} and {config}")
-        synthesizer = cls(PiperVoice.load(model, config_path=config), settings)
+        synthesizer = cls(PiperVoice.load(model, config_path=config), settings, model)
         for _ in synthesizer._chunks("Hello."):
             pass
         return synthesizer
+
+    def variant(self, settings: VoiceSettings) -> TextToSpeech:
+        """This synthesizer speaking with ``settings`` (see :class:`VoiceVariants`). A new voice
+        file is loaded in the worker pool on first use, once per process."""
+        found = self._variants.get(settings)
+        if found is None:
+            found = self._variants[settings] = _Variant(self, settings)
+        return found
+
+    def preload(self, models: list[Path]) -> None:
+        """Load these voice files now (blocking; before serving); raises if one cannot load."""
+        for model in models:
+            self._voice_for(model)
+
+    def _voice_for(self, model: Path) -> Any:
+        """The loaded voice of ``model`` (loaded once; blocking)."""
+        from piper import PiperVoice
+
+        key = model.resolve()
+        with self._loading:
+            voice = self._voices.get(key)
+            if voice is None:
+                config = model.with_name(model.name + ".json")
+                voice = self._voices[key] = PiperVoice.load(model, config_path=config)
+        return voice
 
     async def synthesize(self, text: str) -> AsyncGenerator[bytes, None]:
         """PCM16 mono at :attr:`sample_rate`, piece by piece (each at most ``PIECE_MS``).
 
         Each Piper step runs in the worker pool; cancelling stops after the step in flight.
         """
-        chunks = self._chunks(text)
-        piece_bytes = self.sample_rate * PIECE_MS // 1000 * 2
+        async for piece in self._stream(self._chunks(text), self.sample_rate):
+            yield piece
+
+    async def _stream(
+        self, chunks: Generator[bytes, None, None], sample_rate: int
+    ) -> AsyncGenerator[bytes, None]:
+        piece_bytes = sample_rate * PIECE_MS // 1000 * 2
         step: Future[object] | None = None
         try:
             while True:
@@ -127,8 +195,43 @@ class Synthesizer:
         self.close()
 
     def _chunks(self, text: str) -> Generator[bytes, None, None]:
+        return self._voiced_chunks(text, self._voice)
+
+    def _voiced_chunks(
+        self, text: str, voice: Any, rate: float | None = None, speaker: int | None = None
+    ) -> Generator[bytes, None, None]:
         from piper import SynthesisConfig
 
-        config = SynthesisConfig(length_scale=self.settings.length_scale)
-        for chunk in self._voice.synthesize(text, syn_config=config):
+        length_scale = self.settings.length_scale
+        if rate is not None:
+            length_scale = (length_scale or voice.config.length_scale) / rate
+        config = SynthesisConfig(length_scale=length_scale, speaker_id=speaker)
+        for chunk in voice.synthesize(text, syn_config=config):
             yield chunk.audio_int16_bytes
+
+
+class _Variant:
+    """A :class:`Synthesizer` speaking with other :class:`VoiceSettings`."""
+
+    def __init__(self, owner: Synthesizer, settings: VoiceSettings) -> None:
+        self._owner = owner
+        self.settings = settings
+        self._model = Path(settings.model) if settings.model else None
+        self.sample_rate = owner.sample_rate
+        if self._model is not None:
+            config = json.loads(self._model.with_name(self._model.name + ".json").read_text())
+            self.sample_rate = int(config["audio"]["sample_rate"])
+
+    async def synthesize(self, text: str) -> AsyncGenerator[bytes, None]:
+        owner = self._owner
+        voice = owner._voice
+        if self._model is not None:
+            step = owner._executor.submit(owner._voice_for, self._model)
+            voice = await asyncio.wrap_future(step)
+        settings = self.settings
+        chunks = owner._voiced_chunks(text, voice, settings.speaking_rate, settings.speaker)
+        async for piece in owner._stream(chunks, self.sample_rate):
+            yield piece
+
+    async def aclose(self) -> None:
+        """Nothing of its own: the owner's workers and voices outlive it."""

@@ -14,8 +14,16 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .delegation import delegate_tool_schema
+from .identity import (
+    LANGUAGE_TOOL,
+    effective_voice,
+    identity_block,
+    language_instruction,
+    language_tool,
+)
 from .loader import RESERVED_TOOL, LoadedPlaybook
-from .models import LLMConfig, Stage, Transition
+from .models import LLMConfig, Stage, Transition, Voice
 from .tools import Tool
 
 __all__ = [
@@ -92,6 +100,13 @@ class PlaybookEngine:
         self.history: list[TransitionRecord] = []
         self.entry_note: str | None = None
         """The ``transition_message`` of the transition that entered this stage."""
+        self.handoff: str | None = None
+        """The ``summary`` the LLM passed with the transition that entered this stage."""
+        self.language: str | None = playbook.spec.language
+        """The conversation's language code (see :mod:`playbooks.identity`)."""
+        self.on_language: Callable[[str], None] | None = None
+        """Called after ``set_language`` changed the language."""
+        self._builtins = {LANGUAGE_TOOL: language_tool(playbook.spec, self.set_language)}
 
     # -- what the current stage offers -------------------------------------------------------
 
@@ -109,13 +124,21 @@ class PlaybookEngine:
         return list(by_target.values())
 
     def system_prompt(self) -> str:
-        """Global prompt + stage prompt (+ the note of the transition that entered it) + the
-        stages the LLM may move the conversation to."""
-        parts = [self.playbook.spec.global_system_prompt or "", self.stage.system_prompt]
+        """Global prompt + identity block (the persona) + stage prompt (+ the note of the
+        transition that entered it) + the stages the LLM may move the conversation to + the
+        language line."""
+        persona = self.stage.persona or self.playbook.spec.persona
+        parts = [
+            self.playbook.spec.global_system_prompt or "",
+            identity_block(persona),
+            self.stage.system_prompt,
+        ]
         if self.entry_note:
             # in the system prompt, not mid-history: many local chat templates reject
             # a system message anywhere but first
             parts.append(f"Note on entering this stage: {self.entry_note}")
+        if self.handoff:
+            parts.append(f"Handoff notes from the previous stage: {self.handoff}")
         decisions = self.decision_transitions()
         if decisions:
             lines = [
@@ -126,26 +149,49 @@ class PlaybookEngine:
                 about = transition.description or target.description or target.name
                 lines.append(f"- {target.id}: {about}")
             parts.append("\n".join(lines))
+        parts.append(language_instruction(self.playbook.spec, self.language))
         return "\n\n".join(part.strip() for part in parts if part and part.strip())
 
     def tools(self) -> list[Tool]:
         """Global tools, then the stage's (each once)."""
         names = dict.fromkeys([*self.playbook.spec.global_tools, *self.stage.tools])
-        return [self.playbook.tools[name] for name in names]
+        return [self.find_tool(name) or self.playbook.tools[name] for name in names]
+
+    def find_tool(self, name: str) -> Tool | None:
+        """The playbook's tool or built-in tool called ``name``, offered here or not."""
+        return self._builtins.get(name) or self.playbook.tools.get(name)
+
+    def voice(self) -> Voice | None:
+        """The voice in effect (stage, playbook and language layered); None: the server's."""
+        spec = self.playbook.spec
+        return effective_voice(spec, self.stage, self.language, self.playbook.source)
+
+    def set_language(self, code: str) -> None:
+        """Speak ``code`` from now on (a configured code, or any name without ``languages``)."""
+        self.language = code
+        if self.on_language is not None:
+            self.on_language(code)
 
     def tool_schemas(self) -> list[dict[str, Any]]:
         schemas = [tool.openai_schema() for tool in self.tools()]
         transition_tool = self.transition_tool_schema()
         if transition_tool is not None:
             schemas.append(transition_tool)
+        delegates = self.stage.delegates
+        if delegates is not None:
+            spec = self.playbook.spec
+            about = {s.id: s.description or s.name for s in spec.stages}
+            schemas.append(delegate_tool_schema(delegates, about))
         return schemas
 
     def transition_tool_schema(self) -> dict[str, Any] | None:
         """The ``playbook_transition`` tool, offered only when an ``llm_decision`` leaves here."""
-        targets = [t.action.target_stage for t in self.decision_transitions()]
+        decisions = self.decision_transitions()
+        targets = [t.action.target_stage for t in decisions]
         if not targets:
             return None
-        return {
+        summarized = [t.action.target_stage for t in decisions if _needs_summary(t)]
+        schema: dict[str, Any] = {
             "type": "function",
             "function": {
                 "name": TRANSITION_TOOL,
@@ -171,6 +217,16 @@ class PlaybookEngine:
                 },
             },
         }
+        if summarized:
+            parameters = schema["function"]["parameters"]
+            parameters["properties"]["summary"] = {
+                "type": "string",
+                "description": "Handoff notes for the next stage: what the caller wants and"
+                f" every fact gathered so far. Required when moving to: {', '.join(summarized)}.",
+            }
+            if len(summarized) == len(targets):
+                parameters["required"].append("summary")
+        return schema
 
     def llm_config(self) -> LLMConfig:
         return self.stage.llm_config.merged_over(self.playbook.spec.default_llm_config)
@@ -287,10 +343,16 @@ class PlaybookEngine:
         self.turns_in_stage += 1
 
     def apply(
-        self, transition: Transition, *, reason: str | None = None, data: Mapping[str, Any] = {}
+        self,
+        transition: Transition,
+        *,
+        reason: str | None = None,
+        data: Mapping[str, Any] = {},
+        summary: str | None = None,
     ) -> TransitionRecord:
         """Enter the transition's target stage: resets the turn count and the stage clock, and
-        merges the action's data and ``data`` (from the LLM) into the context."""
+        merges the action's data and ``data`` (from the LLM) into the context. ``summary`` (the
+        LLM's handoff notes) goes into the new stage's system prompt."""
         record = TransitionRecord(
             transition_id=transition.id,
             from_stage=self.stage.id,
@@ -302,10 +364,16 @@ class PlaybookEngine:
         self.context.update(data)
         self.stage = self.playbook.spec.stage(transition.action.target_stage)
         self.entry_note = transition.action.transition_message
+        self.handoff = summary
         self.turns_in_stage = 0
         self.entered_at = record.at
         self.history.append(record)
         return record
+
+
+def _needs_summary(transition: Transition) -> bool:
+    condition = transition.condition
+    return condition.type == "llm_decision" and condition.require_summary
 
 
 def _user_dependent(transition: Transition) -> bool:

@@ -21,7 +21,11 @@ EventType = Literal[
     "transition_triggered",
     "stage_entered",
     "stage_exited",
+    "greeting",
+    "language_changed",
     "answer_retracted",
+    "delegation_start",
+    "delegation_end",
     "error",
 ]
 

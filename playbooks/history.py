@@ -8,9 +8,10 @@ __all__ = ["Conversation", "Message"]
 
 Message = dict[str, Any]
 """A chat-completions message. Vocable may add ``"interrupted": True`` to an assistant message
-whose answer was cut off by the caller; it is stripped before the message is sent."""
+whose answer was cut off by the caller, and ``"handoff": True`` to the handoff summary that
+replaced a cleared history; both are stripped before the message is sent."""
 
-_LOCAL_KEYS = ("interrupted",)
+_LOCAL_KEYS = ("interrupted", "handoff")
 
 
 class Conversation:

@@ -20,6 +20,7 @@ import yaml
 from pydantic import ValidationError
 from pydantic.alias_generators import to_snake
 
+from .identity import BUILTIN_TOOLS, resolve_model
 from .models import (
     CustomCondition,
     MaxTurnsCondition,
@@ -27,6 +28,7 @@ from .models import (
     Playbook,
     TimeoutCondition,
     ToolCallCondition,
+    Voice,
 )
 from .tools import Tool, tool_of
 
@@ -363,12 +365,14 @@ def _check_references(loaded: LoadedPlaybook, label: str) -> None:
 
     if RESERVED_TOOL in loaded.tools:
         fail("tools_module", f"the tool name {RESERVED_TOOL!r} is reserved for stage transitions")
+    for name in BUILTIN_TOOLS & set(loaded.tools):
+        fail("tools_module", f"the tool name {name!r} is reserved for the built-in tool")
     for j, name in enumerate(spec.global_tools):
-        if name not in loaded.tools:
+        if name not in loaded.tools and name not in BUILTIN_TOOLS:
             fail(f"global_tools[{j}]", _unknown_tool(name, loaded))
     for i, stage in enumerate(spec.stages):
         for j, name in enumerate(stage.tools):
-            if name not in loaded.tools:
+            if name not in loaded.tools and name not in BUILTIN_TOOLS:
                 fail(f"stages[{i}].tools[{j}]", _unknown_tool(name, loaded))
         choice = stage.tool_choice
         if isinstance(choice, NamedToolChoice) and choice.tool_name not in (
@@ -379,6 +383,9 @@ def _check_references(loaded: LoadedPlaybook, label: str) -> None:
                 f"stages[{i}].tool_choice.tool_name",
                 f"tool {_shown(choice.tool_name)} is not offered in stage {_shown(stage.id)}",
             )
+
+    _check_voices(loaded, fail)
+    _check_delegation(loaded, fail)
 
     transition_ids: set[str] = set()
     for i, transition in enumerate(spec.transitions):
@@ -416,6 +423,43 @@ def _check_references(loaded: LoadedPlaybook, label: str) -> None:
             and any(stage.timeout_ms is None for stage in sources)
         ):
             fail(f"{where}.condition.duration_ms", "required when the stage sets no timeout_ms")
+
+
+def _check_voices(loaded: LoadedPlaybook, fail: Callable[[str, str], None]) -> None:
+    """Voice model files exist (relative to the playbook file); the start language is known."""
+    spec = loaded.spec
+    voices: list[tuple[str, Voice | None]] = [("voice", spec.voice)]
+    voices += [(f"stages[{i}].voice", stage.voice) for i, stage in enumerate(spec.stages)]
+    voices += [(f"languages.{code}.voice", lang.voice) for code, lang in spec.languages.items()]
+    for where, voice in voices:
+        if voice is None or voice.model is None:
+            continue
+        model = resolve_model(voice.model, loaded.source)
+        config = model.with_name(model.name + ".json")
+        try:
+            missing = [str(p) for p in (model, config) if not p.is_file()]
+        except OSError as exc:
+            missing = [f"{model} ({exc.strerror})"]
+        if missing:
+            fail(f"{where}.model", f"Piper voice file not found: {', '.join(missing)}")
+    if spec.languages and spec.language is not None and spec.language not in spec.languages:
+        fail("language", f"unknown language {_shown(spec.language)} (not in languages)")
+
+
+def _check_delegation(loaded: LoadedPlaybook, fail: Callable[[str, str], None]) -> None:
+    """Workers are other stages; a delegating stage offers no tool named ``delegate``."""
+    spec = loaded.spec
+    ids = {stage.id for stage in spec.stages}
+    for i, stage in enumerate(spec.stages):
+        if stage.delegates is None:
+            continue
+        for j, worker in enumerate(stage.delegates.workers):
+            if worker not in ids:
+                fail(f"stages[{i}].delegates.workers[{j}]", f"unknown stage {_shown(worker)}")
+            if worker == stage.id:
+                fail(f"stages[{i}].delegates.workers[{j}]", "a stage cannot delegate to itself")
+        if "delegate" in (*spec.global_tools, *stage.tools):
+            fail(f"stages[{i}].delegates", "the tool name 'delegate' is reserved for delegation")
 
 
 def _unknown_tool(name: str, loaded: LoadedPlaybook) -> str:

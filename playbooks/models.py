@@ -16,14 +16,17 @@ __all__ = [
     "BargeInPolicy",
     "Condition",
     "CustomCondition",
+    "Delegation",
     "ExecutionMode",
     "IntentCondition",
     "KeywordCondition",
     "LLMConfig",
     "LLMDecisionCondition",
+    "Language",
     "MaxTurnsCondition",
     "McpServer",
     "NamedToolChoice",
+    "Persona",
     "Playbook",
     "Stage",
     "TimeoutCondition",
@@ -31,6 +34,7 @@ __all__ = [
     "ToolChoice",
     "Transition",
     "TransitionAction",
+    "Voice",
 ]
 
 
@@ -112,6 +116,9 @@ class LLMDecisionCondition(_Model):
     """The LLM called ``playbook_transition`` with this transition's target stage."""
 
     type: Literal["llm_decision"]
+    require_summary: bool = False
+    """Whether the LLM must pass a ``summary`` (a handoff note carried into the target stage's
+    prompt, and kept in place of the history when the action clears it)."""
 
 
 class MaxTurnsCondition(_Model):
@@ -169,6 +176,56 @@ class Transition(_Model):
         return self.from_stage in ("*", stage_id)
 
 
+class Persona(_Model):
+    """Who the agent is in a stage; put into the system prompt as an identity block."""
+
+    role: str = Field(min_length=1)
+    description: str | None = None
+
+
+class Voice(_Model):
+    """How the agent sounds: a Piper ``model`` (``.onnx`` with its ``.onnx.json`` beside it,
+    relative to the playbook file; default: the server's voice) and synthesis settings.
+    ``id`` names the voice in events (default: the model file's stem, else the server voice's)."""
+
+    id: str | None = Field(default=None, min_length=1)
+    model: str | None = Field(default=None, min_length=1)
+    speaking_rate: float | None = Field(default=None, ge=0.25, le=4)
+    """1 is the voice's own pace; 0.8 is 20 % slower, 1.25 faster."""
+    speaker: int | None = Field(default=None, ge=0)
+    """The speaker of a multi-speaker model."""
+
+    def merged_over(self, base: Voice | None) -> Voice:
+        """This voice with every unset field taken from ``base``."""
+        if base is None:
+            return self
+        return base.model_copy(update=self.model_dump(exclude_none=True))
+
+
+class Language(_Model):
+    """A language ``set_language`` may switch to; keyed by a code such as ``fr``."""
+
+    name: str | None = Field(default=None, min_length=1)
+    """How the prompt names it (default: the code)."""
+    instruction: str | None = None
+    """The prompt's language line (default: ``Answer in <name>.``)."""
+    voice: Voice | None = None
+    """Applied over the stage's voice while this language is spoken."""
+
+
+class Delegation(_Model):
+    """Worker stages a stage may hand tasks to through the built-in ``delegate`` tool."""
+
+    workers: list[str] = Field(min_length=1)
+    mode: Literal["parallel", "sequence"] = "parallel"
+    say: str | None = None
+    """Said in voice calls while the workers run (e.g. "Let me check with the team.")."""
+    max_tool_calls: int | None = Field(default=None, gt=0)
+    """Each worker's tool-call limit; None: the orchestrator's per-turn limit."""
+    timeout_ms: int = Field(default=30_000, gt=0)
+    """Each worker's time limit (its LLM calls and tools together)."""
+
+
 class Stage(_Model):
     id: str = Field(min_length=1)
     name: str = Field(min_length=1)
@@ -186,10 +243,18 @@ class Stage(_Model):
     max_turns: int | None = Field(default=None, gt=0)
     timeout_ms: int | None = Field(default=None, gt=0)
     greeting: str | None = None
+    """Said on entering the stage: when the conversation starts here, and after a transition
+    (before the answer of the turn that moved here, or after it for end-of-turn transitions)."""
+    persona: Persona | None = None
+    """Over the playbook's ``persona``."""
+    voice: Voice | None = None
+    """Over the playbook's ``voice``, field by field."""
     mode: ExecutionMode = "playbook"
     """How a turn runs here: ``playbook`` (the tool loop, then the answer), ``iterative`` (the
     tool loop stops as soon as one of the stage's transitions holds) or ``single-shot`` (one
     streamed call, no tools)."""
+    delegates: Delegation | None = None
+    """Worker stages this stage may delegate to (the ``delegate`` tool is then offered)."""
 
 
 class McpServer(_Model):
@@ -229,6 +294,15 @@ class Playbook(_Model):
     default_llm_config: LLMConfig = Field(default_factory=LLMConfig)
     tools_module: str | None = None
     mcp_servers: list[McpServer] = Field(default_factory=list)
+    persona: Persona | None = None
+    """The default persona of stages that set none."""
+    voice: Voice | None = None
+    """The default voice of every stage."""
+    languages: dict[str, Language] = Field(default_factory=dict)
+    """Languages ``set_language`` offers, by code; empty: any language the LLM names."""
+    language: str | None = None
+    """The language the conversation starts in (a key of ``languages`` when there are any);
+    None: no language line in the prompt until ``set_language`` is called."""
 
     def stage(self, stage_id: str) -> Stage:
         for stage in self.stages:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
 
+from .delegation import DELEGATE_TOOL, Delegator
 from .engine import (
     TRANSITION_TOOL,
     IntentResult,
@@ -34,9 +35,10 @@ from .engine import (
 )
 from .events import EventBus, EventHandler, Retraction
 from .history import Conversation, Message
+from .identity import language_instruction
 from .llm import ChatClient, ChatRequest, LLMError, ToolCallRequest
 from .loader import LoadedPlaybook
-from .models import NamedToolChoice, Stage, Transition
+from .models import LLMDecisionCondition, NamedToolChoice, Stage, Transition
 from .tools import InvalidToolCall, ToolError
 
 __all__ = ["OrchestratorOptions", "PlaybookOrchestrator", "Snapshot", "Turn"]
@@ -81,7 +83,15 @@ class PlaybookOrchestrator:
         self.engine = PlaybookEngine(playbook, clock)
         self.conversation = Conversation(self.options.history_limit)
         self._events = EventBus()
+        self._delegator = Delegator(
+            playbook, self._events.emit, max_tool_calls=self.options.max_tool_calls_per_turn
+        )
         self._turn_active = False
+        self._greeting_due: str | None = None
+        """The greeting of a stage entered by a transition, until it is said."""
+        self._greeting_note: str | None = None
+        """The greeting said (or due) in this turn, for the prompt."""
+        self.engine.on_language = self._language_changed
 
     @property
     def client(self) -> ChatClient:
@@ -134,6 +144,8 @@ class PlaybookOrchestrator:
             context=copy.deepcopy(engine.context),
             history=list(engine.history),
             entry_note=engine.entry_note,
+            handoff=engine.handoff,
+            language=engine.language,
         )
 
     def restore(self, snapshot: Snapshot) -> None:
@@ -145,6 +157,9 @@ class PlaybookOrchestrator:
         engine.context = snapshot.context
         engine.history[:] = snapshot.history
         engine.entry_note = snapshot.entry_note
+        engine.handoff = snapshot.handoff
+        engine.language = snapshot.language
+        self._greeting_due = self._greeting_note = None
 
     async def respond(self, user_text: str) -> str:
         """Run a whole turn and return its answer (for text interfaces and tests)."""
@@ -179,6 +194,11 @@ class PlaybookOrchestrator:
     def _system_prompt(self) -> str:
         """The engine's prompt; an iterative stage adds how to work and when the stage ends."""
         prompt = self.engine.system_prompt()
+        if self._greeting_note:
+            prompt += (
+                f'\n\nOn entering this stage you greet the caller with: "{self._greeting_note}"'
+                " Go on from there; do not greet again."
+            )
         if self.engine.stage.mode != "iterative":
             return prompt
         exits = [f"- {t.description}" for t in self.engine.outgoing() if t.description]
@@ -213,10 +233,12 @@ class PlaybookOrchestrator:
         reason: str | None = None,
         data: dict[str, Any] | None = None,
         keep: Sequence[Message] = (),
+        summary: str | None = None,
     ) -> None:
-        """Move stages and apply the action's history effects; ``keep`` survives clear_history."""
+        """Move stages and apply the action's history effects; ``keep`` survives clear_history,
+        after the handoff ``summary`` (when given) as an assistant note."""
         old = self.engine.stage
-        record = self.engine.apply(transition, reason=reason, data=data or {})
+        record = self.engine.apply(transition, reason=reason, data=data or {}, summary=summary)
         new = self.engine.stage
         action = transition.action
         self._events.emit(
@@ -227,14 +249,30 @@ class PlaybookOrchestrator:
                 "to": record.to_stage,
                 "condition": transition.condition.type,
                 "reason": reason,
+                **({"summary": summary} if summary else {}),
             },
         )
         self._events.emit("stage_exited", stage={"id": old.id, "name": old.name})
         if action.clear_history:
             self.conversation.clear()
+            if summary:
+                note = f"Handoff notes from the previous stage: {summary}"
+                self.conversation.append({"role": "assistant", "content": note, "handoff": True})
             for message in keep:
                 self.conversation.append(message)
         self._events.emit("stage_entered", stage={"id": new.id, "name": new.name})
+        self._greeting_due = self._greeting_note = new.greeting or None
+
+    def _take_greeting(self) -> str | None:
+        """The greeting of the stage a transition entered, once; emits ``greeting``."""
+        greeting, self._greeting_due = self._greeting_due, None
+        if greeting:
+            self._events.emit("greeting", stage=self.engine.stage.id, text=greeting)
+        return greeting
+
+    def _language_changed(self, code: str) -> None:
+        instruction = language_instruction(self.engine.playbook.spec, code)
+        self._events.emit("language_changed", language=code, instruction=instruction)
 
 
 @dataclass(frozen=True)
@@ -248,6 +286,8 @@ class Snapshot:
     context: dict[str, Any]
     history: list[Any]
     entry_note: str | None
+    handoff: str | None = None
+    language: str | None = None
 
 
 class Turn:
@@ -280,6 +320,8 @@ class Turn:
         self._round_has_text = False
         self._completed = False
         self._finishing: list[asyncio.Task[str]] = []
+        self._greeted: str | None = None
+        """A stage's greeting said at the head of this answer (undone by a retraction)."""
         """Tools left to finish after an interruption (see ``Tool.on_interrupt``)."""
         self._deltas: AsyncIterator[str | Retraction] | None = None
         self._entered = False
@@ -326,6 +368,7 @@ class Turn:
         user_message: Message = {"role": "user", "content": self.user_text}
         conversation.append(user_message)
         conversation.trim(keep_from=len(conversation) - 1)
+        o._greeting_note = o._greeting_due
 
         early = await o.engine.evaluate("before_turn", self._facts, o._classify_intent)
         if early is not None:
@@ -354,8 +397,8 @@ class Turn:
 
         if not self.answer.strip():
             self._announce_phase2()
-            self.answer = o.options.fallback_answer
-            yield self.answer
+            self.answer = ""
+            yield self._add_text(o.options.fallback_answer)
         elif failed:  # cut off mid-answer: say so rather than trail off
             cut = "" if self.answer.rstrip()[-1] in ".!?…" else "…"
             tail = f"{cut} {o.options.fallback_answer}"
@@ -370,6 +413,15 @@ class Turn:
         late = await o.engine.evaluate("after_turn", self._facts, o._classify_intent)
         if late is not None:
             o._transition(late)
+            greeting = o._take_greeting()
+            if greeting:  # the new stage greets after this answer
+                tail = f" {greeting}"
+                self.answer += tail
+                self._answer_message["content"] = self.answer
+                if not any(m is self._answer_message for m in conversation.messages):
+                    self._answer_message = {"role": "assistant", "content": greeting}
+                    conversation.append(self._answer_message)  # the history was cleared
+                yield tail
         conversation.trim()
         self._completed = True
 
@@ -413,6 +465,8 @@ class Turn:
                             o._events.emit("answer_retracted", text=self.answer)
                             self.answer = ""
                             self.delivered = ""  # whatever was heard of it was not the answer
+                            o._greeting_due = self._greeted or o._greeting_due
+                            self._greeted = None
                             self._phase2_announced = False  # that announcement was premature
                             self._round_has_text = False
                             streaming_answer = False
@@ -492,7 +546,13 @@ class Turn:
 
     def _add_text(self, text: str) -> str:
         """Append a delta to the answer; the first delta of a later round (single-phase stages
-        speak in several rounds) is separated from the text before it by a space."""
+        speak in several rounds) is separated from the text before it by a space. The greeting
+        of a stage entered in this turn comes first."""
+        greeting = self._o._take_greeting()
+        if greeting:
+            self._greeted = greeting
+            self._round_has_text = False
+            text = f"{greeting} {text.lstrip()}"
         if (
             not self._round_has_text
             and self.answer
@@ -517,7 +577,7 @@ class Turn:
         self._open_calls = list(calls)
         self._results = {}
         pending: dict[str, asyncio.Task[str]] = {}
-        decision: tuple[Transition, str | None, dict[str, Any]] | None = None
+        decision: tuple[Transition, str | None, dict[str, Any], str | None] | None = None
         for index, call in enumerate(calls):
             self._facts.tools_called.add(call.name)
             o._events.emit("tool_call_start", call=_call_dict(call))
@@ -532,9 +592,8 @@ class Turn:
                     stage = decision[0].action.target_stage
                     self._finish_call(call, json.dumps({"ok": True, "stage": stage}), 0.0)
             else:
-                pending[call.id] = asyncio.create_task(
-                    self._call_tool(call), name=f"tool:{call.name}:{call.id}"
-                )
+                run = self._delegate(call) if self._delegates(call) else self._call_tool(call)
+                pending[call.id] = asyncio.create_task(run, name=f"tool:{call.name}:{call.id}")
         self.tool_call_count += min(len(calls), budget)
         if pending:
             started = time.monotonic()
@@ -578,8 +637,8 @@ class Turn:
         self._close_open_calls(_error("no result"))
         if decision is None:
             return False
-        transition, reason, data = decision
-        o._transition(transition, reason=reason, data=data, keep=[user_message])
+        transition, reason, data, summary = decision
+        o._transition(transition, reason=reason, data=data, keep=[user_message], summary=summary)
         return True
 
     def _finishes_on_interrupt(self, name: str) -> bool:
@@ -589,7 +648,7 @@ class Turn:
     async def _call_tool(self, call: ToolCallRequest) -> str:
         o = self._o
         started = time.monotonic()
-        tool = o.engine.playbook.tools.get(call.name)
+        tool = o.engine.find_tool(call.name)
         offered = tool is not None and tool in o.engine.tools()
         try:
             if tool is None or not offered:
@@ -605,10 +664,30 @@ class Turn:
         self._finish_call(call, result, time.monotonic() - started)
         return result
 
+    def _delegates(self, call: ToolCallRequest) -> bool:
+        return call.name == DELEGATE_TOOL and self._o.engine.stage.delegates is not None
+
+    async def _delegate(self, call: ToolCallRequest) -> str:
+        """Run a ``delegate`` call (see :mod:`playbooks.delegation`) and record its result."""
+        o = self._o
+        started = time.monotonic()
+        delegation = o.engine.stage.delegates
+        assert delegation is not None
+        try:
+            result = await o._delegator.run(
+                delegation, call.arguments, o.client, o._default_model, self.confirmed
+            )
+        except InvalidToolCall as exc:
+            self._fail_call(call, "tool_call", str(exc))
+            return _error(str(exc))
+        self._finish_call(call, result, time.monotonic() - started)
+        return result
+
     def _decide(
         self, call: ToolCallRequest, already: bool
-    ) -> tuple[Transition, str | None, dict[str, Any]]:
-        """The transition a ``playbook_transition`` call asks for; raises InvalidToolCall."""
+    ) -> tuple[Transition, str | None, dict[str, Any], str | None]:
+        """The transition a ``playbook_transition`` call asks for, with its reason, data and
+        handoff summary; raises InvalidToolCall."""
         try:
             arguments = json.loads(call.arguments or "{}")
         except json.JSONDecodeError:
@@ -622,9 +701,22 @@ class Turn:
             raise InvalidToolCall(f"target_stage must be one of {allowed}")
         if already:
             raise InvalidToolCall("only one stage transition per turn")
+        summary = arguments.get("summary")
+        summary = summary.strip() if isinstance(summary, str) and summary.strip() else None
+        condition = transition.condition
+        if (
+            summary is None
+            and isinstance(condition, LLMDecisionCondition)
+            and condition.require_summary
+        ):
+            raise InvalidToolCall(
+                f"summary is required to move to {transition.action.target_stage!r}: the"
+                " handoff notes (what the caller wants, the facts gathered so far)"
+            )
         data = arguments.get("data")
         reason = arguments.get("reason")
-        return transition, str(reason) if reason else None, data if isinstance(data, dict) else {}
+        data = data if isinstance(data, dict) else {}
+        return transition, str(reason) if reason else None, data, summary
 
     def _finish_call(
         self, call: ToolCallRequest, result: str, duration_s: float, *, failed: bool = False

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from media import SpeechToText, Synthesizer, TextToSpeech, Transcriber
 from media.remote import RemoteSynthesizer, RemoteTranscriber
 from playbooks import ChatClient, LoadedPlaybook, RetryPolicy, load_playbooks
+from playbooks.identity import voice_models
 
 from .config import ServerConfig
 
@@ -36,6 +37,9 @@ class Engines:
         the configured remote servers (which may be down: that is logged, not fatal)."""
         playbooks = load_playbooks(config.playbook_path)
         transcriber, synthesizer = await asyncio.gather(_transcriber(config), _synthesizer(config))
+        if isinstance(synthesizer, Synthesizer):  # the playbooks' voices, once per process
+            models = [m for p in playbooks.values() for m in voice_models(p.spec, p.source)]
+            await asyncio.to_thread(synthesizer.preload, list(dict.fromkeys(models)))
         llm = None
         if config.llm is not None:
             llm = ChatClient.connect(

@@ -4,6 +4,13 @@ Phase 1 never reaches the speaker. The first sentence is synthesized while the L
 the rest, and sentence n+1 is synthesized while n plays. The turn returns when its audio has left
 the speaker. Cancelling it (barge-in) abandons the LLM stream and TTS; the orchestrator then keeps
 only the sentences that finished playing, marked interrupted.
+
+Each sentence is spoken in the voice in effect when its text arrived (the stage's, layered with
+the language's; see :meth:`PlaybookEngine.voice`): a transition or ``set_language`` switches the
+voice from the next sentence on, so a new stage's greeting is already in its voice.
+
+When a stage delegates to workers, its ``say`` line is queued as soon as they start (they run
+on meanwhile) and the answer with their results follows it.
 """
 
 from __future__ import annotations
@@ -13,6 +20,8 @@ import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from media import (
@@ -25,14 +34,24 @@ from media import (
     speakable,
 )
 from media.speaker import Playback, PlaybackResult
+from media.tts import VoiceSettings, VoiceVariants
 from playbooks import BargeInPolicy, OrchestratorEvent, PlaybookOrchestrator, Retraction, Turn
+from playbooks.models import Voice
 
 from .events import VoiceEvent, VoiceEventHandler, VoiceEventType
 from .metrics import TurnTimeline
 
-__all__ = ["VoicePlaybookOrchestrator"]
+__all__ = ["SpokenVoice", "VoicePlaybookOrchestrator"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SpokenVoice:
+    """A playbook voice bound to a speech engine; ``id`` names it in events."""
+
+    tts: TextToSpeech
+    id: str | None
 
 
 class VoicePlaybookOrchestrator:
@@ -58,6 +77,8 @@ class VoicePlaybookOrchestrator:
         """What the caller has heard of the current answer (whole sentences)."""
         self.turn_started = False
         """Whether the current turn has reached the LLM (so history holds its user message)."""
+        self._voices: dict[Voice | None, SpokenVoice] = {}
+        self._speech: _Speech | None = None
         orchestrator.on(self._forward)
 
     def barge_in(self, default: BargeInPolicy) -> BargeInPolicy:
@@ -66,6 +87,28 @@ class VoicePlaybookOrchestrator:
         if not stage.interruptible:
             return "disabled"
         return stage.barge_in or default
+
+    def voice(self) -> SpokenVoice:
+        """The voice in effect now. Another voice file or speaking rate needs a synthesizer with
+        variants (local Piper); with any other, the server's voice is kept (logged)."""
+        spec = self.orchestrator.engine.voice()
+        found = self._voices.get(spec)
+        if found is not None:
+            return found
+        synthesizer = self.synthesizer
+        base_id = synthesizer.voice_id if isinstance(synthesizer, VoiceVariants) else None
+        if spec is None:
+            found = SpokenVoice(synthesizer, base_id)
+        else:
+            voice_id = spec.id or (Path(spec.model).stem if spec.model else base_id)
+            settings = VoiceSettings(spec.model, spec.speaking_rate, spec.speaker)
+            if isinstance(synthesizer, VoiceVariants):
+                found = SpokenVoice(synthesizer.variant(settings), voice_id)
+            else:
+                log.warning("this speech engine has no voice variants; voice %s ignored", voice_id)
+                found = SpokenVoice(synthesizer, voice_id)
+        self._voices[spec] = found
+        return found
 
     def emit(self, type: VoiceEventType, **data: Any) -> None:
         self._emit_event(VoiceEvent(type, data, self.clock()))
@@ -142,7 +185,7 @@ class VoicePlaybookOrchestrator:
         timeline: TurnTimeline,
     ) -> None:
         """Chunk, synthesize and play ``deltas``; return once the audio has left the speaker."""
-        speech = _Speech(self, turn, timeline)
+        speech = self._speech = _Speech(self, turn, timeline, self.voice())
         try:
             async with asyncio.TaskGroup() as tasks:
                 tasks.create_task(speech.chunk(deltas))
@@ -150,6 +193,8 @@ class VoicePlaybookOrchestrator:
             for playback in speech.playbacks:
                 await playback.finished()
         finally:
+            if self._speech is speech:
+                self._speech = None
             if speech.started:
                 self.emit("tts_end", heard=self.heard)
         if turn is not None and timeline.first_frame_at is None:
@@ -179,32 +224,75 @@ class VoicePlaybookOrchestrator:
                     duration_ms=data["duration_ms"],
                 )
             case "stage_entered":
-                self.emit("stage_change", stage=data["stage"]["id"], name=data["stage"]["name"])
+                voice = self._switch_voice()
+                stage = data["stage"]
+                self.emit("stage_change", stage=stage["id"], name=stage["name"], voice=voice.id)
+            case "language_changed":
+                voice = self._switch_voice()
+                self.emit("language_change", language=data["language"], voice=voice.id)
+            case "delegation_start":
+                if data.get("say") and self._speech is not None:
+                    self._speech.interject(data["say"])  # the workers run on meanwhile
+                self.emit("delegation_start", workers=data["workers"], mode=data["mode"])
+            case "delegation_end":
+                self.emit("delegation_end", workers=data["workers"], mode=data["mode"])
             case "error":
                 self.emit("error", source=data.get("source", "llm"), message=data["message"])
             case _:
                 pass
+
+    def _switch_voice(self) -> SpokenVoice:
+        """The voice after a stage or language change; the answer being spoken goes on in it
+        from its next sentence."""
+        voice = self.voice()
+        if self._speech is not None:
+            self._speech.switch(voice)
+        return voice
 
 
 class _Speech:
     """The text-to-audio pipeline of one answer: a chunking task feeding a synthesis task."""
 
     def __init__(
-        self, voice: VoicePlaybookOrchestrator, turn: Turn | None, timeline: TurnTimeline
+        self,
+        voice: VoicePlaybookOrchestrator,
+        turn: Turn | None,
+        timeline: TurnTimeline,
+        spoken: SpokenVoice,
     ) -> None:
         self.voice = voice
         self.turn = turn
         self.timeline = timeline
-        self.sentences: asyncio.Queue[tuple[int, str] | None] = asyncio.Queue()
+        self.spoken = spoken
+        """The voice of the sentences queued from now on."""
+        self.chunker = SentenceChunker()
+        self.sentences: asyncio.Queue[tuple[int, str, SpokenVoice, bool] | None] = asyncio.Queue()
         self.playbacks: list[Playback] = []
         self.generation = 0
         """Bumped by a retraction: text and audio of older generations are void."""
         self.started = False
         self.apologized = False
         """Whether a sentence failed to synthesize and the fallback line took its place."""
+        self.interjected: set[str] = set()
+
+    def switch(self, spoken: SpokenVoice) -> None:
+        """Speak the text received so far in the old voice (its unfinished sentence is
+        released now), the rest in ``spoken``."""
+        if spoken is self.spoken:
+            return
+        for sentence in self.chunker.flush():
+            self._queue(sentence)
+        self.spoken = spoken
+
+    def interject(self, line: str) -> None:
+        """Say ``line`` next (ahead of answer text not yet received), once per answer, outside
+        the answer: it is not part of what the turn delivered nor of the turn's latency."""
+        if line not in self.interjected:
+            self.interjected.add(line)
+            self.sentences.put_nowait((self.generation, line, self.spoken, True))
 
     async def chunk(self, deltas: AsyncIterator[str | Retraction]) -> None:
-        chunker = SentenceChunker()
+        chunker = self.chunker
         timeline = self.timeline
         try:
             async for delta in deltas:
@@ -227,37 +315,41 @@ class _Speech:
     def _queue(self, sentence: str) -> None:
         if self.timeline.first_sentence_at is None:
             self.timeline.first_sentence_at = self.voice.clock()
-        self.sentences.put_nowait((self.generation, sentence))
+        self.sentences.put_nowait((self.generation, sentence, self.spoken, False))
 
     async def synthesize(self) -> None:
         """Synthesize queued sentences in order. A sentence that fails is reported (an ``error``
         event) and the fallback line is said in its place, once per answer."""
         voice = self.voice
         while (item := await self.sentences.get()) is not None:
-            generation, sentence = item
+            generation, sentence, spoken, interim = item
             if generation != self.generation:
                 continue
             try:
-                await self._play(generation, sentence)
+                await self._play(generation, sentence, spoken, interim=interim)
             except Exception as exc:
                 log.exception("speech synthesis failed")
                 voice.emit("error", source="tts", message=f"{type(exc).__name__}: {exc}")
                 await self._apologize(generation, sentence)
 
-    async def _play(self, generation: int, sentence: str) -> None:
+    async def _play(
+        self, generation: int, sentence: str, spoken: SpokenVoice, *, interim: bool = False
+    ) -> None:
         voice = self.voice
         pieces: list[Playback] = []
-        async for pcm in voice.synthesizer.synthesize(sentence):
+        async for pcm in spoken.tts.synthesize(sentence):
             if generation != self.generation:
                 break
-            if self.timeline.first_audio_at is None:
+            if self.timeline.first_audio_at is None and not interim:
                 self.timeline.first_audio_at = voice.clock()
-            pieces.append(voice.speaker.push(pcm, voice.synthesizer.sample_rate))
+            pieces.append(voice.speaker.push(pcm, spoken.tts.sample_rate))
         if not pieces:
             return
         self.playbacks.extend(pieces)
-        pieces[0].add_start_callback(functools.partial(self._started, sentence))
-        pieces[-1].add_done_callback(functools.partial(self._finished, sentence))
+        started = functools.partial(self._started, sentence, spoken.id, interim=interim)
+        pieces[0].add_start_callback(started)
+        if not interim:
+            pieces[-1].add_done_callback(functools.partial(self._finished, sentence))
 
     async def _apologize(self, generation: int, failed: str) -> None:
         line = self.voice.orchestrator.options.fallback_answer
@@ -265,7 +357,7 @@ class _Speech:
             return
         self.apologized = True
         try:
-            await self._play(generation, line)
+            await self._play(generation, line, SpokenVoice(self.voice.synthesizer, None))
         except Exception:  # the same fault, already reported
             log.exception("the fallback line could not be synthesized either")
 
@@ -273,17 +365,19 @@ class _Speech:
         if result.completed:
             self.voice._sentence_finished(sentence, self.turn)
 
-    def _started(self, sentence: str, at: float | None) -> None:
+    def _started(
+        self, sentence: str, voice_id: str | None, at: float | None, *, interim: bool = False
+    ) -> None:
         if at is None:
             return  # cleared before it played
         voice = self.voice
         if not self.started:
             self.started = True
-            voice.emit("tts_start")
-            if self.turn is not None and self.timeline.first_frame_at is None:
-                self.timeline.first_frame_at = at
-                voice._emit_metrics(self.timeline)
-        voice.emit("agent_sentence", text=sentence)
+            voice.emit("tts_start", voice=voice_id)
+        if not interim and self.turn is not None and self.timeline.first_frame_at is None:
+            self.timeline.first_frame_at = at
+            voice._emit_metrics(self.timeline)
+        voice.emit("agent_sentence", text=sentence, voice=voice_id)
 
 
 async def _once(text: str) -> AsyncIterator[str | Retraction]:
