@@ -1,0 +1,59 @@
+"""The README's Markdown playbook compiles to what the README says it does."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+from playbooks import load_playbook
+from playbooks.models import IntentCondition, LLMDecisionCondition
+from tests.conftest import REPO
+
+README_SERVER = (
+    "{name: orders, command: python, args: [-m, acme_orders_mcp], tools: [lookup_order]}"
+)
+
+
+def _readme_markdown_playbook() -> str:
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("### Markdown playbooks") :]
+    match = re.search(r"```markdown\n(.*?)```", section, re.S)
+    assert match, "the README shows no Markdown playbook"
+    return match.group(1)
+
+
+def test_the_readme_markdown_playbook_has_steps_triggers_persona_voice_mcp_and_handoff(
+    tmp_path: Path,
+) -> None:
+    text = _readme_markdown_playbook()
+    assert README_SERVER in text
+    test_server = {  # the same tool, from the MCP server the tests run
+        "name": "orders",
+        "command": sys.executable,
+        "args": ["-m", "tests.mcp_server"],
+        "env": {"PYTHONPATH": str(REPO)},
+        "tools": ["lookup_order"],
+    }
+    path = tmp_path / "acme.md"
+    path.write_text(text.replace(README_SERVER, json.dumps(test_server)))
+
+    loaded = load_playbook(path)
+    spec = loaded.spec
+    stages = {stage.id: stage for stage in spec.stages}
+    assert list(stages) == ["orders", "billing", "goodbye"]
+    orders, billing = stages["orders"], stages["billing"]
+    assert "Look it up with lookup_order." in orders.system_prompt  # the steps
+    assert orders.tools == ["lookup_order"]  # served by the MCP server
+    assert billing.persona is not None
+    assert billing.persona.role == "Billing specialist"
+    assert billing.voice is not None
+    assert billing.voice.speaking_rate == 0.8
+    assert billing.greeting == "Hi, this is billing."
+    conditions = {t.id: t.condition for t in spec.transitions}
+    handoff = conditions["to_billing"]
+    assert isinstance(handoff, LLMDecisionCondition)
+    assert handoff.require_summary
+    (trigger,) = [c for c in conditions.values() if isinstance(c, IntentCondition)]
+    assert trigger.intent == "The caller wants to end the call"
