@@ -24,7 +24,7 @@ def condition_text(condition: Condition, stage: Stage | None = None) -> str:
         case "intent":
             return f"intent {condition.intent!r} (confidence {condition.confidence:g})"
         case "llm_decision":
-            return "llm_decision"
+            return "llm_decision with summary" if condition.require_summary else "llm_decision"
         case "max_turns":
             count = condition.count or (stage.max_turns if stage else None)
             return f"max_turns {count}" if count else "max_turns"
@@ -47,14 +47,18 @@ def outline(loaded: LoadedPlaybook) -> str:
     ]
     if spec.global_tools:
         lines.append(f"global tools: {', '.join(spec.global_tools)}")
+    for server in spec.mcp_servers:
+        where = server.url or " ".join([server.command or "", *server.args])
+        lines.append(f"MCP server {server.name}: {where}")
+    if spec.languages:
+        lines.append(f"languages: {', '.join(spec.languages)}")
     for stage in spec.stages:
         lines += ["", f"stage {stage.id}: {stage.name} [{stage.mode}]"]
         if stage.tools:
             lines.append(f"  tools: {', '.join(stage.tools)}")
         prompt_lines = len(stage.system_prompt.splitlines())
         lines.append(f"  prompt: {prompt_lines} line{'s' if prompt_lines != 1 else ''}")
-        if stage.greeting:
-            lines.append(f"  greeting: {stage.greeting}")
+        lines += _voice_lines(stage)
         own = [t for t in spec.transitions if t.from_stage == stage.id]
         lines += [_transition_line(t, stage) for t in _sorted(own)]
         if stage.mode == "single-shot":
@@ -89,7 +93,27 @@ def mermaid(spec: Playbook) -> str:
         for source in sources:
             label = _label(condition_text(transition.condition, source))
             lines.append(f"    {ids[source.id]} --> {ids[target]}: {label}")
+    for stage in spec.stages:  # delegation: an arrow to each worker stage
+        if stage.delegates is not None:
+            for worker in stage.delegates.workers:
+                lines.append(f"    {ids[stage.id]} --> {ids[worker]}: delegates")
     return "\n".join(lines)
+
+
+def _voice_lines(stage: Stage) -> list[str]:
+    """Who speaks in ``stage``: persona, voice, greeting, and the workers it delegates to."""
+    lines = []
+    if stage.persona is not None:
+        lines.append(f"  persona: {stage.persona.role}")
+    if stage.voice is not None:
+        settings = stage.voice.model_dump(exclude_none=True)
+        lines.append("  voice: " + ", ".join(f"{k} {v}" for k, v in settings.items()))
+    if stage.greeting:
+        lines.append(f"  greeting: {stage.greeting}")
+    if stage.delegates is not None:
+        workers = ", ".join(stage.delegates.workers)
+        lines.append(f"  delegates ({stage.delegates.mode}): {workers}")
+    return lines
 
 
 def _sorted(transitions: list[Transition]) -> list[Transition]:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from playbooks import load_playbook
 from playbooks.models import IntentCondition, LLMDecisionCondition
+from playbooks.outline import mermaid, outline
 from tests.conftest import REPO
 
 README_SERVER = (
@@ -57,3 +58,11 @@ def test_the_readme_markdown_playbook_has_steps_triggers_persona_voice_mcp_and_h
     assert handoff.require_summary
     (trigger,) = [c for c in conditions.values() if isinstance(c, IntentCondition)]
     assert trigger.intent == "The caller wants to end the call"
+
+    # and `vocable playbook check` / `graph` show them
+    listing = outline(loaded)
+    assert "MCP server orders:" in listing
+    assert "  persona: Billing specialist" in listing
+    assert "  voice: id joe-slow, speaking_rate 0.8" in listing
+    assert "  -> billing when llm_decision with summary  [to_billing]" in listing
+    assert "orders --> billing: llm_decision with summary" in mermaid(spec)
