@@ -131,9 +131,9 @@ def _is_abbreviation(buffer: str, dot: int) -> bool:
         return False
     if word in ABBREVIATIONS or (len(word) == 1 and word.isalpha()):
         return True
-    # "1." starting a line is a list marker, not the end of a sentence
-    line_start = start == 0 or buffer[start - 1] == "\n"
-    return word.isdigit() and line_start
+    # "1." starting a line (after any indent) is a list marker, not the end of a sentence
+    line_start = buffer.rfind("\n", 0, start) + 1
+    return word.isdigit() and not buffer[line_start:start].strip(" \t")
 
 
 def _last_space(buffer: str, limit: int) -> int | None:
@@ -144,7 +144,9 @@ def _last_space(buffer: str, limit: int) -> int | None:
 _FENCE = re.compile(r"```[\w+-]*")
 _LINK = re.compile(r"\[([^\]]*)\]\([^)]*\)")
 _HEADING = re.compile(r"^\s{0,3}#{1,6}\s*", re.MULTILINE)
-_LIST_MARKER = re.compile(r"^\s*(?:[-*+•]|\d{1,3}[.)])\s+", re.MULTILINE)
+_LIST_MARKER = re.compile(r"^[ \t]*(?:[-*+•]|\d{1,3}[.)])[ \t]+", re.MULTILINE)
+"""A list item's marker, with the spaces after it on its own line ("42." ending a line is a
+number, not a marker)."""
 _EMPHASIS = re.compile(r"(\*{1,3}|_{2,3}|~~|`)")
 _LONE_UNDERSCORE = re.compile(r"(?<!\w)_|_(?!\w)")
 _SPACES = re.compile(r"\s+")
