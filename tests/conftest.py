@@ -5,10 +5,14 @@ from __future__ import annotations
 import textwrap
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.scripted_llm import ScriptedLLM
+
+if TYPE_CHECKING:
+    from tests.calls import VoiceCall
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "playbooks" / "examples"
@@ -48,3 +52,14 @@ def write_playbook(tmp_path: Path) -> Callable[..., Path]:
         return path
 
     return write
+
+
+@pytest.fixture
+async def calls() -> AsyncIterator[list[VoiceCall]]:
+    """Voice calls a test starts (append them); stopped, with their LLM clients, afterwards."""
+    started: list[VoiceCall] = []
+    yield started
+    for call in started:
+        await call.line.stop()
+        if call.orchestrator.llm is not None:
+            await call.orchestrator.llm.client.close()

@@ -15,7 +15,7 @@ dead endpoint on a lone call (test_voice_pipeline), a peer vanishing while idle
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Generator
+from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any
 
@@ -106,16 +106,6 @@ def playbook(write_playbook: Callable[..., Path]) -> LoadedPlaybook:
 @pytest.fixture
 def metrics() -> ServerMetrics:
     return ServerMetrics()
-
-
-@pytest.fixture
-async def calls() -> AsyncIterator[list[VoiceCall]]:
-    started: list[VoiceCall] = []
-    yield started
-    for call in started:
-        await call.line.stop()
-        if call.orchestrator.llm is not None:
-            await call.orchestrator.llm.client.close()
 
 
 def _start(

@@ -66,16 +66,6 @@ def dead_url() -> str:
     return f"http://127.0.0.1:{port}/v1"
 
 
-@pytest.fixture
-async def calls() -> AsyncIterator[list[VoiceCall]]:
-    started: list[VoiceCall] = []
-    yield started
-    for call in started:
-        await call.line.stop()
-        if call.orchestrator.llm is not None:
-            await call.orchestrator.llm.client.close()
-
-
 def _support() -> LoadedPlaybook:
     return load_playbook(EXAMPLES / "support.yaml")
 
