@@ -47,6 +47,10 @@ class SynthesizerSettings:
     workers: int = 1
     length_scale: float | None = None
     """Speaking rate: above 1 is slower, below 1 faster; None keeps the voice's own."""
+    deterministic: bool = False
+    """Turn off Piper's sampling noise (of timbre and of phoneme durations): the same text then
+    gives the same audio every time, pauses included, at the cost of flatter speech. For tests
+    and benchmarks that need reproducible speech."""
 
 
 class TextToSpeech(Protocol):
@@ -205,7 +209,10 @@ class Synthesizer:
         length_scale = self.settings.length_scale
         if rate is not None:
             length_scale = (length_scale or voice.config.length_scale) / rate
-        config = SynthesisConfig(length_scale=length_scale, speaker_id=speaker)
+        noise = 0.0 if self.settings.deterministic else None
+        config = SynthesisConfig(
+            length_scale=length_scale, speaker_id=speaker, noise_scale=noise, noise_w_scale=noise
+        )
         for chunk in voice.synthesize(text, syn_config=config):
             yield chunk.audio_int16_bytes
 

@@ -268,3 +268,13 @@ async def test_a_consumer_cancelled_between_pieces_closes_the_stream(synth: Synt
 def test_a_missing_voice_is_reported(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="Piper voice"):
         Synthesizer.load(SynthesizerSettings(voice=str(tmp_path / "nobody.onnx")))
+
+
+async def test_deterministic_synthesis_says_a_text_the_same_way_every_time(
+    synth: Synthesizer,
+) -> None:
+    assert synth.settings.deterministic  # the tests' voice
+    text = "Stop, stop, that is enough."
+    takes = [b"".join([piece async for piece in synth.synthesize(text)]) for _ in range(2)]
+    assert takes[0] == takes[1] == synth.synthesize_all(text)
+    assert len(takes[0]) > 0
