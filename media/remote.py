@@ -18,7 +18,7 @@ import logging
 import time
 import wave
 from collections.abc import AsyncGenerator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
@@ -27,7 +27,7 @@ from openai.types.audio import TranscriptionVerbose
 
 from .audio import SAMPLE_RATE, duration_ms, silence
 from .stt import Segment, Transcript, screen
-from .tts import PIECE_MS
+from .tts import PIECE_MS, VoiceSettings
 from .wavstream import StreamDecoder
 
 __all__ = [
@@ -76,6 +76,8 @@ class RemoteSynthesizerSettings:
     voice: str = "alloy"
     api_key: str | None = field(default=None, repr=False)
     """Bearer token; None sends a placeholder (self-hosted servers need none)."""
+    speed: float | None = None
+    """Speaking rate sent as ``speed`` (1 is the voice's own pace, 0.25 to 4); None sends none."""
     response_format: Literal["pcm", "wav"] = "pcm"
     """``pcm``: headerless PCM16 mono at :attr:`sample_rate` (OpenAI's is 24 kHz); ``wav``: any
     PCM16 WAV, resampled to :attr:`sample_rate`."""
@@ -152,13 +154,49 @@ class RemoteTranscriber:
 
 class RemoteSynthesizer:
     """Synthesis by ``POST {base_url}/audio/speech``, streamed: audio is handed on as it
-    arrives, so the first piece plays long before the server has finished the sentence."""
+    arrives, so the first piece plays long before the server has finished the sentence.
 
-    def __init__(self, settings: RemoteSynthesizerSettings) -> None:
+    :meth:`variant` gives the same endpoint speaking in another of its voices or at another
+    rate (a playbook stage's ``voice``), over the same connections.
+    """
+
+    def __init__(
+        self, settings: RemoteSynthesizerSettings, *, _shared: openai.AsyncOpenAI | None = None
+    ) -> None:
         self.settings = settings
         self.sample_rate: int = settings.sample_rate
         self.endpoint = redact(settings.base_url)
-        self._client = _client(settings)
+        self._owns_client = _shared is None
+        self._client = _client(settings) if _shared is None else _shared
+        self._variants: dict[VoiceSettings, RemoteSynthesizer] = {}
+
+    @property
+    def voice_id(self) -> str:
+        """The remote voice it speaks in (``voice``)."""
+        return self.settings.voice
+
+    def variant(self, settings: VoiceSettings) -> RemoteSynthesizer:
+        """This endpoint speaking as ``settings.name`` (default: its own voice) at
+        ``settings.speaking_rate`` (sent as ``speed``). A Piper voice file or speaker number
+        cannot travel to a remote engine: they are ignored, with a warning."""
+        found = self._variants.get(settings)
+        if found is not None:
+            return found
+        if settings.model is not None or settings.speaker is not None:
+            log.warning(
+                "remote speech at %s cannot use a Piper voice file or speaker; voice %s "
+                "speaks as %r",
+                self.endpoint,
+                settings.model or f"speaker {settings.speaker}",
+                settings.name or self.settings.voice,
+            )
+        changed = replace(
+            self.settings,
+            voice=settings.name or self.settings.voice,
+            speed=settings.speaking_rate or self.settings.speed,
+        )
+        found = self._variants[settings] = RemoteSynthesizer(changed, _shared=self._client)
+        return found
 
     async def synthesize(self, text: str) -> AsyncGenerator[bytes, None]:
         """PCM16 mono at :attr:`sample_rate` in pieces of at most ``PIECE_MS``, as the answer
@@ -178,6 +216,7 @@ class RemoteSynthesizer:
                     voice=settings.voice,
                     input=text,
                     response_format=settings.response_format,
+                    speed=openai.omit if settings.speed is None else settings.speed,
                 )
                 async with asyncio.timeout(settings.timeout_s):
                     response = await stack.enter_async_context(opening)
@@ -211,7 +250,9 @@ class RemoteSynthesizer:
         return True
 
     async def aclose(self) -> None:
-        await self._client.close()
+        """Close the connections (a variant leaves them to the engine it came from)."""
+        if self._owns_client:
+            await self._client.close()
 
 
 def redact(url: str) -> str:

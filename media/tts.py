@@ -83,15 +83,19 @@ class VoiceSettings:
     """1 is the voice's own pace, 0.8 is 20 % slower (Piper's length scale divided by it)."""
     speaker: int | None = None
     """The speaker of a multi-speaker voice."""
+    name: str | None = None
+    """A remote engine's voice name (its ``voice`` parameter, e.g. ``nova``); Piper ignores
+    it."""
 
 
 @runtime_checkable
 class VoiceVariants(Protocol):
-    """A speech engine that can speak in other voices (the local :class:`Synthesizer`)."""
+    """A speech engine that can speak in other voices: the local :class:`Synthesizer` (voice
+    files, rate, speaker) or ``media.remote.RemoteSynthesizer`` (voice names, rate)."""
 
     @property
     def voice_id(self) -> str:
-        """The name of its own voice (the model file's stem)."""
+        """The name of its own voice (a Piper model file's stem, a remote voice's name)."""
         ...
 
     def variant(self, settings: VoiceSettings) -> TextToSpeech:

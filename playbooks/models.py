@@ -185,8 +185,9 @@ class Persona(_Model):
 
 class Voice(_Model):
     """How the agent sounds: a Piper ``model`` (``.onnx`` with its ``.onnx.json`` beside it,
-    relative to the playbook file; default: the server's voice) and synthesis settings.
-    ``id`` names the voice in events (default: the model file's stem, else the server voice's)."""
+    relative to the playbook file; default: the server's voice) or, on a remote speech engine,
+    a voice ``name``, and synthesis settings. ``id`` names the voice in events (default: the
+    model file's stem, else the name, else the server voice's)."""
 
     id: str | None = Field(default=None, min_length=1)
     model: str | None = Field(default=None, min_length=1)
@@ -194,6 +195,9 @@ class Voice(_Model):
     """1 is the voice's own pace; 0.8 is 20 % slower, 1.25 faster."""
     speaker: int | None = Field(default=None, ge=0)
     """The speaker of a multi-speaker model."""
+    name: str | None = Field(default=None, min_length=1)
+    """The voice's name on a remote speech engine (``--tts-url``: OpenAI's ``voice``, e.g.
+    ``nova``); local Piper ignores it."""
 
     def merged_over(self, base: Voice | None) -> Voice:
         """This voice with every unset field taken from ``base``."""

@@ -89,8 +89,9 @@ class VoicePlaybookOrchestrator:
         return stage.barge_in or default
 
     def voice(self) -> SpokenVoice:
-        """The voice in effect now. Another voice file or speaking rate needs a synthesizer with
-        variants (local Piper); with any other, the server's voice is kept (logged)."""
+        """The voice in effect now. Another voice needs a synthesizer with variants (local
+        Piper: voice files; remote: voice names; both: speaking rates); with any other, the
+        server's voice is kept (logged)."""
         spec = self.orchestrator.engine.voice()
         found = self._voices.get(spec)
         if found is not None:
@@ -100,8 +101,8 @@ class VoicePlaybookOrchestrator:
         if spec is None:
             found = SpokenVoice(synthesizer, base_id)
         else:
-            voice_id = spec.id or (Path(spec.model).stem if spec.model else base_id)
-            settings = VoiceSettings(spec.model, spec.speaking_rate, spec.speaker)
+            voice_id = spec.id or (Path(spec.model).stem if spec.model else spec.name or base_id)
+            settings = VoiceSettings(spec.model, spec.speaking_rate, spec.speaker, spec.name)
             if isinstance(synthesizer, VoiceVariants):
                 found = SpokenVoice(synthesizer.variant(settings), voice_id)
             else:

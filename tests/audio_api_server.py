@@ -3,7 +3,7 @@ local Whisper and Piper (the same models a GPU server would run, here on this CP
 
 ``POST /v1/audio/transcriptions`` takes the multipart form the ``openai`` client sends (``file``,
 ``model``, ``language``, ``response_format`` json or verbose_json, ``temperature``).
-``POST /v1/audio/speech`` takes the JSON body (``model``, ``input``, ``voice``,
+``POST /v1/audio/speech`` takes the JSON body (``model``, ``input``, ``voice``, ``speed``,
 ``response_format`` pcm or wav) and streams the audio in chunked encoding as Piper produces it:
 ``pcm`` at 24 kHz as OpenAI sends it, ``wav`` at Piper's own rate with a streaming header.
 Every request is recorded; ``fail_next`` answers the next requests with error statuses.
@@ -22,6 +22,7 @@ from typing import Any
 from aiohttp import web
 
 from media import Resampler, Synthesizer, Transcriber
+from media.tts import TextToSpeech, VoiceSettings
 from tests.speech import to_16k
 
 __all__ = ["AudioApiServer", "RecordedRequest"]
@@ -147,12 +148,18 @@ class AudioApiServer:
 
         if resampler is None:
             await response.write(_streaming_wav_header(rate))
-        async for piece in self.synthesizer.synthesize(str(body["input"])):
+        async for piece in self._voice(body.get("speed")).synthesize(str(body["input"])):
             await send(resampler.resample(piece) if resampler else piece)
         if resampler is not None:
             await send(resampler.flush())
         await response.write_eof()
         return response
+
+    def _voice(self, speed: object) -> TextToSpeech:
+        """Piper at ``speed`` (one Piper voice is installed: every ``voice`` name speaks in it)."""
+        if isinstance(speed, (int, float)) and speed != 1:
+            return self.synthesizer.variant(VoiceSettings(speaking_rate=float(speed)))
+        return self.synthesizer
 
 
 def _streaming_wav_header(rate: int) -> bytes:

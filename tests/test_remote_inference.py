@@ -10,6 +10,7 @@ import socket
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,7 +25,7 @@ from media.remote import (
     RemoteTranscriberSettings,
     redact,
 )
-from media.tts import PIECE_MS
+from media.tts import PIECE_MS, VoiceSettings
 from playbooks import load_playbook
 from playbooks.loader import LoadedPlaybook
 from server.config import ServerConfig, add_serve_arguments
@@ -191,6 +192,76 @@ async def test_a_voice_call_on_remote_stt_and_tts(
     assert {r.path for r in gpu.requests} == {"/v1/audio/transcriptions", "/v1/audio/speech"}
     assert call.of_type("error") == []
     print("remote turn_metrics:", metrics.to_dict())
+
+
+async def test_a_remote_variant_sends_its_voice_name_and_speed_over_the_same_client(
+    gpu: AudioApiServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    remote = _tts(gpu.base_url, voice="alloy")
+    slow = remote.variant(VoiceSettings(name="nova", speaking_rate=0.6))
+    text = "The quick brown fox jumps over the lazy dog."
+    try:
+        normal_audio = b"".join([pcm async for pcm in remote.synthesize(text)])
+        slow_audio = b"".join([pcm async for pcm in slow.synthesize(text)])
+        assert remote.variant(VoiceSettings(name="nova", speaking_rate=0.6)) is slow
+        await slow.aclose()  # a variant leaves the shared connections open
+        again = b"".join([pcm async for pcm in remote.synthesize("Still here.")])
+        with caplog.at_level("WARNING", logger="media.remote"):
+            piper_only = remote.variant(VoiceSettings(model="/voices/fr.onnx"))
+    finally:
+        await remote.aclose()
+    bodies = [r.fields for r in gpu.requests]
+    assert [(b["voice"], b.get("speed")) for b in bodies] == [
+        ("alloy", None),
+        ("nova", 0.6),
+        ("alloy", None),
+    ]
+    assert (remote.voice_id, slow.voice_id, piper_only.voice_id) == ("alloy", "nova", "alloy")
+    assert len(slow_audio) > 1.4 * len(normal_audio)  # the server honoured the speed
+    assert again
+    assert "cannot use a Piper voice file" in caplog.text
+
+
+async def test_a_stage_voice_name_reaches_the_remote_engine_in_a_call(
+    gpu: AudioApiServer, llm: ScriptedLLM, calls: list[VoiceCall], tmp_path: Path
+) -> None:
+    path = tmp_path / "voices.yaml"
+    path.write_text(
+        """\
+id: voices
+name: Voices
+initial_stage: front
+stages:
+  - id: front
+    name: Front desk
+    system_prompt: Answer briefly.
+  - id: expert
+    name: Expert
+    system_prompt: Answer in depth.
+    voice: {id: expert, name: nova, speaking_rate: 1.2}
+transitions:
+  - id: escalate
+    from: front
+    condition: {type: keyword, keywords: [expert], in: user}
+    action: {target_stage: expert}
+"""
+    )
+    llm.script(answers_by_words({}, ANSWER))
+    tts = _tts(gpu.base_url, voice="alloy")
+    try:
+        call = start_call(load_playbook(path), llm.base_url, tts=tts)
+        calls.append(call)
+        for text in ("Where is my order?", "Put me through to an expert."):
+            call.session.submit_text(text)
+            await call.wait_idle()
+    finally:
+        await tts.aclose()
+    voices = [e.data["voice"] for e in call.of_type("agent_sentence")]
+    assert voices == ["alloy", "alloy", "expert", "expert"]
+    assert call.of_type("stage_change")[-1].data["voice"] == "expert"
+    sent = [(r.fields["voice"], r.fields.get("speed")) for r in gpu.requests]
+    assert sent == [("alloy", None)] * 2 + [("nova", 1.2)] * 2
+    assert call.of_type("error") == []
 
 
 async def test_a_dead_stt_endpoint_gives_the_error_event_and_the_spoken_fallback(
