@@ -1,7 +1,8 @@
 """Loading playbook files (YAML, JSON, Markdown) and their tools module, one clear error each.
 
-Every failure raises :class:`PlaybookError`, whose message names the file and the field path, e.g.
-``support.yaml: transitions[2].action.target_stage: unknown stage 'billing'``.
+Every failure raises :class:`PlaybookError`, whose message names the file, the line (YAML and
+Markdown files) and the field path, e.g.
+``support.yaml:68: transitions[2].action.target_stage: unknown stage 'billing'``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import yaml
 from pydantic import ValidationError
 from pydantic.alias_generators import to_snake
 
+from .errors import LineMap, PlaybookError
 from .identity import BUILTIN_TOOLS, resolve_model
 from .models import (
     CustomCondition,
@@ -44,28 +46,10 @@ RESERVED_TOOL = "playbook_transition"
 """Offered by the engine itself when an llm_decision transition leaves the stage."""
 
 
-class PlaybookError(ValueError):
-    """An invalid playbook file; ``str()`` is a one-line message naming file and field."""
-
-    def __init__(self, source: str, path: str, message: str) -> None:
-        self.source = source
-        self.path = path
-        self.message = message
-        where = f"{source}: {path}" if path else source
-        super().__init__(_one_line(f"{where}: {message}"))
-
-
 def _shown(value: object, limit: int = 60) -> str:
     """``repr(value)``, cut to about ``limit`` characters."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _one_line(text: str) -> str:
-    """``text`` with line breaks and other control characters escaped, as ``repr`` would."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 @dataclass(frozen=True)
@@ -107,14 +91,18 @@ def load_playbook(path: str | Path) -> LoadedPlaybook:
             label, "", f"not UTF-8 text: byte 0x{raw[exc.start]:02x} at line {line}"
         ) from None
     if path.suffix.lower() == ".md":
-        from .markdown import compile_markdown  # it imports this module
+        from .markdown import compile_markdown, locate  # it imports this module
 
         data, lines = compile_markdown(text, label)
         try:
             return _resolve(data, path, label)
         except PlaybookError as exc:
-            raise lines.locate(exc) from None
-    return _resolve(_parse(text, label, path.suffix.lower()), path, label)
+            raise locate(lines, exc) from None
+    data, where = _parse(text, label, path.suffix.lower())
+    try:
+        return _resolve(data, path, label)
+    except PlaybookError as exc:
+        raise (where.locate(exc) if where is not None else exc) from None
 
 
 def _resolve(data: Any, path: Path, label: str) -> LoadedPlaybook:
@@ -202,7 +190,9 @@ class _SafeLoader(yaml.SafeLoader):
             ) from None
 
 
-def _parse(text: str, label: str, suffix: str) -> Any:
+def _parse(text: str, label: str, suffix: str) -> tuple[Any, LineMap | None]:
+    """The file's data and, for YAML, the line of each field (JSON's parser keeps none)."""
+    where: LineMap | None = None
     if suffix == ".json":
         try:
             data = json.loads(text)
@@ -216,7 +206,7 @@ def _parse(text: str, label: str, suffix: str) -> Any:
             raise PlaybookError(label, "", "nested too deeply") from None
     else:
         try:
-            data = yaml.load(text, Loader=_SafeLoader)  # a SafeLoader
+            data, where = _load_yaml(text, label)
         except yaml.MarkedYAMLError as exc:
             line = exc.problem_mark.line + 1 if exc.problem_mark else "?"
             problem = exc.problem or exc.context or "invalid YAML"
@@ -232,7 +222,22 @@ def _parse(text: str, label: str, suffix: str) -> Any:
             raise PlaybookError(label, "", "nested too deeply") from None
     if not isinstance(data, dict):
         raise PlaybookError(label, "", "a playbook must be a mapping at the top level")
-    return data
+    return data, where
+
+
+def _load_yaml(text: str, label: str) -> tuple[Any, LineMap]:
+    """Parse with :class:`_SafeLoader`, recording the line of every field; raises yaml.YAMLError
+    (or RecursionError)."""
+    loader = _SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
+    finally:
+        loader.dispose()
+    where = LineMap(label, limit=MAX_VALUES)
+    if node is not None:
+        where.record(node)
+    return data, where
 
 
 def _check_size(data: Any, label: str) -> None:

@@ -7,9 +7,9 @@ each an ``intent`` transition) and ``### Tools`` (``- tool_name``). An optional 
 matter between ``---`` lines holds everything else: playbook fields, ``transitions`` in the YAML
 form and per-stage options under ``stages: {stage_id: {...}}``. See docs/playbooks-markdown.md.
 
-:func:`compile_markdown` returns the data with a :class:`LineMap`; the loader validates the data
-like a YAML file's and passes any :class:`PlaybookError` through :meth:`LineMap.locate`, so every
-error reads ``file.md:LINE: message``.
+:func:`compile_markdown` returns the data with a :class:`~playbooks.errors.LineMap`; the loader
+validates the data like a YAML file's and passes any :class:`PlaybookError` through
+:func:`locate`, so every error reads ``file.md:LINE: message``.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
-from pydantic.alias_generators import to_snake
 
-from .loader import MAX_VALUES, PlaybookError, _SafeLoader, _shown
+from .errors import LineMap, PlaybookError
+from .loader import MAX_VALUES, _SafeLoader, _shown
 
-__all__ = ["LineMap", "compile_markdown", "slug"]
+__all__ = ["compile_markdown", "locate", "slug"]
 
 _HEADING = re.compile(r"^(#{1,3})[ \t]+(.*?)(?:[ \t]+#+)?[ \t]*$")
 _EXPLICIT_ID = re.compile(r"[ \t]*\{#([^{}\s]+)\}$")
@@ -52,35 +52,6 @@ STEPS_INTRO = "Follow these steps:"
 def slug(title: str) -> str:
     """A stage or playbook id from a title: lowercase words joined by ``_``."""
     return re.sub(r"\W+", "_", title.lower()).strip("_")
-
-
-@dataclass
-class LineMap:
-    """Where each field path of the compiled data (``stages[1].tools[0]``) came from."""
-
-    label: str
-    lines: dict[str, int] = field(default_factory=dict)
-
-    def add(self, path: str, line: int) -> None:
-        self.lines.setdefault(_normal(path), line)
-
-    def line_of(self, path: str) -> int:
-        """The line of ``path`` or of its nearest enclosing field; 1 if none is known."""
-        parts = _normal(path)
-        while parts:
-            if parts in self.lines:
-                return self.lines[parts]
-            parts = re.sub(r"(\.[^.\[]*|\[\d+\])$", "", parts)
-        return 1
-
-    def locate(self, error: PlaybookError) -> PlaybookError:
-        """``error`` as ``file.md:LINE: [field: ]message``; the field is named only when it is
-        a key, not a list position."""
-        if error.source != self.label:  # from elsewhere (a file it could not read): as is
-            return error
-        last = re.split(r"[.\[]", error.path)[-1] if error.path else ""
-        prefix = f"{last}: " if last and not last.endswith("]") else ""
-        return _error(self.label, self.line_of(error.path), prefix + error.message)
 
 
 @dataclass
@@ -119,7 +90,7 @@ def compile_markdown(text: str, label: str) -> tuple[dict[str, Any], LineMap]:
 
 def _front_matter(lines: list[str], label: str) -> tuple[dict[str, Any], int, LineMap]:
     """The front matter's mapping, the index of the first body line, and its key lines."""
-    where = LineMap(label)
+    where = LineMap(label, limit=MAX_VALUES)
     if not lines or lines[0].rstrip() != "---":
         return {}, 0, where
     end = next((i for i in range(1, len(lines)) if lines[i].rstrip() in ("---", "...")), None)
@@ -144,27 +115,8 @@ def _front_matter(lines: list[str], label: str) -> tuple[dict[str, Any], int, Li
     if not isinstance(data, dict):
         raise _error(label, 2, "front matter must be a YAML mapping")
     if node is not None:
-        _record(node, "", where, offset=2)
+        where.record(node, offset=2)
     return data, end + 1, where
-
-
-def _record(node: yaml.Node, path: str, where: LineMap, offset: int) -> None:
-    """Record the line of every key and list item under ``node`` (0-based marks + offset), up
-    to MAX_VALUES of them: aliases repeating each other would make the walk endless (the
-    loader then refuses the document for its size)."""
-    if len(where.lines) >= MAX_VALUES:
-        return
-    if isinstance(node, yaml.MappingNode):
-        for key, value in node.value:
-            if isinstance(key, yaml.ScalarNode):
-                child = f"{path}.{key.value}" if path else str(key.value)
-                where.add(child, key.start_mark.line + offset)
-                _record(value, child, where, offset)
-    elif isinstance(node, yaml.SequenceNode):
-        for index, item in enumerate(node.value):
-            child = f"{path}[{index}]"
-            where.add(child, item.start_mark.line + offset)
-            _record(item, child, where, offset)
 
 
 def _parse_body(lines: list[str], start: int, label: str) -> _Document:
@@ -256,11 +208,11 @@ def _assemble(doc: _Document, front: dict[str, Any], where: LineMap) -> dict[str
     label = doc.label
     for key, source in _FROM_BODY.items():
         if key in front:
-            raise _error(label, where.line_of(key), f"{key}: set by {source}, not front matter")
+            raise _error(label, _line(where, key), f"{key}: set by {source}, not front matter")
     ids = [stage.id for stage in doc.stages]
     options = front.pop("stages", None) or {}
     if not isinstance(options, dict):
-        raise _error(label, where.line_of("stages"), "stages: a mapping of stage id to options")
+        raise _error(label, _line(where, "stages"), "stages: a mapping of stage id to options")
     front_lines = dict(where.lines)
     where.lines.clear()
     for path, line in front_lines.items():  # front matter paths -> compiled data paths
@@ -283,7 +235,7 @@ def _assemble(doc: _Document, front: dict[str, Any], where: LineMap) -> dict[str
 
     listed = front.pop("transitions", None) or []
     if not isinstance(listed, list):
-        raise _error(label, where.line_of("transitions"), "transitions: a list of transitions")
+        raise _error(label, _line(where, "transitions"), "transitions: a list of transitions")
     transitions: list[Any] = list(listed)
     taken = {t.get("id") for t in transitions if isinstance(t, dict)}
     stages: list[dict[str, Any]] = []
@@ -355,9 +307,20 @@ def _unique(base: str, taken: set[Any]) -> str:
     return candidate
 
 
-def _normal(path: str) -> str:
-    return ".".join(to_snake(part) for part in path.split("."))
+def locate(where: LineMap, error: PlaybookError) -> PlaybookError:
+    """``error`` as ``file.md:LINE: [field: ]message`` (line 1 when its field's is unknown):
+    the compiled data's paths are not what the author wrote, so only the field's own key is
+    named, and not at all when it is a list position."""
+    if error.source != where.label or error.line is not None:  # from elsewhere, or placed
+        return error
+    last = re.split(r"[.\[]", error.path)[-1] if error.path else ""
+    prefix = f"{last}: " if last and not last.endswith("]") else ""
+    return _error(where.label, _line(where, error.path), prefix + error.message)
+
+
+def _line(where: LineMap, path: str) -> int:
+    return where.line_of(path) or 1
 
 
 def _error(label: str, line: int, message: str) -> PlaybookError:
-    return PlaybookError(f"{label}:{line}", "", message)
+    return PlaybookError(label, "", message, line)

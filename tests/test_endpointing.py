@@ -19,7 +19,9 @@ from tests.conftest import EXAMPLES
 from tests.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
 
 QUESTION = "Where is my order?"
-TRAILING_AND = "I would like to order a pizza and"  # Whisper hears "...a pizza in."
+TRAILING_AND = "I would like to order a large pizza and"
+"""Whisper hears the trailing "and" in this one; of "...order a pizza and" it hears "...pizza end."
+(the deterministic test voice), which sounds like a finished sentence."""
 CONTINUATION = "a bottle of water."
 PAUSE_AFTER_AND_MS = 600
 """Silence inserted after the trailing "and"; with Piper's own edges (~80 ms before, ~20 ms

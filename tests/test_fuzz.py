@@ -906,7 +906,8 @@ def check_playbook_file(folder: Path, suffix: str, content: bytes) -> None:
     if error is None:
         return
     message = str(error)
-    assert message.startswith(f"{path.name}: "), message
+    where = path.name if error.line is None else f"{path.name}:{error.line}"
+    assert message.startswith(f"{where}: "), message
     assert error.source == path.name
     assert error.message.strip()
     assert "\n" not in message

@@ -383,26 +383,26 @@ def test_unreadable_file(tmp_path: Path) -> None:
 def test_unknown_initial_stage(write_playbook: WritePlaybook) -> None:
     text = variant("initial_stage: greeting", "initial_stage: lobby")
     error = load_error(write_playbook(text, TOOLS_PY))
-    assert str(error) == "playbook.yaml: initial_stage: unknown stage 'lobby'"
+    assert str(error) == "playbook.yaml:4: initial_stage: unknown stage 'lobby'"
     assert (error.source, error.path) == ("playbook.yaml", "initial_stage")
 
 
 def test_duplicate_stage_id(write_playbook: WritePlaybook) -> None:
     error = load_error(write_playbook(variant("  - id: bye\n", "  - id: help\n"), TOOLS_PY))
-    assert str(error) == "playbook.yaml: stages[2].id: duplicate stage id 'help'"
+    assert str(error) == "playbook.yaml:24: stages[2].id: duplicate stage id 'help'"
 
 
 def test_duplicate_transition_id(write_playbook: WritePlaybook) -> None:
     error = load_error(
         write_playbook(variant("  - id: too_slow\n", "  - id: cancelled\n"), TOOLS_PY)
     )
-    assert str(error) == "playbook.yaml: transitions[5].id: duplicate transition id 'cancelled'"
+    assert str(error) == "playbook.yaml:56: transitions[5].id: duplicate transition id 'cancelled'"
 
 
 def test_transition_from_unknown_stage(write_playbook: WritePlaybook) -> None:
     text = variant("id: by_llm\n    from: greeting", "id: by_llm\n    from: lobby")
     error = load_error(write_playbook(text, TOOLS_PY))
-    assert str(error) == "playbook.yaml: transitions[1].from: unknown stage 'lobby'"
+    assert str(error) == "playbook.yaml:34: transitions[1].from: unknown stage 'lobby'"
 
 
 def test_transition_to_unknown_stage(write_playbook: WritePlaybook) -> None:
@@ -412,7 +412,7 @@ def test_transition_to_unknown_stage(write_playbook: WritePlaybook) -> None:
     )
     error = load_error(write_playbook(text, TOOLS_PY))
     assert str(error) == (
-        "playbook.yaml: transitions[1].action.target_stage: unknown stage 'billing'"
+        "playbook.yaml:36: transitions[1].action.target_stage: unknown stage 'billing'"
     )
 
 
@@ -421,7 +421,7 @@ def test_unknown_stage_tool(write_playbook: WritePlaybook) -> None:
         write_playbook(variant("tools: [cancel_order]", "tools: [cancel_order, refund]"), TOOLS_PY)
     )
     assert error.path == "stages[1].tools[1]"
-    assert str(error).startswith("playbook.yaml: stages[1].tools[1]: unknown tool 'refund'")
+    assert str(error).startswith("playbook.yaml:19: stages[1].tools[1]: unknown tool 'refund'")
     assert "cancel_order, lookup_order" in str(error), "names the tools that do exist"
 
 
@@ -429,7 +429,7 @@ def test_unknown_global_tool(write_playbook: WritePlaybook) -> None:
     error = load_error(
         write_playbook(variant("global_tools: [lookup_order]", "global_tools: [weather]"), TOOLS_PY)
     )
-    assert str(error).startswith("playbook.yaml: global_tools[0]: unknown tool 'weather'")
+    assert str(error).startswith("playbook.yaml:7: global_tools[0]: unknown tool 'weather'")
 
 
 def test_tools_without_a_tools_module(write_playbook: WritePlaybook) -> None:
@@ -442,7 +442,7 @@ def test_tools_without_a_tools_module(write_playbook: WritePlaybook) -> None:
     """
     error = load_error(write_playbook(text))
     assert str(error) == (
-        "playbook.yaml: stages[0].tools[0]: "
+        "playbook.yaml:5: stages[0].tools[0]: "
         "unknown tool 'lookup_order' (tools module defines: none)"
     )
 
@@ -458,7 +458,7 @@ def test_named_tool_choice_must_be_offered_in_the_stage(write_playbook: WritePla
     text = variant("tool_choice: none", "tool_choice: {type: tool, tool_name: cancel_order}")
     error = load_error(write_playbook(text, TOOLS_PY))
     assert str(error) == (
-        "playbook.yaml: stages[2].tool_choice.tool_name: "
+        "playbook.yaml:27: stages[2].tool_choice.tool_name: "
         "tool 'cancel_order' is not offered in stage 'bye'"
     )
 
@@ -468,7 +468,7 @@ def test_unknown_custom_function(write_playbook: WritePlaybook) -> None:
     error = load_error(write_playbook(text, TOOLS_PY))
     assert error.path == "transitions[6].condition.function"
     assert str(error) == (
-        "playbook.yaml: transitions[6].condition.function: "
+        "playbook.yaml:62: transitions[6].condition.function: "
         "unknown function 'is_gold' (define it in the tools module)"
     )
 
@@ -486,7 +486,7 @@ def test_unknown_condition_type(write_playbook: WritePlaybook) -> None:
     error = load_error(write_playbook(variant("{type: llm_decision}", "{type: magic}"), TOOLS_PY))
     assert error.path == "transitions[1].condition"
     message = str(error)
-    assert message.startswith("playbook.yaml: transitions[1].condition: unknown condition type")
+    assert message.startswith("playbook.yaml:35: transitions[1].condition: unknown condition type")
     assert "'magic'" in message
     for known in ("keyword", "tool_call", "intent", "llm_decision", "max_turns", "timeout"):
         assert f"'{known}'" in message
@@ -528,18 +528,18 @@ def test_top_level_must_be_a_mapping(write_playbook: WritePlaybook, text: str, n
 def test_unknown_field_in_a_stage(write_playbook: WritePlaybook) -> None:
     text = variant("    name: Bye\n", "    name: Bye\n    colour: blue\n")
     error = load_error(write_playbook(text, TOOLS_PY))
-    assert str(error) == "playbook.yaml: stages[2].colour: unknown field"
+    assert str(error) == "playbook.yaml:26: stages[2].colour: unknown field"
 
 
 def test_unknown_top_level_field(write_playbook: WritePlaybook) -> None:
     error = load_error(write_playbook("version: 2\n" + VALID, TOOLS_PY))
-    assert str(error) == "playbook.yaml: version: unknown field"
+    assert str(error) == "playbook.yaml:1: version: unknown field"
 
 
 def test_unknown_field_in_an_action(write_playbook: WritePlaybook) -> None:
     text = variant("clear_history: true", "clear_history: true\n      sound: chime")
     error = load_error(write_playbook(text, TOOLS_PY))
-    assert str(error) == "playbook.yaml: transitions[2].action.sound: unknown field"
+    assert str(error) == "playbook.yaml:46: transitions[2].action.sound: unknown field"
 
 
 def test_misspelt_field_is_reported_as_unknown(write_playbook: WritePlaybook) -> None:
@@ -547,7 +547,7 @@ def test_misspelt_field_is_reported_as_unknown(write_playbook: WritePlaybook) ->
     text = variant("    system_prompt: Say goodbye.", "    sytem_prompt: Say goodbye.")
     error = load_error(write_playbook(text, TOOLS_PY))
     assert error.path == "stages[2].sytem_prompt"
-    assert str(error).startswith("playbook.yaml: stages[2].sytem_prompt: unknown field")
+    assert str(error).startswith("playbook.yaml:26: stages[2].sytem_prompt: unknown field")
 
 
 def test_missing_field_is_named_in_snake_case(write_playbook: WritePlaybook) -> None:
@@ -556,13 +556,13 @@ def test_missing_field_is_named_in_snake_case(write_playbook: WritePlaybook) -> 
         "{type: llm_decision}\n    action: {clear_history: true}",
     )
     error = load_error(write_playbook(text, TOOLS_PY))
-    assert str(error) == "playbook.yaml: transitions[1].action.target_stage: Field required"
+    assert str(error) == "playbook.yaml:36: transitions[1].action.target_stage: Field required"
 
 
 def test_missing_stage_prompt_is_named_in_snake_case(write_playbook: WritePlaybook) -> None:
     text = variant("    system_prompt: Say goodbye.\n", "")
     error = load_error(write_playbook(text, TOOLS_PY))
-    assert str(error) == "playbook.yaml: stages[2].system_prompt: Field required"
+    assert str(error) == "playbook.yaml:24: stages[2].system_prompt: Field required"
 
 
 def test_missing_condition_field_is_named_without_the_type_tag(
@@ -570,7 +570,7 @@ def test_missing_condition_field_is_named_without_the_type_tag(
 ) -> None:
     text = variant("{type: tool_call, tool_name: cancel_order}", "{type: tool_call}")
     error = load_error(write_playbook(text, TOOLS_PY))
-    assert str(error) == "playbook.yaml: transitions[2].condition.tool_name: Field required"
+    assert str(error) == "playbook.yaml:41: transitions[2].condition.tool_name: Field required"
 
 
 def test_invalid_condition_field_is_named_without_the_type_tag(
@@ -585,18 +585,18 @@ def test_invalid_condition_field_is_named_without_the_type_tag(
 def test_unknown_field_in_a_condition(write_playbook: WritePlaybook) -> None:
     text = variant("{type: llm_decision}", "{type: llm_decision, model: big}")
     error = load_error(write_playbook(text, TOOLS_PY))
-    assert str(error) == "playbook.yaml: transitions[1].condition.model: unknown field"
+    assert str(error) == "playbook.yaml:35: transitions[1].condition.model: unknown field"
 
 
 def test_named_tool_choice_without_tool_name(write_playbook: WritePlaybook) -> None:
     error = load_error(write_playbook(variant("tool_choice: none", "tool_choice: {type: tool}")))
-    assert str(error) == "playbook.yaml: stages[2].tool_choice.tool_name: Field required"
+    assert str(error) == "playbook.yaml:27: stages[2].tool_choice.tool_name: Field required"
 
 
 def test_unknown_tool_choice_mode(write_playbook: WritePlaybook) -> None:
     error = load_error(write_playbook(variant("tool_choice: none", "tool_choice: sometimes")))
     assert str(error) == (
-        "playbook.yaml: stages[2].tool_choice: Input should be 'auto', 'none' or 'required'"
+        "playbook.yaml:27: stages[2].tool_choice: Input should be 'auto', 'none' or 'required'"
     )
 
 
@@ -615,13 +615,13 @@ def test_wrong_value_type(write_playbook: WritePlaybook) -> None:
 def test_several_problems_are_counted(write_playbook: WritePlaybook) -> None:
     text = variant("    name: Bye\n", "    name: Bye\n    colour: blue\n    size: 3\n")
     error = load_error(write_playbook(text, TOOLS_PY))
-    assert str(error) == "playbook.yaml: stages[2].colour: unknown field (and 1 more problem)"
+    assert str(error) == "playbook.yaml:26: stages[2].colour: unknown field (and 1 more problem)"
 
 
 def test_missing_tools_module(write_playbook: WritePlaybook) -> None:
     error = load_error(write_playbook(variant("tools_module: tools.py", "tools_module: gone.py")))
     assert error.path == "tools_module"
-    assert str(error).startswith("playbook.yaml: tools_module: file not found: ")
+    assert str(error).startswith("playbook.yaml:5: tools_module: file not found: ")
     assert "gone.py" in str(error)
 
 
@@ -638,7 +638,7 @@ def test_tools_module_is_relative_to_the_playbook(
 def test_tools_module_that_raises_on_import(write_playbook: WritePlaybook) -> None:
     error = load_error(write_playbook(VALID, "raise RuntimeError('no database configured')\n"))
     assert str(error) == (
-        "playbook.yaml: tools_module: importing tools.py failed: "
+        "playbook.yaml:5: tools_module: importing tools.py failed: "
         "RuntimeError: no database configured"
     )
 
@@ -653,7 +653,8 @@ def test_max_turns_without_count_needs_the_stage_max_turns(write_playbook: Write
     text = variant("id: too_long\n    from: help", "id: too_long\n    from: greeting")
     error = load_error(write_playbook(text, TOOLS_PY))
     assert str(error) == (
-        "playbook.yaml: transitions[4].condition.count: required when the stage sets no max_turns"
+        "playbook.yaml:54: transitions[4].condition.count: "
+        "required when the stage sets no max_turns"
     )
 
 
@@ -676,7 +677,7 @@ def test_timeout_without_duration_needs_the_stage_timeout(write_playbook: WriteP
     text = variant("id: too_slow\n    from: help", "id: too_slow\n    from: bye")
     error = load_error(write_playbook(text, TOOLS_PY))
     assert str(error) == (
-        "playbook.yaml: transitions[5].condition.duration_ms: "
+        "playbook.yaml:58: transitions[5].condition.duration_ms: "
         "required when the stage sets no timeout_ms"
     )
 
@@ -733,6 +734,6 @@ def test_a_tool_may_not_take_the_reserved_transition_name(
     with pytest.raises(PlaybookError) as caught:
         load_playbook(path)
     assert str(caught.value) == (
-        "playbook.yaml: tools_module: the tool name 'playbook_transition' is reserved "
+        "playbook.yaml:5: tools_module: the tool name 'playbook_transition' is reserved "
         "for stage transitions"
     )

@@ -187,11 +187,11 @@ async def test_arguments_are_validated_against_the_json_schema(tmp_path: Path) -
     [
         (
             {**STDIO, "tools": ["lookup_order", "nope"]},
-            "mcp.yaml: mcp_servers[0].tools[1]: MCP server 'orders' has no tool 'nope'",
+            "mcp.yaml:1: mcp_servers[0].tools[1]: MCP server 'orders' has no tool 'nope'",
         ),
         (
             {"name": "gone", "command": "/nonexistent/mcp-server"},
-            "mcp.yaml: mcp_servers[0]: cannot connect to MCP server 'gone'",
+            "mcp.yaml:1: mcp_servers[0]: cannot connect to MCP server 'gone'",
         ),
         (
             {**STDIO, "url": "http://127.0.0.1:9/mcp"},
