@@ -7,7 +7,9 @@ history holding only the task, its own tool loop (at most ``max_tool_calls`` cal
 answer collected as text, all within ``timeout_ms``. No transitions happen inside a worker. A
 worker that fails (LLM error, time limit, no answer) gives an error entry, never an exception;
 the results go back to the delegating stage as the tool's JSON result. Worker tools with side
-effects wait for ``confirmed`` like the delegating turn's own tools.
+effects wait for ``confirmed`` like the delegating turn's own tools, and one marked
+``on_interrupt="finish"`` runs to its end when the delegation is cancelled (barge-in, time
+limit): its completion is still reported (``tool_call_complete``), its result goes nowhere.
 """
 
 from __future__ import annotations
@@ -121,6 +123,8 @@ class Delegator:
         self.playbook = playbook
         self.emit = emit
         self.max_tool_calls = max_tool_calls
+        self.finishing: set[asyncio.Task[str]] = set()
+        """Worker tools running on after their delegation was cancelled."""
 
     async def run(
         self,
@@ -262,10 +266,46 @@ class Delegator:
             if tool.side_effects and confirmed is not None:
                 await confirmed.wait()  # the same preemption rule as the caller's own tools
                 started = time.monotonic()
+            if tool.on_interrupt == "finish":
+                return await self._finish_anyway(worker, described, tool, call.arguments)
             result = await tool.call(call.arguments)
         except ToolError as exc:
             failed = True
             result = json.dumps({"error": str(exc)})
+        self._completed(worker, described, result, failed, started)
+        return result
+
+    async def _finish_anyway(
+        self, worker: str, described: dict[str, str], tool: Tool, arguments: str
+    ) -> str:
+        """Run ``tool`` to its end even if this call is cancelled; report its completion."""
+        started = time.monotonic()
+
+        async def run() -> str:
+            try:
+                result = await tool.call(arguments)
+            except ToolError as exc:
+                self._completed(worker, described, json.dumps({"error": str(exc)}), True, started)
+                raise
+            self._completed(worker, described, result, False, started)
+            return result
+
+        task = asyncio.create_task(run(), name=f"worker-tool:{worker}:{tool.name}")
+        self.finishing.add(task)
+        task.add_done_callback(self._forget)
+        try:
+            return await asyncio.shield(task)
+        except ToolError as exc:
+            return json.dumps({"error": str(exc)})
+
+    def _forget(self, task: asyncio.Task[str]) -> None:
+        self.finishing.discard(task)
+        if not task.cancelled():
+            task.exception()  # mark it retrieved: a ToolError was reported by the task itself
+
+    def _completed(
+        self, worker: str, described: dict[str, str], result: str, failed: bool, started: float
+    ) -> None:
         self.emit(
             "tool_call_complete",
             call=described,
@@ -274,7 +314,6 @@ class Delegator:
             duration_ms=_ms_since(started),
             worker=worker,
         )
-        return result
 
 
 def _with_results(task: str, results: Sequence[WorkerResult]) -> str:

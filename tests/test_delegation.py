@@ -4,6 +4,7 @@ against the scripted LLM, whose replies are chosen by each request's system prom
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -266,3 +267,64 @@ async def test_worker_tools_with_side_effects_wait_for_a_confirmed_turn(
 async def _drain(turn: Any) -> None:
     async for _ in turn:
         pass
+
+
+async def test_a_worker_tool_marked_finish_completes_when_the_turn_is_cut_off(
+    llm: ScriptedLLM, write_playbook: Callable[..., Path]
+) -> None:
+    booking = (
+        TOOLS_PY
+        + '''
+
+import asyncio
+
+BOOKED = []
+
+
+@tool(on_interrupt="finish")
+async def find_flight(city: str) -> str:
+    """Book a flight (half a booking is worse than none).
+
+    Args:
+        city: Where to.
+    """
+    await asyncio.sleep(0.5)
+    BOOKED.append(city)
+    return "booked"
+'''
+    )
+    booking = booking.replace("@tool(side_effects=False)\ndef find_flight", "def unused")
+    playbook = load_playbook(write_playbook(PLAYBOOK.replace("MODE", "parallel"), booking))
+    llm.script(team_llm())
+    client = ChatClient.connect(llm.base_url, None, "scripted")
+    orchestrator = PlaybookOrchestrator(playbook, client)
+    events: list[tuple[str, dict[str, Any]]] = []
+    orchestrator.on(lambda e: events.append((e.type, e.data)))
+    started = asyncio.Event()
+    orchestrator.on(
+        lambda e: started.set() if e.type == "tool_call_start" and e.data.get("worker") else None
+    )
+    try:
+        async with orchestrator.turn("Book me a trip to Paris") as turn:
+            answer = asyncio.ensure_future(_drain(turn))
+            await asyncio.wait_for(started.wait(), 10)
+            answer.cancel()  # the caller barges in while the booking runs
+            with contextlib.suppress(asyncio.CancelledError):
+                await answer
+        booked = playbook.tools["find_flight"].function.__globals__["BOOKED"]
+        assert booked == []  # still running
+        for _ in range(40):
+            if booked:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        await client.client.close()
+    assert booked == ["Paris"]  # not cut in half
+    (complete,) = [d for t, d in events if t == "tool_call_complete" and d.get("worker")]
+    assert (complete["worker"], complete["result"], complete["error"]) == (
+        "flights",
+        "booked",
+        False,
+    )
+    assert orchestrator._delegator.finishing == set()
+    assert turn.answer == ""
