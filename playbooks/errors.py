@@ -16,6 +16,9 @@ from pydantic.alias_generators import to_snake
 
 __all__ = ["LineMap", "PlaybookError"]
 
+_LAST_POSITION = re.compile(r"\[\d+\]$")
+_LAST_KEY = re.compile(r"\.[^.]*$")
+
 
 class PlaybookError(ValueError):
     """An invalid playbook file; ``str()`` is a one-line message naming the file, the line (when
@@ -69,7 +72,10 @@ class LineMap:
         while parts:
             if parts in self.lines:
                 return self.lines[parts]
-            parts = re.sub(r"(\.[^.\[]*|\[\d+\])$", "", parts)
+            enclosing = _enclosing(parts)
+            if enclosing == parts:  # a top-level key such as ``a[b``
+                return None
+            parts = enclosing
         return None
 
     def locate(self, error: PlaybookError) -> PlaybookError:
@@ -81,6 +87,13 @@ class LineMap:
         if line is None:
             return error
         return PlaybookError(error.source, error.path, error.message, line)
+
+
+def _enclosing(path: str) -> str:
+    """``path`` without its last list position (``[3]``) or else its last key (``.name``, which
+    may hold brackets); unchanged when it is a single key."""
+    shorter = _LAST_POSITION.sub("", path)
+    return shorter if shorter != path else _LAST_KEY.sub("", path)
 
 
 def _normal(path: str) -> str:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from playbooks import PlaybookError, load_playbook, load_playbooks
+from playbooks.errors import LineMap
 from playbooks.models import (
     CustomCondition,
     IntentCondition,
@@ -737,3 +738,11 @@ def test_a_tool_may_not_take_the_reserved_transition_name(
         "playbook.yaml:5: tools_module: the tool name 'playbook_transition' is reserved "
         "for stage transitions"
     )
+
+
+def test_the_line_of_a_field_path_with_a_bracket_in_a_key_is_found_or_none() -> None:
+    where = LineMap("p.yaml")
+    where.add("stages[0]", 7)
+    assert where.line_of("stages[0].a[b") == 7  # the key "a[b" is not a list position
+    assert where.line_of("x.a[b") is None
+    assert where.line_of("a[b") is None  # once looped for ever: nothing left to strip
