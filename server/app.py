@@ -6,21 +6,20 @@ Routes: ``GET /`` (the web client), ``GET /config``, ``POST /offer``, ``DELETE /
 
 from __future__ import annotations
 
-import hmac
-import json
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 from aiohttp import web
 
 from .audiosocket import AudioSocketServer
+from .auth import require_token
 from .calls import BadOffer, open_webrtc_call
 from .config import ServerConfig
 from .engines import Engines
 from .events import VoiceEvent
+from .middleware import cors, errors_as_json, json_error, remember_prepared
 from .observability import ServerMetrics, process_snapshot
 from .ratelimit import RateLimited, client_address
 from .registry import CallRegistry, OverCapacity, UnknownPlaybook
@@ -44,16 +43,15 @@ SIBLINGS = web.AppKey("siblings", Siblings)
 MAX_SDP_BYTES = 64 * 1024
 RETRY_AFTER_S = 5
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
 
 def create_app(config: ServerConfig, engines: Engines | None = None) -> web.Application:
     """The server. ``engines`` may be passed in (already loaded, e.g. shared by tests); otherwise
     they are loaded on startup, before the first call is accepted, and closed on shutdown."""
     app = web.Application(
-        middlewares=[_errors_as_json, _cors(config.cors_origins)],
+        middlewares=[errors_as_json, cors(config.cors_origins)],
         client_max_size=MAX_SDP_BYTES * 2,
     )
+    app.on_response_prepare.append(remember_prepared)
     app[CONFIG] = config
     app[METRICS] = ServerMetrics()
     app[SIBLINGS] = Siblings(config)
@@ -119,47 +117,6 @@ async def _calls_context(app: web.Application) -> AsyncIterator[None]:
         provider.shutdown()  # exports the spans still batched
 
 
-# -- middlewares -------------------------------------------------------------------------------
-
-
-def _error(status: int, message: str, **headers: str) -> web.Response:
-    return web.json_response({"error": message}, status=status, headers=headers or None)
-
-
-@web.middleware
-async def _errors_as_json(request: web.Request, handler: Handler) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except web.HTTPException as exc:  # aiohttp's own 404, 405, 413...: JSON like ours
-        if exc.status < 400 or exc.content_type == "application/json":
-            raise
-        return _error(exc.status, exc.reason)
-    except Exception:
-        log.exception("unhandled error on %s %s", request.method, request.path)
-        return _error(500, "internal server error")
-
-
-def _cors(origins: tuple[str, ...]) -> Any:
-    allowed = set(origins)
-
-    @web.middleware
-    async def cors(request: web.Request, handler: Handler) -> web.StreamResponse:
-        origin = request.headers.get("Origin")
-        permitted = origin is not None and ("*" in allowed or origin in allowed)
-        if request.method == "OPTIONS" and permitted:
-            response: web.StreamResponse = web.Response(status=204)
-        else:
-            response = await handler(request)
-        if permitted and origin is not None:
-            response.headers["Access-Control-Allow-Origin"] = origin
-            response.headers["Access-Control-Allow-Methods"] = "GET, POST, DELETE, OPTIONS"
-            response.headers["Access-Control-Allow-Headers"] = "Authorization, Content-Type"
-            response.headers["Vary"] = "Origin"
-        return response
-
-    return cors
-
-
 def _client_address(request: web.Request) -> str:
     config = request.app[CONFIG]
     forwarded = request.headers.get("X-Forwarded-For", "")
@@ -167,21 +124,7 @@ def _client_address(request: web.Request) -> str:
 
 
 def _require_token(request: web.Request, *, in_query: bool = False) -> None:
-    """With a token configured, require ``Authorization: Bearer TOKEN`` (or, where the peer
-    cannot set headers, e.g. Twilio's WebSocket, ``?token=TOKEN``)."""
-    token = request.app[CONFIG].auth_token
-    if token is None:
-        return
-    given = request.headers.get("Authorization", "")
-    if in_query and not given and "token" in request.query:
-        given = f"Bearer {request.query['token']}"
-    expected = f"Bearer {token}"
-    if not hmac.compare_digest(given.encode(), expected.encode()):
-        raise web.HTTPUnauthorized(
-            text=json.dumps({"error": "missing or wrong bearer token"}),
-            content_type="application/json",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
+    require_token(request, request.app[CONFIG].auth_token, in_query=in_query)
 
 
 # -- handlers ----------------------------------------------------------------------------------
@@ -190,7 +133,7 @@ def _require_token(request: web.Request, *, in_query: bool = False) -> None:
 async def _index(request: web.Request) -> web.StreamResponse:
     index = request.app[CONFIG].web_client_dir / "index.html"
     if not index.is_file():
-        return _error(404, "the web client is not installed")
+        return json_error(404, "the web client is not installed")
     return web.FileResponse(index)
 
 
@@ -210,37 +153,37 @@ async def _client_config(request: web.Request) -> web.Response:
 async def _offer(request: web.Request) -> web.Response:
     _require_token(request)
     if request.content_length is not None and request.content_length > MAX_SDP_BYTES:
-        return _error(413, f"offer too large (at most {MAX_SDP_BYTES} bytes)")
+        return json_error(413, f"offer too large (at most {MAX_SDP_BYTES} bytes)")
     try:
         body = await request.json()
     except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
-        return _error(400, 'the body must be JSON: {"sdp": ..., "type": "offer"}')
+        return json_error(400, 'the body must be JSON: {"sdp": ..., "type": "offer"}')
     if not isinstance(body, dict):
-        return _error(400, "the body must be a JSON object")
+        return json_error(400, "the body must be a JSON object")
     sdp, kind, playbook = body.get("sdp"), body.get("type"), body.get("playbook")
     if kind != "offer":
-        return _error(400, 'type must be "offer"')
+        return json_error(400, 'type must be "offer"')
     if not isinstance(sdp, str) or not sdp.strip():
-        return _error(400, "sdp must be a non-empty string")
+        return json_error(400, "sdp must be a non-empty string")
     try:
         size = len(sdp.encode())
     except UnicodeEncodeError:  # a lone surrogate escape such as "\ud800"
-        return _error(400, "sdp must be valid Unicode text")
+        return json_error(400, "sdp must be valid Unicode text")
     if size > MAX_SDP_BYTES:
-        return _error(413, f"offer too large (at most {MAX_SDP_BYTES} bytes)")
+        return json_error(413, f"offer too large (at most {MAX_SDP_BYTES} bytes)")
     if playbook is not None and not isinstance(playbook, str):
-        return _error(400, "playbook must be a string id")
+        return json_error(400, "playbook must be a string id")
     calls = request.app[CALLS]
     try:
         call = await open_webrtc_call(calls, sdp, playbook, _client_address(request))
     except BadOffer as exc:
-        return _error(400, str(exc))
+        return json_error(400, str(exc))
     except UnknownPlaybook as exc:
-        return _error(404, str(exc))
+        return json_error(404, str(exc))
     except OverCapacity as exc:
-        return _error(503, str(exc), **{"Retry-After": str(RETRY_AFTER_S)})
+        return json_error(503, str(exc), **{"Retry-After": str(RETRY_AFTER_S)})
     except RateLimited as exc:
-        return _error(429, str(exc), **{"Retry-After": f"{exc.retry_after_s:.0f}"})
+        return json_error(429, str(exc), **{"Retry-After": f"{exc.retry_after_s:.0f}"})
     request.app[METRICS].sessions.inc()
     return web.json_response(
         {"sdp": call.pc.localDescription.sdp, "type": "answer", "session_id": call.id}
@@ -252,7 +195,7 @@ async def _media_stream(request: web.Request) -> web.StreamResponse:
     _require_token(request, in_query=True)
     calls = request.app[CALLS]
     if len(calls) >= request.app[CONFIG].max_sessions:
-        return _error(503, "over capacity", **{"Retry-After": str(RETRY_AFTER_S)})
+        return json_error(503, "over capacity", **{"Retry-After": str(RETRY_AFTER_S)})
     ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=MAX_SDP_BYTES)
     await ws.prepare(request)
     try:
@@ -274,10 +217,10 @@ async def _hangup(request: web.Request) -> web.Response:
                 worker, "DELETE", f"/sessions/{session_id}", headers
             )
         except (OSError, aiohttp.ClientError, TimeoutError):
-            return _error(404, "no such session")  # that worker is gone, and its calls with it
+            return json_error(404, "no such session")  # that worker is gone, and its calls with it
         return web.Response(status=status, body=body, content_type=kind)
     if not await request.app[CALLS].hangup(session_id):
-        return _error(404, "no such session")
+        return json_error(404, "no such session")
     return web.json_response({"status": "hung up"})
 
 

@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 
 import pytest
-from aiohttp import web
+from aiohttp import WSCloseCode, WSMsgType, WSServerHandshakeError, web
 from aiohttp.test_utils import TestClient, TestServer
 from aiortc import RTCPeerConnection
 
 from playbooks import ChatClient, load_playbooks
-from server.app import create_app
+from server.app import MAX_SDP_BYTES, create_app
+from server.auth import bearer_matches
 from server.config import ServerConfig
 from server.engines import Engines
+from server.middleware import errors_as_json, remember_prepared
 from tests.calls import synthesizer, transcriber
 from tests.conftest import EXAMPLES
+from tests.raw_http import raw_request
 from tests.scripted_llm import ScriptedLLM
 
 Client = TestClient[web.Request, web.Application]
@@ -157,6 +161,102 @@ async def test_a_token_guards_offers_and_hangups(make_client: MakeClient) -> Non
     response = await client.delete("/sessions/abc", headers=good)
     assert response.status == 404
     assert (await response.json()) == {"error": "no such session"}
+
+
+@pytest.mark.parametrize(
+    "value",
+    [b"Bearer \xff\xfe", b"Bearer s3cr\xe9t", "Bearer s3crét".encode(), b"\xff", b"Bearer "],
+)
+async def test_a_token_that_is_not_ascii_or_utf8_is_a_401(
+    make_client: MakeClient, value: bytes
+) -> None:
+    """Header bytes that are not UTF-8 once made ``given.encode()`` raise: a 500 (regression)."""
+    client = await make_client(ServerConfig(auth_token="s3cret"))
+    host, port = client.server.host, client.server.port
+    assert port is not None
+    headers = b"Authorization: " + value + b"\r\nContent-Type: application/json\r\n"
+    body = b'{"type": "offer", "sdp": "x"}'
+    for method, path in (("POST", "/offer"), ("DELETE", "/sessions/x")):
+        status, payload = await raw_request(host, port, method, path, headers, body)
+        assert (status, payload) == (401, {"error": "missing or wrong bearer token"})
+    status, _ = await raw_request(host, port, "POST", "/offer", b"Authorization: Bearer s3cret\r\n")
+    assert status == 400  # the same raw request with the right token passes the gate
+
+
+def test_a_token_configured_with_odd_characters_still_compares() -> None:
+    assert bearer_matches("Bearer s3crét", "s3crét")
+    assert bearer_matches("Bearer \udcff", "\udcff")  # the raw byte 0xff, both sides
+    assert not bearer_matches("Bearer \ud800", "\ud800")  # no bytes make a lone surrogate
+    assert not bearer_matches("Bearer s3cret", "s3crét")
+    assert not bearer_matches("", "")
+
+
+async def test_the_media_websocket_needs_the_token(make_client: MakeClient) -> None:
+    client = await make_client(ServerConfig(auth_token="s3cret"))
+    for query, headers in (
+        ("", {}),
+        ("?token=wrong", {}),
+        ("", {"Authorization": "Bearer wrong"}),
+        ("?token=s3cret", {"Authorization": "Bearer wrong"}),  # the header wins
+    ):
+        with pytest.raises(WSServerHandshakeError) as refused:
+            await client.ws_connect(f"/twilio/media{query}", headers=headers)
+        assert refused.value.status == 401
+    for query, headers in (("?token=s3cret", {}), ("", {"Authorization": "Bearer s3cret"})):
+        ws = await client.ws_connect(f"/twilio/media{query}", headers=headers)
+        await ws.send_json({"event": "stop"})  # before any start: nothing to hang up
+        assert (await ws.receive()).type == WSMsgType.CLOSE
+        await ws.close()
+
+
+async def test_offers_over_64_kib_are_413(make_client: MakeClient) -> None:
+    client = await make_client()
+    sdp = "v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 0\r\n" + "a=x\r\n" * (MAX_SDP_BYTES // 5)
+    body = json.dumps({"type": "offer", "sdp": sdp}).encode()
+    response = await client.post("/offer", data=body)  # with Content-Length
+    assert response.status == 413
+    assert "at most 65536 bytes" in (await response.json())["error"]
+
+    async def chunked(data: bytes) -> AsyncIterator[bytes]:
+        for start in range(0, len(data), 8192):
+            yield data[start : start + 8192]
+
+    response = await client.post("/offer", data=chunked(body))  # no Content-Length: read
+    assert response.status == 413
+    assert "at most 65536 bytes" in (await response.json())["error"]
+    response = await client.post("/offer", data=chunked(body * 3))  # past the body limit
+    assert response.status == 413
+    assert "error" in await response.json()
+    assert (await (await client.get("/healthz")).json())["active_sessions"] == 0
+
+
+async def test_an_error_after_a_websocket_upgrade_closes_it_without_an_http_answer(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The error middleware on a handler failing after its WebSocket was prepared: the socket
+    is closed with 1011; no HTTP 500 is written onto the upgraded connection."""
+
+    async def failing(request: web.Request) -> web.StreamResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        await ws.receive()
+        raise RuntimeError("boom")
+
+    app = web.Application(middlewares=[errors_as_json])
+    app.on_response_prepare.append(remember_prepared)
+    app.router.add_get("/ws", failing)
+    async with TestClient(TestServer(app)) as client:
+        ws = await client.ws_connect("/ws")
+        await ws.send_str("go")
+        closing = await ws.receive()
+        assert (closing.type, closing.data, closing.extra) == (
+            WSMsgType.CLOSE,
+            WSCloseCode.INTERNAL_ERROR,
+            "internal server error",
+        )
+        await ws.close()
+        assert (await client.get("/nope")).status == 404  # the server goes on
+    assert "unhandled error on GET /ws" in caplog.text
 
 
 async def test_cors_allows_only_configured_origins(make_client: MakeClient) -> None:
