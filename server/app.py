@@ -11,7 +11,7 @@ import os
 from collections.abc import AsyncIterator, Callable
 
 import aiohttp
-from aiohttp import web
+from aiohttp import WSCloseCode, web
 
 from .audiosocket import AudioSocketServer
 from .auth import require_token
@@ -26,7 +26,7 @@ from .registry import CallRegistry, OverCapacity, UnknownPlaybook
 from .siblings import Siblings, merge_metrics, worker_of
 from .sip import SipServer
 from .tracing import TurnTracer, otlp_provider
-from .twilio import serve_media_stream
+from .twilio import MAX_MESSAGE_BYTES, BadStart, close_reason, serve_media_stream
 
 __all__ = ["AUDIOSOCKET", "CALLS", "CONFIG", "ENGINES", "METRICS", "create_app"]
 
@@ -191,17 +191,20 @@ async def _offer(request: web.Request) -> web.Response:
 
 
 async def _media_stream(request: web.Request) -> web.StreamResponse:
-    """A Twilio (or Telnyx) media stream: ``wss://HOST/twilio/media[?playbook=ID&token=T]``."""
+    """A Twilio (or Telnyx) media stream: ``wss://HOST/twilio/media[?playbook=ID&token=T]``.
+    Refused before the upgrade: 401 (token), 503 (full); after it, a stream that cannot start
+    is closed with 1008 and the reason."""
     _require_token(request, in_query=True)
     calls = request.app[CALLS]
     if len(calls) >= request.app[CONFIG].max_sessions:
         return json_error(503, "over capacity", **{"Retry-After": str(RETRY_AFTER_S)})
-    ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=MAX_SDP_BYTES)
+    ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=MAX_MESSAGE_BYTES)
     await ws.prepare(request)
     try:
         await serve_media_stream(ws, calls, request.query.get("playbook"))
-    except (OverCapacity, UnknownPlaybook) as exc:
-        await ws.close(code=1008, message=str(exc).encode()[:120])
+    except (BadStart, OverCapacity, UnknownPlaybook) as exc:
+        log.warning("media stream refused: %s", exc)
+        await ws.close(code=WSCloseCode.POLICY_VIOLATION, message=close_reason(str(exc)))
     return ws
 
 

@@ -4,7 +4,9 @@ Framing: one byte of kind, two bytes of big-endian length, then the payload. Kin
 hang-up, ``0x01`` the channel's 16-byte UUID, ``0x03`` a DTMF digit (one ASCII byte), ``0x10``
 signed linear 16-bit audio at 8 kHz, ``0x12`` the same at 16 kHz, ``0xff`` an error. Vocable
 answers in the caller's format, pacing its own 20 ms frames, and sends nothing while quiet (so a
-barge-in stops its audio at once).
+barge-in stops its audio at once). A call ends on the peer's hang-up or error, READ_TIMEOUT_S
+without any message, and like every other call on idle timeout and at the maximum length
+(:class:`CallClock`): Vocable then sends a hang-up message and closes the connection.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ import uuid
 
 from media import Speaker
 
+from .events import VoiceEvent
 from .registry import CallRegistry, OverCapacity
 from .session import Session
 from .telephony import CallerAudio, CallerGap, FramePacer
+from .watchdog import CallClock
 
 __all__ = ["AudioSocketCall", "AudioSocketServer", "frame_message", "read_message"]
 
@@ -44,6 +48,8 @@ async def read_message(reader: asyncio.StreamReader) -> tuple[int, bytes]:
 
 
 class AudioSocketCall:
+    """One AudioSocket connection whose channel UUID and first audio have arrived."""
+
     session: Session
 
     def __init__(
@@ -60,13 +66,23 @@ class AudioSocketCall:
         self.channel = channel
         self.kind = kind
         self.ended = asyncio.Event()
+        self.clock = CallClock(registry.config.max_call_s, registry.config.idle_timeout_s)
         self._closed = False
         self._audio = CallerAudio("slin", RATES[kind])
+        self._watchdog: asyncio.Task[None] | None = None
+
+    def emit(self, event: VoiceEvent) -> None:
+        self.clock.observe(event)
 
     async def run(self, reader: asyncio.StreamReader, first_audio: bytes) -> None:
+        """Serve the call until it ends, whoever ends it; returns once it has ended."""
         self._gap = CallerGap(self.session.feed)
         pacer = FramePacer(self.session.voice.speaker, self._send_audio, on_tick=self._gap.tick)
         pacing = asyncio.create_task(pacer.run(), name=f"audiosocket-pacer:{self.id}")
+        self._watchdog = asyncio.create_task(
+            self.clock.watch(lambda: self.session.busy, self.hangup),
+            name=f"audiosocket-watchdog:{self.id}",
+        )
         reason = "caller hung up"
         try:
             self.session.start()
@@ -76,6 +92,7 @@ class AudioSocketCall:
                 if kind in RATES:
                     self._feed(payload)
                 elif kind == DTMF and payload:
+                    self.clock.touch()
                     self.session.dtmf(chr(payload[0]))
                 elif kind == HANGUP:
                     break
@@ -91,6 +108,7 @@ class AudioSocketCall:
             with contextlib.suppress(asyncio.CancelledError):
                 await pacing
             await self.hangup(reason)
+            await self.ended.wait()  # the watchdog may be hanging up: let it finish
 
     def _feed(self, payload: bytes) -> None:
         now = time.monotonic()
@@ -104,17 +122,24 @@ class AudioSocketCall:
             await self.writer.drain()
 
     async def hangup(self, reason: str) -> None:
+        """End the call (idempotent): a hang-up message to the peer, then the connection
+        closed."""
         if self._closed:
             return
         self._closed = True
-        await self.session.close()
-        self.registry.release(self, reason)
-        with contextlib.suppress(ConnectionError, RuntimeError):
-            if not self.writer.is_closing():
-                self.writer.write(frame_message(HANGUP))
-                await self.writer.drain()
-            self.writer.close()
-        self.ended.set()
+        log.info("AudioSocket call %s (channel %s) ended: %s", self.id, self.channel, reason)
+        if self._watchdog is not None and self._watchdog is not asyncio.current_task():
+            self._watchdog.cancel()
+        try:
+            await self.session.close()
+            self.registry.release(self, reason)
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                if not self.writer.is_closing():
+                    self.writer.write(frame_message(HANGUP))
+                    await self.writer.drain()
+                self.writer.close()
+        finally:
+            self.ended.set()
 
 
 class AudioSocketServer:
@@ -176,8 +201,6 @@ class AudioSocketServer:
             return None
         call = AudioSocketCall(self.registry, writer, call_id, channel, kind)
         playbook = self.registry.playbook_id(None)
-        call.session = self.registry.new_session(
-            call_id, playbook, Speaker(RATES[kind]), lambda event: None
-        )
+        call.session = self.registry.new_session(call_id, playbook, Speaker(RATES[kind]), call.emit)
         self.registry.admit(call)
         return call, payload

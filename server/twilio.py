@@ -6,6 +6,13 @@ parameters, media format), ``media`` (base64 mu-law 8 kHz), ``dtmf``, ``mark``, 
 sentence starts playing (the phone echoes it when playback reaches it) and ``clear`` on barge-in,
 so the phone drops what it buffered. Telnyx sends the same events (its stream id may be named
 ``stream_id``); A-law streams (``mediaFormat.encoding: audio/x-alaw``) are accepted too.
+
+A ``start`` that does not fit the protocol (a ``sampleRate`` that is not a whole number of Hz in
+8000-48000, ``customParameters`` that are not an object, a ``playbook`` parameter that is not a
+string...) ends the stream before any call starts: :class:`BadStart`, and the socket is closed with
+1008 and the reason. Messages over MAX_MESSAGE_BYTES close it with 1009; other malformed messages
+are ignored. Calls end like every other call on idle timeout and at the maximum length
+(:class:`CallClock`): the socket is closed with 1000 and the reason.
 """
 
 from __future__ import annotations
@@ -17,9 +24,10 @@ import contextlib
 import json
 import logging
 import time
-from typing import Any
+from typing import Annotated, Any
 
 from aiohttp import WSMsgType, web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from media import Speaker
 
@@ -27,32 +35,85 @@ from .events import VoiceEvent
 from .registry import CallRegistry
 from .session import Session
 from .telephony import CallerAudio, CallerGap, Encoding, FramePacer, encode
+from .watchdog import CallClock
 
-__all__ = ["TwilioCall", "serve_media_stream"]
+__all__ = ["MAX_MESSAGE_BYTES", "BadStart", "TwilioCall", "close_reason", "serve_media_stream"]
 
 log = logging.getLogger(__name__)
 
 PHONE_RATE = 8000
 START_TIMEOUT_S = 10.0
 MAX_MESSAGE_BYTES = 64 * 1024
+"""Largest WebSocket message taken from the phone (a 20 ms media message is about 250 bytes)."""
+MIN_RATE, MAX_RATE = 8000, 48000
 _ENCODINGS: dict[str, Encoding] = {"audio/x-mulaw": "ulaw", "audio/x-alaw": "alaw"}
+
+
+class BadStart(ValueError):
+    """The ``start`` message does not fit the protocol; the message says where and why."""
+
+
+class _MediaFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    encoding: str | None = None
+    sampleRate: Annotated[int, Field(ge=MIN_RATE, le=MAX_RATE)] | None = None
+
+
+class _Parameters(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    playbook: str | None = None
+
+
+class _StartDetails(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    streamSid: str | None = None
+    customParameters: _Parameters | None = None
+    mediaFormat: _MediaFormat | None = None
+
+
+class _Start(BaseModel):
+    """What Vocable reads of a ``start`` message; other fields are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+    streamSid: str | None = None
+    stream_id: str | None = None
+    start: _StartDetails | None = None
+
+
+def _validate_start(data: dict[str, Any]) -> _Start:
+    """The ``start`` message, checked; raises BadStart naming the first field at fault."""
+    try:
+        return _Start.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in first["loc"]) or "start"
+        problem = "must be an object" if first["type"] == "model_type" else first["msg"]
+        raise BadStart(f"invalid start message: {where}: {problem}") from None
+
+
+def close_reason(text: str) -> bytes:
+    """``text`` as a WebSocket close reason: at most 123 bytes of UTF-8, cut between
+    characters."""
+    return text.encode()[:123].decode(errors="ignore").encode()
 
 
 async def serve_media_stream(
     ws: web.WebSocketResponse, registry: CallRegistry, playbook: str | None
 ) -> None:
-    """Serve one media stream on an open WebSocket until it stops; raises OverCapacity or
-    UnknownPlaybook before the call starts (the socket is then closed by the caller)."""
+    """Serve one media stream on an open WebSocket until it stops; raises BadStart,
+    OverCapacity or UnknownPlaybook before the call starts (the caller then closes the
+    socket)."""
     start = await _wait_for_start(ws)
     if start is None:
         return
-    stream_sid, details = start
+    details = start.start or _StartDetails()
+    stream_sid = start.streamSid or start.stream_id or details.streamSid or ""
+    parameters = details.customParameters or _Parameters()
+    media_format = details.mediaFormat or _MediaFormat()
+    encoding = _ENCODINGS.get(media_format.encoding or "", "ulaw")
+    rate = media_format.sampleRate or PHONE_RATE
     call_id = registry.new_call_id()
-    parameters = details.get("customParameters") or {}
-    playbook_id = registry.playbook_id(parameters.get("playbook") or playbook)
-    media_format = details.get("mediaFormat") or {}
-    encoding = _ENCODINGS.get(str(media_format.get("encoding", "")), "ulaw")
-    rate = int(media_format.get("sampleRate") or PHONE_RATE)
+    playbook_id = registry.playbook_id(parameters.playbook or playbook)
     speaker = Speaker(rate)
     call = TwilioCall(ws, registry, call_id, stream_sid, encoding, rate)
     call.session = registry.new_session(call_id, playbook_id, speaker, call.emit)
@@ -80,18 +141,26 @@ class TwilioCall:
         self.id = call_id
         self.stream_sid = stream_sid
         self.ended = asyncio.Event()
+        self.clock = CallClock(registry.config.max_call_s, registry.config.idle_timeout_s)
         self.marks_sent: list[str] = []
         self.marks_played: list[str] = []
         self._encoding = encoding
         self._audio = CallerAudio(encoding, rate)
         self._send_lock = asyncio.Lock()
         self._sending: set[asyncio.Task[None]] = set()
+        self._watchdog: asyncio.Task[None] | None = None
         self._closed = False
 
     async def run(self) -> None:
+        """Serve the stream until the phone stops it or the call is hung up; returns once the
+        call has ended."""
         gap = self._gap = CallerGap(self.session.feed)
         pacer = FramePacer(self.session.voice.speaker, self._send_media, on_tick=gap.tick)
         pacing = asyncio.create_task(pacer.run(), name=f"twilio-pacer:{self.id}")
+        self._watchdog = asyncio.create_task(
+            self.clock.watch(lambda: self.session.busy, self.hangup),
+            name=f"twilio-watchdog:{self.id}",
+        )
         try:
             self.session.start()
             await self._receive()
@@ -100,19 +169,27 @@ class TwilioCall:
             with contextlib.suppress(asyncio.CancelledError):
                 await pacing
             await self.hangup("stream ended")
+            await self.ended.wait()  # the watchdog may be hanging up: let it finish
 
     async def hangup(self, reason: str) -> None:
-        """End the call (idempotent); the socket is closed, which ends the stream at the phone."""
+        """End the call (idempotent); the socket is closed (1000, ``reason``), which ends the
+        stream at the phone."""
         if self._closed:
             return
         self._closed = True
-        await self.session.close()
-        self.registry.release(self, reason)
-        if not self.ws.closed:
-            await self.ws.close()
-        self.ended.set()
+        log.info("media stream call %s ended: %s", self.id, reason)
+        if self._watchdog is not None and self._watchdog is not asyncio.current_task():
+            self._watchdog.cancel()
+        try:
+            await self.session.close()
+            self.registry.release(self, reason)
+            if not self.ws.closed:
+                await self.ws.close(message=close_reason(reason))
+        finally:
+            self.ended.set()
 
     def emit(self, event: VoiceEvent) -> None:
+        self.clock.observe(event)
         if event.type == "agent_sentence":
             name = f"sentence-{len(self.marks_sent) + 1}"
             self.marks_sent.append(name)
@@ -130,13 +207,14 @@ class TwilioCall:
                 continue
             event = data.get("event")
             if event == "media":
-                self._on_media(data.get("media") or {})
+                self._on_media(_object(data, "media"))
             elif event == "dtmf":
-                digit = (data.get("dtmf") or {}).get("digit")
+                digit = _object(data, "dtmf").get("digit")
                 if isinstance(digit, str):
+                    self.clock.touch()
                     self.session.dtmf(digit)
             elif event == "mark":
-                name = (data.get("mark") or {}).get("name")
+                name = _object(data, "mark").get("name")
                 if isinstance(name, str):
                     self.marks_played.append(name)
             elif event == "stop":
@@ -174,8 +252,8 @@ class TwilioCall:
                 await self.ws.send_str(json.dumps(message))
 
 
-async def _wait_for_start(ws: web.WebSocketResponse) -> tuple[str, dict[str, Any]] | None:
-    """The stream id and ``start`` details, or None if the stream stopped or never started."""
+async def _wait_for_start(ws: web.WebSocketResponse) -> _Start | None:
+    """The ``start`` message, or None if the stream stopped or never started; raises BadStart."""
     try:
         async with asyncio.timeout(START_TIMEOUT_S):
             async for message in ws:
@@ -183,11 +261,7 @@ async def _wait_for_start(ws: web.WebSocketResponse) -> tuple[str, dict[str, Any
                 if data is None:
                     continue
                 if data.get("event") == "start":
-                    details = data.get("start")
-                    sid = data.get("streamSid") or data.get("stream_id") or ""
-                    if not sid and isinstance(details, dict):
-                        sid = details.get("streamSid") or ""
-                    return str(sid), details if isinstance(details, dict) else {}
+                    return _validate_start(data)
                 if data.get("event") == "stop":
                     return None
     except TimeoutError:
@@ -195,11 +269,17 @@ async def _wait_for_start(ws: web.WebSocketResponse) -> tuple[str, dict[str, Any
     return None
 
 
+def _object(data: dict[str, Any], key: str) -> dict[str, Any]:
+    """``data[key]`` if it is a JSON object, else an empty one."""
+    value = data.get(key)
+    return value if isinstance(value, dict) else {}
+
+
 def _parse(message: Any) -> dict[str, Any] | None:
     if message.type != WSMsgType.TEXT or len(message.data) > MAX_MESSAGE_BYTES:
         return None
     try:
         data = json.loads(message.data)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nesting thousands deep
         return None
     return data if isinstance(data, dict) else None

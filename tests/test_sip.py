@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestServer
-from aiosipua import parse_sdp
+from aiosipua import SipRequest, parse_sdp
 
 from media import Resampler
 from media.audio import SAMPLE_RATE, silence
@@ -294,6 +294,27 @@ async def test_sources_outside_the_allowlist_get_no_answer(llm: ScriptedLLM) -> 
             with pytest.raises(TimeoutError):
                 await phone.response(1.0)
             assert len(server.app[CALLS]) == 0
+        finally:
+            await phone.close()
+
+
+async def test_a_peer_sending_no_rtp_is_hung_up_after_the_media_timeout(llm: ScriptedLLM) -> None:
+    """The phone answers, then goes silent on the network (no RTP at all): Vocable sends BYE
+    after ``media_timeout_s`` (here 1 s, 30 s by default) and frees the call."""
+    llm.script(_replies)
+    async with _server(llm, media_timeout_s=1.0) as server:
+        phone = await SipPhone.open(server.app[SIP].port)
+        try:
+            assert (await phone.invite()).status_code == 200
+            answered = time.monotonic()
+            async with asyncio.timeout(10):
+                while True:
+                    message = await phone.endpoint.inbox.get()
+                    if isinstance(message, SipRequest) and message.method == "BYE":
+                        break
+            assert 0.9 <= time.monotonic() - answered < 4.0  # the timeout runs from our 200 OK
+            assert message.call_id == phone.call_id
+            await _wait(lambda: len(server.app[CALLS]) == 0, 5)
         finally:
             await phone.close()
 

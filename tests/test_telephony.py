@@ -7,10 +7,11 @@ import asyncio
 import base64
 import contextlib
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aiohttp
@@ -23,7 +24,8 @@ from media.g711 import pcm_to_ulaw, ulaw_to_pcm
 from server.app import AUDIOSOCKET, CALLS
 from server.audiosocket import DTMF, HANGUP, SLIN_8K, UUID, frame_message, read_message
 from server.config import ServerConfig
-from server.twilio import TwilioCall
+from server.session import SessionSettings
+from server.twilio import MAX_MESSAGE_BYTES, TwilioCall
 from tests.calls import transcriber, voice_server, word_error_rate
 from tests.phone import ANSWER, INTERRUPTION, LONG_ANSWER, PARCEL, phone_audio
 from tests.scripted_llm import ScriptedLLM, answers_by_words
@@ -88,9 +90,13 @@ class TwilioPhone:
         self.ws = ws
         self.heard = Received()
         self.sequence = 0
+        self.closed_with: tuple[int | None, str | None] | None = None
+        """The server's close code and reason, once the socket has closed."""
         self.reader = asyncio.create_task(self._read())
 
-    async def start(self, playbook: str) -> None:
+    async def start(self, playbook: str, **details: Any) -> None:
+        """``connected`` then ``start`` as Twilio sends them; ``details`` replace fields of
+        ``start``."""
         await self._send({"event": "connected", "protocol": "Call", "version": "1.0.0"})
         await self._send(
             {
@@ -103,12 +109,23 @@ class TwilioPhone:
                     "tracks": ["inbound"],
                     "customParameters": {"playbook": playbook},
                     "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1},
+                    **details,
                 },
             }
         )
 
     async def say(self, pcm8k: bytes) -> None:
         await _paced(_chunks(pcm8k), self._media)
+
+    async def mark(self, name: str, pad_to: int = 0) -> None:
+        """Echo a mark as a phone does, its message padded (with an extra field) to ``pad_to``
+        bytes."""
+        message = {"event": "mark", "mark": {"name": name}, "padding": ""}
+        size = len(
+            json.dumps({"sequenceNumber": str(self.sequence + 1), "streamSid": "MZ0001", **message})
+        )
+        message["padding"] = "x" * max(0, pad_to - size)
+        await self._send(message)
 
     async def dtmf(self, digit: str) -> None:
         await self._send({"event": "dtmf", "dtmf": {"track": "inbound_track", "digit": digit}})
@@ -132,7 +149,14 @@ class TwilioPhone:
         )
 
     async def _read(self) -> None:
-        async for message in self.ws:
+        while True:
+            message = await self.ws.receive()
+            if message.type == aiohttp.WSMsgType.CLOSE:
+                self.closed_with = (message.data, message.extra)
+                return
+            if message.type != aiohttp.WSMsgType.TEXT:
+                self.closed_with = (self.ws.close_code, None)
+                return
             data = json.loads(message.data)
             if data["event"] == "media":
                 assert data["streamSid"] == "MZ0001"
@@ -262,3 +286,138 @@ async def test_audiosocket_call_with_dtmf_and_barge_in(
             await reading
     calls = server.app[CALLS]
     await _wait(lambda: len(calls) == 0, 5)
+
+
+# -- limits and malformed input ----------------------------------------------------------------
+
+LIMITS = [
+    pytest.param(
+        ServerConfig(idle_timeout_s=1.0, session=SessionSettings(greet=False)),
+        "idle timeout",
+        1.0,
+        id="idle-timeout",
+    ),
+    pytest.param(ServerConfig(max_call_s=2.0), "maximum call duration reached", 2.0, id="max-call"),
+]
+"""A silent caller on a server that hangs up after 1 s idle (no greeting, so the agent is quiet
+at once), or after 2 s whatever happens (the greeting is still playing then)."""
+
+
+@pytest.mark.parametrize(("config", "reason", "after_s"), LIMITS)
+async def test_a_twilio_stream_is_hung_up_at_the_call_limits(
+    llm: ScriptedLLM, config: ServerConfig, reason: str, after_s: float
+) -> None:
+    llm.script(_replies)
+    async with voice_server(llm.base_url, config) as server, aiohttp.ClientSession() as http:
+        phone = TwilioPhone(await http.ws_connect(server.make_url("/twilio/media")))
+        started = time.monotonic()
+        await phone.start("support")
+        await asyncio.wait_for(phone.reader, after_s + 10)
+        elapsed = time.monotonic() - started
+        assert phone.closed_with == (aiohttp.WSCloseCode.OK, reason)
+        assert after_s <= elapsed < after_s + 3  # the clock looks once a second
+        await _wait(lambda: len(server.app[CALLS]) == 0, 5)
+
+
+@pytest.mark.parametrize(("config", "reason", "after_s"), LIMITS)
+async def test_an_audiosocket_call_is_hung_up_at_the_call_limits(
+    llm: ScriptedLLM,
+    config: ServerConfig,
+    reason: str,
+    after_s: float,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="server.audiosocket")
+    llm.script(_replies)
+    config = replace(config, audiosocket=("127.0.0.1", 0))
+    async with voice_server(llm.base_url, config) as server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.app[AUDIOSOCKET].port)
+
+        async def send_audio(chunk: bytes) -> None:
+            writer.write(frame_message(SLIN_8K, chunk))
+            await writer.drain()
+
+        started = time.monotonic()
+        writer.write(frame_message(UUID, uuid.uuid4().bytes))
+        sending = asyncio.create_task(_paced(_chunks(silence(20_000, 8000)), send_audio))
+        try:
+            async with asyncio.timeout(after_s + 10):
+                while (await read_message(reader))[0] != HANGUP:  # the agent's audio, then
+                    pass
+            elapsed = time.monotonic() - started
+            with contextlib.suppress(ConnectionResetError):  # our audio was still arriving
+                assert await reader.read() == b""  # ...the connection is closed
+        finally:
+            sending.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+                await sending
+            writer.close()
+        assert after_s <= elapsed < after_s + 3
+        await _wait(lambda: len(server.app[CALLS]) == 0, 5)
+    assert f"ended: {reason}" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("message", "reason"),
+    [
+        (
+            {"start": {"mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": "abc"}}},
+            "start.mediaFormat.sampleRate: Input should be a valid integer",
+        ),
+        (
+            {"start": {"mediaFormat": {"sampleRate": -8000}}},
+            "start.mediaFormat.sampleRate: Input should be greater than or equal to 8000",
+        ),
+        ({"start": {"customParameters": ["support"]}}, "start.customParameters: must be an object"),
+        ({"start": {"customParameters": {"playbook": 3}}}, "start.customParameters.playbook:"),
+        ({"start": "now"}, "start: must be an object"),
+        ({"streamSid": 7, "start": {}}, "streamSid: Input should be a valid string"),
+        ({"start": {"customParameters": {"playbook": "nope"}}}, "unknown playbook 'nope'"),
+    ],
+)
+async def test_a_bad_start_closes_that_stream_with_1008_and_others_go_on(
+    server: TestServer,
+    twilio: TwilioPhone,
+    llm: ScriptedLLM,
+    message: dict[str, Any],
+    reason: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """These raised in the handler ("unhandled error", a traceback) and the error middleware
+    wrote an HTTP 500 onto the upgraded socket (regression)."""
+    llm.script(_replies)
+    await twilio.start("support")
+    calls = server.app[CALLS]
+    await _wait(lambda: len(calls) == 1, 5)
+    async with aiohttp.ClientSession() as http:
+        bad = await http.ws_connect(server.make_url("/twilio/media"))
+        await bad.send_json({"event": "start", **message})
+        closing = await asyncio.wait_for(bad.receive(), 5)
+        await bad.close()
+    assert closing.type == aiohttp.WSMsgType.CLOSE
+    assert closing.data == aiohttp.WSCloseCode.POLICY_VIOLATION
+    assert reason in str(closing.extra)
+    assert f"media stream refused: {closing.extra}" in caplog.text  # one line, no traceback
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info] == []
+    assert len(calls) == 1
+    assert twilio.closed_with is None  # the call already up is untouched
+
+
+async def test_a_media_message_over_64_kib_closes_the_stream_with_1009(
+    server: TestServer, twilio: TwilioPhone, llm: ScriptedLLM
+) -> None:
+    llm.script(_replies)
+    await twilio.start("support")
+    calls = server.app[CALLS]
+    await _wait(lambda: len(calls) == 1, 5)
+    (call,) = calls.calls.values()
+    assert isinstance(call, TwilioCall)
+    await twilio.mark("under-the-limit", pad_to=MAX_MESSAGE_BYTES - 100)
+    await _wait(lambda: "under-the-limit" in call.marks_played, 5)
+    await twilio.mark("over-the-limit", pad_to=MAX_MESSAGE_BYTES + 1)
+    await asyncio.wait_for(twilio.reader, 5)
+    assert twilio.closed_with is not None
+    assert twilio.closed_with[0] == aiohttp.WSCloseCode.MESSAGE_TOO_BIG
+    await asyncio.wait_for(call.ended.wait(), 5)
+    assert len(calls) == 0
+    assert "over-the-limit" not in call.marks_played

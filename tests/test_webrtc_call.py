@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -12,7 +13,9 @@ from aiortc.rtp import RtpPacket
 
 from benchmarks.client import WebRTCCaller
 from server.app import CALLS
+from server.config import ServerConfig
 from server.registry import NO_LLM_LINE
+from server.session import SessionSettings
 from server.webrtc import hear_promptly
 from tests.calls import (
     piper_speech,
@@ -157,6 +160,37 @@ async def test_a_vanishing_peer_frees_its_session(
     assert len(calls) == 0
     assert call.session.state == "closed"
     assert llm.requests == []
+
+
+@pytest.mark.parametrize(
+    ("config", "reason", "after_s"),
+    [
+        pytest.param(
+            ServerConfig(idle_timeout_s=1.0, session=SessionSettings(greet=False)),
+            "idle timeout",
+            1.0,
+            id="idle-timeout",
+        ),
+        pytest.param(
+            ServerConfig(max_call_s=2.0), "maximum call duration reached", 2.0, id="max-call"
+        ),
+    ],
+)
+async def test_a_call_is_hung_up_at_the_call_limits(
+    caller: WebRTCCaller, llm: ScriptedLLM, config: ServerConfig, reason: str, after_s: float
+) -> None:
+    """A silent caller: hung up after 1 s idle (no greeting, so the agent is quiet at once), or
+    2 s after the call started while the greeting still plays."""
+    async with voice_server(llm.base_url, config) as server:
+        await caller.connect(_base(server), playbook="support")
+        started = time.monotonic()
+        (call,) = server.app[CALLS].calls.values()
+        hangup = await caller.wait_for("hangup", timeout_s=after_s + 15)
+        assert hangup["reason"] == reason
+        await asyncio.wait_for(call.ended.wait(), 5)
+        # the clock runs from the offer, and looks once a second from the connection on
+        assert after_s - 0.5 <= time.monotonic() - started < after_s + 4
+        assert len(server.app[CALLS]) == 0
 
 
 async def test_without_an_llm_the_agent_says_so_in_one_sentence(caller: WebRTCCaller) -> None:
