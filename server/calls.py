@@ -27,6 +27,7 @@ from aiortc import (
 
 from media import Speaker
 
+from .client_events import client_view
 from .config import ServerConfig
 from .events import VoiceEvent
 from .registry import CallRegistry
@@ -115,7 +116,7 @@ class WebRTCCall:
 
     def emit(self, event: VoiceEvent) -> None:
         self.clock.observe(event)
-        self._send(event.to_dict())
+        self._send(client_view(event))
 
     def _send(self, payload: dict[str, Any]) -> None:
         text = json.dumps(payload, ensure_ascii=False)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import secrets
 from collections.abc import Callable
 from dataclasses import replace
@@ -26,6 +27,8 @@ from .session import Session
 from .voice import VoicePlaybookOrchestrator
 
 __all__ = ["NO_LLM_LINE", "Call", "CallRegistry", "OverCapacity", "UnknownPlaybook"]
+
+log = logging.getLogger(__name__)
 
 NO_LLM_LINE = (
     "No language model is configured on this server yet, so I can hear you but cannot answer."
@@ -94,7 +97,8 @@ class CallRegistry:
         speaker: Speaker,
         emit: Callable[[VoiceEvent], None],
     ) -> Session:
-        """A session on the shared models; its events go to ``emit`` and to ``on_event``."""
+        """A session on the shared models; its events go to ``emit`` and to ``on_event``, and
+        its ``error`` events, with their full text, to the log."""
         engines = self.engines
         options = OrchestratorOptions(llm_timeout_ms=round(self.config.llm_timeout_s * 1000))
         if engines.llm is None:
@@ -102,6 +106,11 @@ class CallRegistry:
         orchestrator = PlaybookOrchestrator(engines.playbooks[playbook_id], engines.llm, options)
 
         def both(event: VoiceEvent) -> None:
+            if event.type == "error":
+                data = event.data
+                log.warning(
+                    "call %s: %s error: %s", call_id, data.get("source"), data.get("message")
+                )
             self.on_event(event)
             emit(event)
 

@@ -13,6 +13,7 @@ from aiortc.rtp import RtpPacket
 
 from benchmarks.client import WebRTCCaller
 from server.app import CALLS
+from server.client_events import CLIENT_ERRORS
 from server.config import ServerConfig
 from server.registry import NO_LLM_LINE
 from server.session import SessionSettings
@@ -193,7 +194,11 @@ async def test_a_call_is_hung_up_at_the_call_limits(
         assert len(server.app[CALLS]) == 0
 
 
-async def test_without_an_llm_the_agent_says_so_in_one_sentence(caller: WebRTCCaller) -> None:
+async def test_without_an_llm_the_agent_says_so_in_one_sentence(
+    caller: WebRTCCaller, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The caller's ``error`` event says what failed in fixed words; the exception's own text
+    goes to the server log only."""
     async with voice_server(None) as server:
         await caller.connect(_base(server), playbook="support")
         await caller.wait_for("tts_end", timeout_s=30)  # the greeting still plays
@@ -201,8 +206,9 @@ async def test_without_an_llm_the_agent_says_so_in_one_sentence(caller: WebRTCCa
         await caller.wait_for("tts_end", count=2, timeout_s=30)
         assert caller.of_type("agent_sentence")[-1]["text"] == NO_LLM_LINE
         (error,) = caller.of_type("error")
-        assert error["source"] == "llm"
-        assert "no LLM endpoint" in error["message"]
+        assert set(error) == {"type", "t_ms", "source", "message"}
+        assert (error["source"], error["message"]) == ("llm", CLIENT_ERRORS["llm"])
+        assert f"call {caller.session_id}: llm error: no LLM endpoint is configured" in caplog.text
 
 
 async def test_the_server_hears_each_caller_packet_as_soon_as_the_next_arrives() -> None:
