@@ -15,6 +15,7 @@ from media.remote import RemoteSynthesizerSettings, RemoteTranscriberSettings
 from media.tts import SynthesizerSettings
 from playbooks import BargeInPolicy
 
+from .arguments import positive_float, positive_int
 from .endpointing import EndpointSettings
 from .session import SessionSettings
 from .settings import ConfigError, LLMSettings, add_llm_arguments
@@ -243,6 +244,8 @@ def add_serve_arguments(
             return fallback
         try:
             return cast(value)
+        except argparse.ArgumentTypeError as exc:
+            raise SystemExit(f"vocable: VOCABLE_{name}={value!r}: {exc}") from None
         except ValueError:
             raise SystemExit(f"vocable: VOCABLE_{name}={value!r} is not valid") from None
 
@@ -265,7 +268,9 @@ def add_serve_arguments(
     net.add_argument(
         "--auth-token",
         default=default("AUTH_TOKEN", str, None),
-        help="require 'Authorization: Bearer TOKEN' on /offer [VOCABLE_AUTH_TOKEN]",
+        help="require 'Authorization: Bearer TOKEN' on POST /offer, DELETE /sessions/ID and the "
+        "/twilio/media WebSocket (there ?token=TOKEN also works) [VOCABLE_AUTH_TOKEN; default: "
+        "none, anyone may call]",
     )
     net.add_argument(
         "--cors-origin",
@@ -345,12 +350,29 @@ def add_serve_arguments(
         help="a playbook file or a folder of them [VOCABLE_PLAYBOOK; default: the examples]",
     )
     calls.add_argument(
-        "--max-sessions", type=int, default=default("MAX_SESSIONS", int, 8), metavar="N"
+        "--max-sessions",
+        type=positive_int,
+        default=default("MAX_SESSIONS", positive_int, 8),
+        metavar="N",
+        help="calls this process holds at once, all transports together; more are refused "
+        "(HTTP or SIP 503 with Retry-After) [VOCABLE_MAX_SESSIONS; default: 8]",
     )
     calls.add_argument(
-        "--idle-timeout-s", type=float, default=default("IDLE_TIMEOUT_S", float, 300.0)
+        "--idle-timeout-s",
+        type=positive_float,
+        default=default("IDLE_TIMEOUT_S", positive_float, 300.0),
+        metavar="S",
+        help="hang up a call (any transport) after this long without caller speech or input "
+        "(keypad, typed text) while the agent is quiet [VOCABLE_IDLE_TIMEOUT_S; default: 300]",
     )
-    calls.add_argument("--max-call-s", type=float, default=default("MAX_CALL_S", float, 3600.0))
+    calls.add_argument(
+        "--max-call-s",
+        type=positive_float,
+        default=default("MAX_CALL_S", positive_float, 3600.0),
+        metavar="S",
+        help="hang up a call (any transport) this long after it started "
+        "[VOCABLE_MAX_CALL_S; default: 3600]",
+    )
     calls.add_argument(
         "--drain-timeout-s",
         type=float,

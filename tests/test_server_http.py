@@ -340,3 +340,47 @@ def test_sip_settings_from_flags_and_environment() -> None:
     add_serve_arguments(bad_allow, env={"VOCABLE_SIP_ALLOW": "10.0.0.0/33"})
     with pytest.raises(ConfigError, match="sip-allow"):
         ServerConfig.from_args(bad_allow.parse_args(["--sip", "5060"]), env={})
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--max-sessions", "0"], "argument --max-sessions: must be at least 1, not 0"),
+        (["--max-sessions", "two"], "argument --max-sessions: 'two' is not a whole number"),
+        (["--idle-timeout-s", "0"], "argument --idle-timeout-s: must be a number above 0"),
+        (["--max-call-s", "-60"], "argument --max-call-s: must be a number above 0"),
+        (["--max-call-s", "nan"], "argument --max-call-s: must be a number above 0"),
+    ],
+)
+def test_call_limits_must_be_positive(
+    flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+
+    from server.config import add_serve_arguments
+
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser, env={})
+    with pytest.raises(SystemExit) as exited:
+        parser.parse_args(flags)
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_call_limits_from_the_environment_are_checked_too() -> None:
+    import argparse
+
+    from server.config import add_serve_arguments
+
+    for name, value in (("MAX_SESSIONS", "0"), ("IDLE_TIMEOUT_S", "-1"), ("MAX_CALL_S", "0")):
+        with pytest.raises(SystemExit, match=f"VOCABLE_{name}='{value}': must be"):
+            add_serve_arguments(argparse.ArgumentParser(), env={f"VOCABLE_{name}": value})
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser, env={"VOCABLE_IDLE_TIMEOUT_S": "45", "VOCABLE_MAX_CALL_S": "600"})
+    config = ServerConfig.from_args(parser.parse_args(["--max-sessions", "2"]), env={})
+    assert (config.max_sessions, config.idle_timeout_s, config.max_call_s) == (2, 45.0, 600.0)
+    text = parser.format_help()
+    for documented in ("VOCABLE_MAX_SESSIONS", "VOCABLE_IDLE_TIMEOUT_S", "VOCABLE_MAX_CALL_S"):
+        assert documented in text
+    assert "DELETE /sessions/ID" in text
+    assert "/twilio/media" in text
