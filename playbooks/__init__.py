@@ -7,7 +7,13 @@ from .engine import IntentResult, PlaybookEngine, TransitionContext, TransitionR
 from .events import EventBus, OrchestratorEvent, Retraction
 from .history import Conversation
 from .llm import ChatClient, ChatRequest, LLMError, RetryPolicy, ToolCallRequest
-from .loader import LoadedPlaybook, PlaybookError, load_playbook, load_playbooks
+from .loader import (
+    LoadedPlaybook,
+    PlaybookError,
+    check_playbook,
+    load_playbook,
+    load_playbooks,
+)
 from .models import BargeInPolicy, LLMConfig, Playbook, Stage, Transition, TransitionAction
 from .orchestrator import OrchestratorOptions, PlaybookOrchestrator, Turn
 from .tools import Tool, ToolError, tool
@@ -40,6 +46,7 @@ __all__ = [
     "TransitionRecord",
     "Turn",
     "TurnFacts",
+    "check_playbook",
     "load_playbook",
     "load_playbooks",
     "tool",

@@ -14,10 +14,16 @@ from dataclasses import dataclass, field
 import yaml
 from pydantic.alias_generators import to_snake
 
-__all__ = ["LineMap", "PlaybookError"]
+__all__ = ["LineMap", "PlaybookError", "shown"]
 
 _LAST_POSITION = re.compile(r"\[\d+\]$")
 _LAST_KEY = re.compile(r"\.[^.]*$")
+
+
+def shown(value: object, limit: int = 60) -> str:
+    """``repr(value)``, cut to about ``limit`` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class PlaybookError(ValueError):

@@ -12,7 +12,7 @@ import inspect
 import json
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -21,20 +21,20 @@ import yaml
 from pydantic import ValidationError
 from pydantic.alias_generators import to_snake
 
+from .checks import RESERVED_TOOL, ToolNames, check_references, expand_server_tools
 from .errors import LineMap, PlaybookError
-from .identity import BUILTIN_TOOLS, resolve_model
-from .models import (
-    CustomCondition,
-    MaxTurnsCondition,
-    NamedToolChoice,
-    Playbook,
-    TimeoutCondition,
-    ToolCallCondition,
-    Voice,
-)
+from .errors import shown as _shown
+from .models import Playbook
 from .tools import Tool, tool_of
 
-__all__ = ["LoadedPlaybook", "PlaybookError", "load_playbook", "load_playbooks"]
+__all__ = [
+    "RESERVED_TOOL",
+    "LoadedPlaybook",
+    "PlaybookError",
+    "check_playbook",
+    "load_playbook",
+    "load_playbooks",
+]
 
 PLAYBOOK_SUFFIXES = (".yaml", ".yml", ".json", ".md")
 MAX_VALUES = 100_000
@@ -42,24 +42,23 @@ MAX_VALUES = 100_000
 is used) a playbook file may hold: bounds the work validation does on an alias bomb."""
 MAX_DEPTH = 64
 """Deepest nesting of lists and mappings a playbook file may have."""
-RESERVED_TOOL = "playbook_transition"
-"""Offered by the engine itself when an llm_decision transition leaves the stage."""
-
-
-def _shown(value: object, limit: int = 60) -> str:
-    """``repr(value)``, cut to about ``limit`` characters."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+Locate = Callable[[PlaybookError], PlaybookError]
+"""Adds the line of its field to an error about the file (see :class:`LineMap`)."""
 
 
 @dataclass(frozen=True)
 class LoadedPlaybook:
-    """A validated playbook together with the tools and condition functions it refers to."""
+    """A validated playbook together with the tools and condition functions it refers to.
+
+    ``spec`` is the file's playbook with each ``mcp:<server>`` tool entry replaced by the names
+    of that server's tools; ``servers`` holds those names by server.
+    """
 
     spec: Playbook
     tools: Mapping[str, Tool]
     functions: Mapping[str, Callable[..., Any]]
     source: Path | None = None
+    servers: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     @classmethod
     def from_spec(
@@ -68,16 +67,62 @@ class LoadedPlaybook:
         tools: Mapping[str, Tool] | None = None,
         functions: Mapping[str, Callable[..., Any]] | None = None,
         source: Path | None = None,
+        servers: Mapping[str, tuple[str, ...]] | None = None,
     ) -> LoadedPlaybook:
-        """Check cross-references and build; raises :class:`PlaybookError`."""
-        loaded = cls(spec, dict(tools or {}), dict(functions or {}), source)
-        _check_references(loaded, source.name if source else spec.id)
-        return loaded
+        """Check cross-references (``tools`` includes the MCP servers' tools, whose names
+        ``servers`` gives by server), expand ``mcp:<server>`` entries and build; raises
+        :class:`PlaybookError`."""
+        servers = dict(servers or {})
+        from_servers: set[str] = set().union(*servers.values())
+        names = ToolNames(
+            module=frozenset(name for name in tools or {} if name not in from_servers),
+            functions=frozenset(functions or {}),
+            servers=servers,
+        )
+        check_references(spec, source, source.name if source else spec.id, names)
+        expanded = expand_server_tools(spec, servers)
+        return cls(expanded, dict(tools or {}), dict(functions or {}), source, servers)
 
 
 def load_playbook(path: str | Path) -> LoadedPlaybook:
-    """Parse, validate and resolve one playbook file."""
+    """Parse, validate and resolve one playbook file: its tools module is imported and its MCP
+    servers are started (see :func:`check_playbook` for a check that runs nothing)."""
     path = Path(path)
+    data, locate = _read(path)
+    try:
+        return _resolve(data, path, path.name)
+    except PlaybookError as exc:
+        raise locate(exc) from None
+
+
+def check_playbook(path: str | Path) -> Playbook:
+    """Parse and validate one playbook file without running anything: the tools module is not
+    imported (only found) and no MCP server is started, so tool and function names are checked
+    only when the file itself says them all: no ``tools_module``, and every MCP server lists its
+    ``tools``. Raises :class:`PlaybookError` (with the line) like :func:`load_playbook`."""
+    path = Path(path)
+    label = path.name
+    data, locate = _read(path)
+    try:
+        spec = _validate(data, label)
+        if spec.tools_module:
+            _module_file(path.parent / spec.tools_module, label)
+        check_references(spec, path, label, offline_tool_names(spec))
+    except PlaybookError as exc:
+        raise locate(exc) from None
+    return spec
+
+
+def offline_tool_names(spec: Playbook) -> ToolNames | None:
+    """The tool names ``spec`` can refer to, as far as the file alone tells; None when a tools
+    module or an MCP server taking ``all`` its tools adds names only known once they run."""
+    if spec.tools_module or any(server.tools == "all" for server in spec.mcp_servers):
+        return None
+    return ToolNames(servers={s.name: tuple(s.tools) for s in spec.mcp_servers if s.tools != "all"})
+
+
+def _read(path: Path) -> tuple[Any, Locate]:
+    """The file's parsed data (a Markdown file compiled) and how to put lines on its errors."""
     label = path.name
     try:
         raw = path.read_bytes()
@@ -94,45 +139,48 @@ def load_playbook(path: str | Path) -> LoadedPlaybook:
         from .markdown import compile_markdown, locate  # it imports this module
 
         data, lines = compile_markdown(text, label)
-        try:
-            return _resolve(data, path, label)
-        except PlaybookError as exc:
-            raise locate(lines, exc) from None
+        return data, lambda exc: locate(lines, exc)
     data, where = _parse(text, label, path.suffix.lower())
+    return data, where.locate if where is not None else lambda exc: exc
+
+
+def _validate(data: Any, label: str) -> Playbook:
+    _check_size(data, label)
     try:
-        return _resolve(data, path, label)
-    except PlaybookError as exc:
-        raise (where.locate(exc) if where is not None else exc) from None
+        return Playbook.model_validate(data)
+    except ValidationError as exc:
+        raise _validation_error(label, exc) from None
 
 
 def _resolve(data: Any, path: Path, label: str) -> LoadedPlaybook:
     """Validate a parsed playbook file and load the tools it refers to."""
-    _check_size(data, label)
-    try:
-        spec = Playbook.model_validate(data)
-    except ValidationError as exc:
-        raise _validation_error(label, exc) from None
+    spec = _validate(data, label)
     tools: dict[str, Tool] = {}
     functions: dict[str, Callable[..., Any]] = {}
     if spec.tools_module:
         module = _import_module(path.parent / spec.tools_module, label)
         tools, functions = _collect(module)
+    servers: dict[str, tuple[str, ...]] = {}
     if spec.mcp_servers:
-        tools = {**tools, **_mcp_tools(spec, path.parent, label, tools)}
-    return LoadedPlaybook.from_spec(spec, tools, functions, path)
+        by_server = _mcp_tools(spec, path.parent, label, tools)
+        servers = {name: tuple(found) for name, found in by_server.items()}
+        for found in by_server.values():
+            tools.update(found)
+    return LoadedPlaybook.from_spec(spec, tools, functions, path, servers)
 
 
 def _mcp_tools(
     spec: Playbook, cwd: Path, label: str, module_tools: Mapping[str, Tool]
-) -> dict[str, Tool]:
-    """The tools of the playbook's MCP servers (sessions opened now); see :mod:`playbooks.mcp`."""
+) -> dict[str, dict[str, Tool]]:
+    """The tools of each of the playbook's MCP servers, by server name (sessions opened now); see
+    :mod:`playbooks.mcp`."""
     from .mcp import McpLoadError, mcp_tools
 
     try:
         found = mcp_tools(spec.mcp_servers, cwd)
     except McpLoadError as exc:
         raise PlaybookError(label, exc.path, exc.message) from None
-    for name in found:
+    for name in (name for tools in found.values() for name in tools):
         if name in module_tools:
             raise PlaybookError(
                 label,
@@ -315,7 +363,8 @@ def _format_loc(loc: list[int | str]) -> str:
     return out
 
 
-def _import_module(file: Path, label: str) -> ModuleType:
+def _module_file(file: Path, label: str) -> None:
+    """Refuse a ``tools_module`` that is not a file."""
     try:
         found = file.is_file()
     except OSError as exc:  # e.g. a name too long for the file system
@@ -324,6 +373,10 @@ def _import_module(file: Path, label: str) -> ModuleType:
         ) from None
     if not found:
         raise PlaybookError(label, "tools_module", f"file not found: {file}")
+
+
+def _import_module(file: Path, label: str) -> ModuleType:
+    _module_file(file, label)
     name = f"vocable_tools_{abs(hash(file.resolve()))}"
     spec = importlib.util.spec_from_file_location(name, file)
     if spec is None or spec.loader is None:
@@ -352,121 +405,3 @@ def _collect(module: ModuleType) -> tuple[dict[str, Tool], dict[str, Callable[..
         elif inspect.isfunction(value) and value.__module__ == module.__name__:
             functions[attr] = value  # candidates for `custom` conditions
     return tools, functions
-
-
-def _check_references(loaded: LoadedPlaybook, label: str) -> None:
-    spec = loaded.spec
-
-    def fail(path: str, message: str) -> None:
-        raise PlaybookError(label, path, message)
-
-    stage_ids: set[str] = set()
-    for i, stage in enumerate(spec.stages):
-        if stage.id in stage_ids:
-            fail(f"stages[{i}].id", f"duplicate stage id {_shown(stage.id)}")
-        stage_ids.add(stage.id)
-    if spec.initial_stage not in stage_ids:
-        fail("initial_stage", f"unknown stage {_shown(spec.initial_stage)}")
-
-    if RESERVED_TOOL in loaded.tools:
-        fail("tools_module", f"the tool name {RESERVED_TOOL!r} is reserved for stage transitions")
-    for name in BUILTIN_TOOLS & set(loaded.tools):
-        fail("tools_module", f"the tool name {name!r} is reserved for the built-in tool")
-    for j, name in enumerate(spec.global_tools):
-        if name not in loaded.tools and name not in BUILTIN_TOOLS:
-            fail(f"global_tools[{j}]", _unknown_tool(name, loaded))
-    for i, stage in enumerate(spec.stages):
-        for j, name in enumerate(stage.tools):
-            if name not in loaded.tools and name not in BUILTIN_TOOLS:
-                fail(f"stages[{i}].tools[{j}]", _unknown_tool(name, loaded))
-        choice = stage.tool_choice
-        if isinstance(choice, NamedToolChoice) and choice.tool_name not in (
-            *stage.tools,
-            *spec.global_tools,
-        ):
-            fail(
-                f"stages[{i}].tool_choice.tool_name",
-                f"tool {_shown(choice.tool_name)} is not offered in stage {_shown(stage.id)}",
-            )
-
-    _check_voices(loaded, fail)
-    _check_delegation(loaded, fail)
-
-    transition_ids: set[str] = set()
-    for i, transition in enumerate(spec.transitions):
-        where = f"transitions[{i}]"
-        if transition.id in transition_ids:
-            fail(f"{where}.id", f"duplicate transition id {_shown(transition.id)}")
-        transition_ids.add(transition.id)
-        if transition.from_stage != "*" and transition.from_stage not in stage_ids:
-            fail(f"{where}.from", f"unknown stage {_shown(transition.from_stage)}")
-        if transition.action.target_stage not in stage_ids:
-            fail(
-                f"{where}.action.target_stage",
-                f"unknown stage {_shown(transition.action.target_stage)}",
-            )
-        condition = transition.condition
-        sources = (
-            spec.stages if transition.from_stage == "*" else [spec.stage(transition.from_stage)]
-        )
-        if isinstance(condition, ToolCallCondition) and condition.tool_name not in loaded.tools:
-            fail(f"{where}.condition.tool_name", _unknown_tool(condition.tool_name, loaded))
-        elif isinstance(condition, CustomCondition) and condition.function not in loaded.functions:
-            fail(
-                f"{where}.condition.function",
-                f"unknown function {_shown(condition.function)} (define it in the tools module)",
-            )
-        elif (
-            isinstance(condition, MaxTurnsCondition)
-            and condition.count is None
-            and any(stage.max_turns is None for stage in sources)
-        ):
-            fail(f"{where}.condition.count", "required when the stage sets no max_turns")
-        elif (
-            isinstance(condition, TimeoutCondition)
-            and condition.duration_ms is None
-            and any(stage.timeout_ms is None for stage in sources)
-        ):
-            fail(f"{where}.condition.duration_ms", "required when the stage sets no timeout_ms")
-
-
-def _check_voices(loaded: LoadedPlaybook, fail: Callable[[str, str], None]) -> None:
-    """Voice model files exist (relative to the playbook file); the start language is known."""
-    spec = loaded.spec
-    voices: list[tuple[str, Voice | None]] = [("voice", spec.voice)]
-    voices += [(f"stages[{i}].voice", stage.voice) for i, stage in enumerate(spec.stages)]
-    voices += [(f"languages.{code}.voice", lang.voice) for code, lang in spec.languages.items()]
-    for where, voice in voices:
-        if voice is None or voice.model is None:
-            continue
-        model = resolve_model(voice.model, loaded.source)
-        config = model.with_name(model.name + ".json")
-        try:
-            missing = [str(p) for p in (model, config) if not p.is_file()]
-        except OSError as exc:
-            missing = [f"{model} ({exc.strerror})"]
-        if missing:
-            fail(f"{where}.model", f"Piper voice file not found: {', '.join(missing)}")
-    if spec.languages and spec.language is not None and spec.language not in spec.languages:
-        fail("language", f"unknown language {_shown(spec.language)} (not in languages)")
-
-
-def _check_delegation(loaded: LoadedPlaybook, fail: Callable[[str, str], None]) -> None:
-    """Workers are other stages; a delegating stage offers no tool named ``delegate``."""
-    spec = loaded.spec
-    ids = {stage.id for stage in spec.stages}
-    for i, stage in enumerate(spec.stages):
-        if stage.delegates is None:
-            continue
-        for j, worker in enumerate(stage.delegates.workers):
-            if worker not in ids:
-                fail(f"stages[{i}].delegates.workers[{j}]", f"unknown stage {_shown(worker)}")
-            if worker == stage.id:
-                fail(f"stages[{i}].delegates.workers[{j}]", "a stage cannot delegate to itself")
-        if "delegate" in (*spec.global_tools, *stage.tools):
-            fail(f"stages[{i}].delegates", "the tool name 'delegate' is reserved for delegation")
-
-
-def _unknown_tool(name: str, loaded: LoadedPlaybook) -> str:
-    known = ", ".join(sorted(loaded.tools)) or "none"
-    return f"unknown tool {_shown(name)} (tools module defines: {known})"

@@ -3,9 +3,10 @@
 ``#`` names the playbook (its text is the global prompt); each ``##`` is a stage (its text is
 the stage prompt; ``{#id}`` after the title sets the id, else the title's slug); under a stage,
 ``### Steps`` (a numbered list the prompt carries), ``### Triggers`` (``- condition → stage``,
-each an ``intent`` transition) and ``### Tools`` (``- tool_name``). An optional YAML front
-matter between ``---`` lines holds everything else: playbook fields, ``transitions`` in the YAML
-form and per-stage options under ``stages: {stage_id: {...}}``. See docs/playbooks-markdown.md.
+each an ``intent`` transition) and ``### Tools`` (``- tool_name``, or ``- mcp:server`` for every
+tool of an MCP server). An optional YAML front matter between ``---`` lines holds everything
+else: playbook fields, ``transitions`` in the YAML form and per-stage options under
+``stages: {stage_id: {...}}``. See docs/playbooks-markdown.md.
 
 :func:`compile_markdown` returns the data with a :class:`~playbooks.errors.LineMap`; the loader
 validates the data like a YAML file's and passes any :class:`PlaybookError` through
@@ -21,7 +22,8 @@ from typing import Any
 import yaml
 
 from .errors import LineMap, PlaybookError
-from .loader import MAX_VALUES, _SafeLoader, _shown
+from .errors import shown as _shown
+from .loader import MAX_VALUES, _SafeLoader
 
 __all__ = ["compile_markdown", "locate", "slug"]
 
@@ -31,7 +33,7 @@ _FENCE = re.compile(r"^[ \t]{0,3}(```|~~~)")
 _STEP = re.compile(r"^\d{1,3}[.)][ \t]+\S")
 _BULLET = re.compile(r"^[-*+][ \t]+(.*\S)[ \t]*$")
 _ARROW = re.compile(r"[ \t]*(?:→|->|=>)[ \t]*")
-_TOOL = re.compile(r"^`?([A-Za-z_][\w.-]*)`?(?:[ \t]*(?:[:—–]|[ \t]-[ \t]).*)?$")
+_TOOL = re.compile(r"^`?(mcp:[\w.-]+|[A-Za-z_][\w.-]*)`?(?:[ \t]*(?:[:—–]|[ \t]-[ \t]).*)?$")
 _SECTIONS = ("steps", "triggers", "tools")
 _FROM_BODY = {
     "name": "the # heading",

@@ -212,13 +212,16 @@ def _on_loop(coroutine: Any, timeout: float | None = None) -> Any:
     return asyncio.run_coroutine_threadsafe(coroutine, _Loop.get()).result(timeout)
 
 
-def mcp_tools(servers: list[McpServer], cwd: Path) -> dict[str, Tool]:
-    """Connect to each server (stdio commands run in ``cwd``) and build the tools it lists.
+def mcp_tools(servers: list[McpServer], cwd: Path) -> dict[str, dict[str, Tool]]:
+    """Connect to each server (stdio commands run in ``cwd``) and build the tools it lists: by
+    server name, the server's tools by tool name, only those its ``tools`` filter names (every
+    one for ``all``).
 
     Raises :class:`McpLoadError` for a server that cannot be reached, a tool name asked for but
     not offered, or a name given twice.
     """
     tools: dict[str, Tool] = {}
+    by_server: dict[str, dict[str, Tool]] = {}
     for i, server in enumerate(servers):
         where = f"mcp_servers[{i}]"
         if any(other.name == server.name for other in servers[:i]):
@@ -244,13 +247,15 @@ def mcp_tools(servers: list[McpServer], cwd: Path) -> dict[str, Tool]:
                         f"{where}.tools[{j}]",
                         f"MCP server {server.name!r} has no tool {name!r} (it offers: {offered})",
                     )
+        taken: dict[str, Tool] = {}
+        by_server[server.name] = taken
         for name in wanted:
             if not _TOOL_NAME.match(name):
                 raise McpLoadError(where, f"MCP tool name {name!r} is not a valid function name")
             if name in tools:
                 raise McpLoadError(where, f"tool {name!r} is offered by two MCP servers")
-            tools[name] = _tool(connection, by_name[name])
-    return tools
+            tools[name] = taken[name] = _tool(connection, by_name[name])
+    return by_server
 
 
 def close_mcp_sessions() -> None:

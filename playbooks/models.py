@@ -236,6 +236,8 @@ class Stage(_Model):
     description: str | None = None
     system_prompt: str
     tools: list[str] = Field(default_factory=list)
+    """Tool names; an entry ``mcp:<server>`` takes every tool of that MCP server (after its
+    ``tools`` filter)."""
     llm_config: LLMConfig = Field(default_factory=LLMConfig)
     two_phase_execution: bool = True
     interruptible: bool = True
@@ -263,7 +265,8 @@ class Stage(_Model):
 
 class McpServer(_Model):
     """An MCP server whose tools join the playbook's: a stdio ``command`` or a streamable HTTP
-    ``url`` (exactly one). ``tools`` names the ones taken (default ``all``)."""
+    ``url`` (exactly one). ``tools`` names the ones the playbook takes (default ``all``); a
+    stage still names each it offers, or ``mcp:<name>`` for all of them."""
 
     name: str = Field(min_length=1)
     command: str | None = Field(default=None, min_length=1)
@@ -295,6 +298,7 @@ class Playbook(_Model):
     transitions: list[Transition] = Field(default_factory=list)
     global_system_prompt: str | None = None
     global_tools: list[str] = Field(default_factory=list)
+    """Tools offered in every stage; ``mcp:<server>`` as in a stage's ``tools``."""
     default_llm_config: LLMConfig = Field(default_factory=LLMConfig)
     tools_module: str | None = None
     mcp_servers: list[McpServer] = Field(default_factory=list)

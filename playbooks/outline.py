@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from .loader import LoadedPlaybook
+from .loader import LoadedPlaybook, offline_tool_names
 from .models import Condition, Playbook, Stage, Transition
 
 __all__ = ["condition_text", "mermaid", "outline"]
@@ -36,14 +36,24 @@ def condition_text(condition: Condition, stage: Stage | None = None) -> str:
     return str(condition.type)
 
 
-def outline(loaded: LoadedPlaybook) -> str:
-    """The compiled playbook: its stages (mode, tools, prompt size, greeting) each followed by
-    the transitions leaving it; ``from: "*"`` transitions last."""
-    spec = loaded.spec
+def outline(playbook: LoadedPlaybook | Playbook) -> str:
+    """The compiled playbook: its tools, then its stages (mode, tools, prompt size, greeting)
+    each followed by the transitions leaving it; ``from: "*"`` transitions last. A
+    :class:`Playbook` not loaded lists the tools only when the file names them all."""
+    if isinstance(playbook, LoadedPlaybook):
+        spec, tools = playbook.spec, ", ".join(sorted(playbook.tools)) or "none"
+    else:
+        spec, names = playbook, offline_tool_names(playbook)
+        if names is None:
+            tools = _not_loaded(spec)
+        else:
+            tools = ", ".join(sorted(names.tools())) or "none"
+            if spec.mcp_servers:
+                tools += " (as the file lists them; --connect asks the MCP servers)"
     lines = [
         f"playbook {spec.id}: {spec.name}",
         f"initial stage: {spec.initial_stage}",
-        f"tools: {', '.join(sorted(loaded.tools)) or 'none'}",
+        f"tools: {tools}",
     ]
     if spec.global_tools:
         lines.append(f"global tools: {', '.join(spec.global_tools)}")
@@ -98,6 +108,13 @@ def mermaid(spec: Playbook) -> str:
             for worker in stage.delegates.workers:
                 lines.append(f"    {ids[stage.id]} --> {ids[worker]}: delegates")
     return "\n".join(lines)
+
+
+def _not_loaded(spec: Playbook) -> str:
+    """The ``tools:`` line of a playbook whose tool names only running its sources tells."""
+    sources = [f"imports {spec.tools_module}"] if spec.tools_module else []
+    sources += ["starts the MCP servers"] if spec.mcp_servers else []
+    return f"not loaded (--connect {' and '.join(sources)})"
 
 
 def _voice_lines(stage: Stage) -> list[str]:

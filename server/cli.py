@@ -15,6 +15,7 @@ from playbooks import (
     PlaybookError,
     PlaybookOrchestrator,
     RetryPolicy,
+    check_playbook,
     load_playbook,
     load_playbooks,
 )
@@ -81,9 +82,24 @@ def _parser() -> argparse.ArgumentParser:
 
     playbook = commands.add_parser("playbook", help="check a playbook file or draw its graph")
     actions = playbook.add_subparsers(dest="action", required=True)
-    check = actions.add_parser("check", help="validate; list the compiled stages and transitions")
+    check = actions.add_parser(
+        "check",
+        help="validate; list the compiled stages and transitions",
+        description="Validate a playbook without running anything of it; --connect also imports"
+        " its tools module and starts its MCP servers, checking every tool name as serving does.",
+    )
     check.add_argument("file", type=Path, help="playbook file (.yaml, .yml, .json or .md)")
-    graph = actions.add_parser("graph", help="print the stage graph as Mermaid text")
+    check.add_argument(
+        "--connect",
+        action="store_true",
+        help="load it as `chat` and `serve` do: import the tools module, start the MCP servers",
+    )
+    graph = actions.add_parser(
+        "graph",
+        help="print the stage graph as Mermaid text",
+        description="Validate the playbook's structure (without importing its tools module or"
+        " starting its MCP servers) and print its stage graph as Mermaid text.",
+    )
     graph.add_argument("file", type=Path, help="playbook file (.yaml, .yml, .json or .md)")
 
     serve = commands.add_parser("serve", help="run the voice server (WebRTC and the web client)")
@@ -122,14 +138,19 @@ def _chat(args: argparse.Namespace) -> int:
 
 
 def _playbook(args: argparse.Namespace) -> int:
-    """``playbook check|graph FILE``: the output on stdout; an invalid file exits 2 with its one
-    ``file[:line]: message`` line on stderr."""
+    """``playbook check [--connect]|graph FILE``: the output on stdout; an invalid file exits 2
+    with its one ``file[:line]: message`` line on stderr. Only ``check --connect`` runs the
+    playbook's code (its tools module, its MCP servers)."""
     try:
-        loaded = load_playbook(args.file)
+        if args.action == "graph":
+            print(mermaid(check_playbook(args.file)))
+        elif args.connect:
+            print(outline(load_playbook(args.file)))
+        else:
+            print(outline(check_playbook(args.file)))
     except PlaybookError as exc:
         print(exc, file=sys.stderr)
         return EXIT_USAGE
-    print(outline(loaded) if args.action == "check" else mermaid(loaded.spec))
     return 0
 
 

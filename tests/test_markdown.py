@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from playbooks import PlaybookError, load_playbook, load_playbooks
-from playbooks.markdown import STEPS_INTRO, slug
+from playbooks import PlaybookError, check_playbook, load_playbook, load_playbooks
+from playbooks.markdown import STEPS_INTRO, compile_markdown, slug
 from playbooks.models import IntentCondition, KeywordCondition
 from tests.conftest import EXAMPLES
 
@@ -261,6 +261,10 @@ def test_slug_makes_snake_case_ids() -> None:
             "---\ntools_module: missing.py\n---\n# X\n## A\nhi\n",
             "bad.md:2: tools_module: file not found",
         ),
+        (
+            "# X\n## A\nhi\n### Tools\n- mcp:orders: every order tool\n",
+            "bad.md:5: no MCP server 'orders' (mcp_servers: none)",
+        ),
     ],
 )
 def test_errors_name_the_markdown_line(tmp_path: Path, text: str, expected: str) -> None:
@@ -279,3 +283,73 @@ def test_a_front_matter_alias_bomb_is_refused_quickly(tmp_path: Path) -> None:
     path = _write(tmp_path, "---\n" + "\n".join(rows) + "\n---\n# X\n## A\nhi\n", "bomb.md")
     with pytest.raises(PlaybookError, match=r"more than 100000 values"):
         load_playbook(path)
+
+
+MCP_SHOP = """\
+---
+mcp_servers:
+  - {name: orders, command: /nonexistent/orders-mcp}
+  - {name: pay-desk, url: "http://127.0.0.1:9/mcp", tools: [pay]}
+---
+# Shop
+
+## Orders
+
+Help with orders.
+
+### Tools
+
+- mcp:orders: every tool of the orders server
+- `mcp:pay-desk`
+- mcp: a tool called mcp
+"""
+
+
+def test_a_tools_entry_takes_every_tool_of_an_mcp_server() -> None:
+    spec = compile_markdown(textwrap.dedent(MCP_SHOP), "shop.md")[0]
+    assert spec["stages"][0]["tools"] == ["mcp:orders", "mcp:pay-desk", "mcp"]
+
+
+def test_check_playbook_validates_without_running_the_tools_module(tmp_path: Path) -> None:
+    path = _write(tmp_path, SHOP)
+    (tmp_path / "tools.py").write_text("raise RuntimeError('imported')\n")
+    spec = check_playbook(path)  # neither imports tools.py nor starts anything
+    assert [stage.id for stage in spec.stages] == ["welcome", "checkout", "done"]
+    assert spec.stage("checkout").tools == ["pay", "lookup_order"]
+    with pytest.raises(PlaybookError, match=r"importing tools\.py failed: RuntimeError: imported"):
+        load_playbook(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (  # the tools module is not imported, but must be there
+            "---\ntools_module: missing.py\n---\n# X\n## A\nhi\n",
+            "bad.md:2: tools_module: file not found",
+        ),
+        (  # no tools module, no MCP server taking all: the file names every tool there is
+            "# X\n## A\nhi\n### Tools\n- set_language\n- lookup_order\n",
+            "bad.md:6: unknown tool 'lookup_order' (tools module defines: none)",
+        ),
+        (
+            "---\nmcp_servers: [{name: o, url: 'http://h/mcp', tools: [a]}]\n---\n"
+            "# X\n## A\nhi\n### Tools\n- a\n- mcp:o\n- b\n",
+            "bad.md:10: unknown tool 'b' (MCP server 'o' gives (by its tools list): a)",
+        ),
+        (
+            "---\nmcp_servers: [{name: o, command: x}]\n---\n"
+            "# X\n## A\nhi\n### Tools\n- mcp:o\n- mcp:p\n",
+            "bad.md:9: no MCP server 'p' (mcp_servers: o)",
+        ),
+        (
+            "---\nstages:\n  a: {delegates: {workers: [b]}}\n---\n# X\n## A\nhi\n",
+            "bad.md:3: unknown stage 'b'",
+        ),
+    ],
+)
+def test_check_playbook_errors_name_the_line(tmp_path: Path, text: str, expected: str) -> None:
+    path = _write(tmp_path, text, name="bad.md")
+    with pytest.raises(PlaybookError) as caught:
+        check_playbook(path)
+    assert str(caught.value).startswith(expected), str(caught.value)
+

@@ -142,14 +142,75 @@ async def test_chat_calls_mcp_tools_like_python_tools(
     assert answers == ["A1001 shipped.", "That took too long."]
 
 
-async def test_only_the_listed_tools_join(llm: ScriptedLLM, tmp_path: Path) -> None:
-    playbook = _playbook(tmp_path, STDIO, ["lookup_order"], tools=["lookup_order"])
-    llm.script([Reply(content="Hello.")])
+async def test_the_tools_filter_leaves_the_other_tools_out(tmp_path: Path) -> None:
+    playbook = _playbook(tmp_path, STDIO, ["lookup_order"], tools=["lookup_order", "echo"])
+    loaded = await asyncio.to_thread(load_playbook, playbook)
+    assert set(loaded.tools) == {"lookup_order", "echo"}  # refund, explode... are not loaded
+    assert loaded.servers == {"orders": ("lookup_order", "echo")}
+
+    # a stage naming a tool the filter leaves out is refused, naming what the server gives
+    playbook = _playbook(tmp_path, STDIO, ["lookup_order", "refund"], tools=["lookup_order"])
+    with pytest.raises(PlaybookError) as caught:
+        await asyncio.to_thread(load_playbook, playbook)
+    assert str(caught.value) == (
+        "mcp.yaml:1: stages[0].tools[1]: unknown tool 'refund'"
+        " (MCP server 'orders' gives (by its tools list): lookup_order)"
+    )
+
+
+async def test_a_stage_takes_all_of_a_servers_tools_by_mcp_server_name(
+    llm: ScriptedLLM, tmp_path: Path
+) -> None:
+    """``mcp:<server>`` offers every tool the server gives (after its filter), in one stage."""
+    stages = [
+        {"id": "main", "name": "Main", "system_prompt": "Help.", "tools": ["mcp:orders"]},
+        {"id": "quiet", "name": "Quiet", "system_prompt": "Chat.", "tools": []},
+        {"id": "few", "name": "Few", "system_prompt": "Look.", "tools": ["echo", "mcp:few"]},
+    ]
+    servers = [  # the same test server twice, splitting its tools
+        {**STDIO, "tools": sorted(ALL_TOOLS - {"lookup_order"})},
+        {**STDIO, "name": "few", "tools": ["lookup_order"]},
+    ]
+    path = tmp_path / "all.yaml"
+    spec = {"id": "mcp", "name": "MCP", "initial_stage": "main", "stages": stages}
+    path.write_text(json.dumps({**spec, "mcp_servers": servers}))
+    loaded = await asyncio.to_thread(load_playbook, path)
+    offered = {stage.id: stage.tools for stage in loaded.spec.stages}
+    assert set(offered["main"]) == ALL_TOOLS - {"lookup_order"}
+    assert offered["quiet"] == []
+    assert offered["few"] == ["echo", "lookup_order"]
+
+    # through chat: the stage offers the server's tools and they run
+    path.write_text(json.dumps({**spec, "mcp_servers": [STDIO], "stages": stages[:2]}))
+    llm.script(
+        [
+            Reply(tool_calls=[ScriptedToolCall("lookup_order", {"order_id": "A1002"})]),
+            Reply(content="A1002 is being prepared."),
+        ]
+    )
     code, _, err = await _vocable(
-        "chat", str(playbook), "--llm-base-url", llm.base_url, "--json", stdin="Hi\n"
+        "chat", str(path), "--llm-base-url", llm.base_url, "--json", stdin="Where is A1002?\n"
     )
     assert code == 0, err
-    assert set(_offered(llm.requests[0])) == {"lookup_order"}
+    assert set(_offered(llm.requests[0])) == ALL_TOOLS
+    results = [m["content"] for m in llm.requests[1]["messages"] if m["role"] == "tool"]
+    assert '"status": "processing"' in results[0]
+
+
+async def test_a_stage_naming_an_unknown_server_is_refused_at_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    server = json.dumps(STDIO)
+    path.write_text(
+        "id: bad\nname: Bad\ninitial_stage: main\n"
+        f"mcp_servers:\n  - {server}\n"
+        "stages:\n  - id: main\n    name: Main\n    system_prompt: Help.\n"
+        "    tools:\n      - mcp:orders\n      - mcp:billing\n"
+    )
+    with pytest.raises(PlaybookError) as caught:
+        await asyncio.to_thread(load_playbook, path)
+    assert str(caught.value) == (
+        "bad.yaml:12: stages[0].tools[1]: no MCP server 'billing' (mcp_servers: orders)"
+    )
 
 
 async def test_annotations_give_side_effects_and_a_lost_server_reconnects(

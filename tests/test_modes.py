@@ -200,6 +200,18 @@ async def test_playbook_check_lists_stages_and_transitions() -> None:
     [
         ("bad.md", "# X\n## A\nhi\n### Triggers\n- on → b\n", "bad.md:5: unknown stage 'b'"),
         ("bad.yaml", "id: x\nname: [unclosed\n", "bad.yaml: YAML syntax error at line"),
+        (  # found after validation, still at its line
+            "bad.md",
+            "# X\n## A\nhi\n### Tools\n- mcp:orders\n",
+            "bad.md:5: no MCP server 'orders' (mcp_servers: none)",
+        ),
+        (
+            "bad.yaml",
+            "id: x\nname: X\ninitial_stage: a\nstages:\n  - {id: a, name: A, system_prompt: hi}\n"
+            "transitions:\n  - id: t\n    from: a\n    condition: {type: llm_decision}\n"
+            "    action: {target_stage: b}\n",
+            "bad.yaml:10: transitions[0].action.target_stage: unknown stage 'b'",
+        ),
     ],
 )
 @pytest.mark.parametrize("action", ["check", "graph"])
@@ -237,3 +249,71 @@ async def test_playbook_check_notes_what_a_single_shot_stage_cannot_do(tmp_path:
     assert "stage work: Work [iterative]\n" in out
     assert "stage quick: Quick [single-shot]\n  tools: progress\n" in out
     assert out.rstrip().endswith("  note: single-shot offers no tools")
+
+
+OFFLINE = """\
+---
+tools_module: tools.py
+mcp_servers:
+  - {name: orders, command: /nonexistent/orders-mcp}
+stages:
+  desk: {delegates: {workers: [orders]}}
+---
+# Offline
+
+## Desk
+
+Help the caller.
+
+### Triggers
+
+- The caller asks about an order → orders
+
+## Orders
+
+Look orders up.
+
+### Tools
+
+- mcp:orders
+- progress
+"""
+
+
+async def test_check_and_graph_run_nothing_of_the_playbook_unless_asked(tmp_path: Path) -> None:
+    marker = tmp_path / "imported"
+    (tmp_path / "tools.py").write_text(
+        f"from pathlib import Path\nPath({str(marker)!r}).touch()\n" + textwrap.dedent(TOOLS_PY)
+    )
+    path = tmp_path / "offline.md"
+    path.write_text(OFFLINE)
+
+    code, out, err = await _vocable("playbook", "graph", str(path))
+    assert code == 0, err
+    assert out.splitlines() == [
+        "stateDiagram-v2",
+        '    state "Desk" as desk',
+        '    state "Orders" as orders',
+        "    [*] --> desk",
+        "    desk --> orders: intent 'The caller asks about an order' (confidence 0.7)",
+        "    desk --> orders: delegates",
+    ]
+    code, out, err = await _vocable("playbook", "check", str(path))
+    assert code == 0, err
+    assert "\ntools: not loaded (--connect imports tools.py and starts the MCP servers)\n" in out
+    assert "MCP server orders: /nonexistent/orders-mcp\n" in out
+    assert "stage orders: Orders [playbook]\n  tools: mcp:orders, progress\n" in out
+    assert not marker.exists()  # the tools module was not imported, no server started
+
+    # --connect loads it as chat and serve do: the module runs, the server must start
+    code, out, err = await _vocable("playbook", "check", "--connect", str(path))
+    assert (code, out) == (2, "")
+    assert err.startswith("offline.md:4: cannot connect to MCP server 'orders'")
+    assert marker.exists()
+
+
+async def test_check_connect_lists_the_loaded_tools(tmp_path: Path) -> None:
+    code, out, err = await _vocable("playbook", "check", "--connect", str(_playbook(tmp_path)))
+    assert code == 0, err
+    assert "\ntools: finish, progress\n" in out
+

@@ -11,6 +11,7 @@ from playbooks import load_playbook
 from playbooks.models import IntentCondition, LLMDecisionCondition
 from playbooks.outline import mermaid, outline
 from tests.conftest import REPO
+from tests.test_cli import _vocable
 
 README_SERVER = (
     "{name: orders, command: python, args: [-m, acme_orders_mcp], tools: [lookup_order]}"
@@ -66,3 +67,22 @@ def test_the_readme_markdown_playbook_has_steps_triggers_persona_voice_mcp_and_h
     assert "  voice: id joe-slow, speaking_rate 0.8" in listing
     assert "  -> billing when llm_decision with summary  [to_billing]" in listing
     assert "orders --> billing: llm_decision with summary" in mermaid(spec)
+
+
+async def test_playbook_check_and_graph_take_the_readme_example_as_it_is(tmp_path: Path) -> None:
+    """No `acme_orders_mcp` exists here: both commands read the file without starting it."""
+    path = tmp_path / "acme.md"
+    path.write_text(_readme_markdown_playbook())
+    code, out, err = await _vocable("playbook", "graph", str(path))
+    assert code == 0, err
+    assert "    orders --> billing: llm_decision with summary" in out.splitlines()
+    assert "    orders --> goodbye: intent 'The caller wants to end the call' (confidence 0.7)" in (
+        out.splitlines()
+    )
+    code, out, err = await _vocable("playbook", "check", str(path))
+    assert code == 0, err
+    assert "\ntools: lookup_order (as the file lists them; --connect asks the MCP servers)\n" in out
+    assert "  persona: Billing specialist\n" in out
+    code, _, err = await _vocable("playbook", "check", "--connect", str(path))
+    assert code == 2
+    assert "acme.md:4: cannot connect to MCP server 'orders'" in err

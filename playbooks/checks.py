@@ -1,0 +1,253 @@
+"""Cross-references of a validated playbook: what pydantic cannot check field by field.
+
+:func:`check_references` always checks the structure (stage ids, transitions, delegation workers,
+voice files, the start language, ``mcp:<server>`` entries naming a listed server); tool and
+function names only when it is given the names the tools module and MCP servers provide, which
+takes importing the one and starting the others. Errors are :class:`PlaybookError` with the
+field path; the loader adds the line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import PlaybookError, shown
+from .identity import BUILTIN_TOOLS, resolve_model
+from .models import (
+    CustomCondition,
+    MaxTurnsCondition,
+    NamedToolChoice,
+    Playbook,
+    TimeoutCondition,
+    ToolCallCondition,
+    Voice,
+)
+
+__all__ = [
+    "DELEGATE_TOOL",
+    "MCP_PREFIX",
+    "RESERVED_TOOL",
+    "ToolNames",
+    "check_references",
+    "expand",
+    "expand_server_tools",
+    "server_of",
+    "unknown_tool",
+]
+
+RESERVED_TOOL = "playbook_transition"
+"""Offered by the engine itself when an llm_decision transition leaves the stage."""
+DELEGATE_TOOL = "delegate"
+"""The built-in tool of a stage with ``delegates`` (see :mod:`playbooks.delegation`)."""
+MCP_PREFIX = "mcp:"
+"""A ``tools`` / ``global_tools`` entry ``mcp:<server>`` takes every tool that MCP server gives."""
+
+Fail = Callable[[str, str], None]
+
+
+@dataclass(frozen=True)
+class ToolNames:
+    """The names a playbook may refer to: ``module`` tools and ``functions`` (candidates for
+    ``custom`` conditions) of the tools module, and each MCP server's tools by server name (after
+    its ``tools`` filter)."""
+
+    module: frozenset[str] = frozenset()
+    functions: frozenset[str] = frozenset()
+    servers: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def tools(self) -> set[str]:
+        """Every tool name, of the module and the servers."""
+        return set(self.module).union(*self.servers.values())
+
+
+def server_of(entry: str) -> str | None:
+    """The server an ``mcp:<server>`` entry names; None for a plain tool name."""
+    return entry[len(MCP_PREFIX) :] if entry.startswith(MCP_PREFIX) else None
+
+
+def expand(names: Sequence[str], servers: Mapping[str, Sequence[str]]) -> list[str]:
+    """``names`` with each ``mcp:<server>`` entry replaced by that server's tools, each name once
+    (first place wins)."""
+    out: list[str] = []
+    for name in names:
+        server = server_of(name)
+        out.extend(servers.get(server, ()) if server is not None else [name])
+    return list(dict.fromkeys(out))
+
+
+def expand_server_tools(spec: Playbook, servers: Mapping[str, Sequence[str]]) -> Playbook:
+    """``spec`` with the ``mcp:<server>`` entries of ``global_tools`` and every stage's ``tools``
+    replaced by the server's tool names (see :func:`expand`); ``spec`` itself if it has none."""
+    lists = [spec.global_tools, *(stage.tools for stage in spec.stages)]
+    if not any(server_of(name) is not None for names in lists for name in names):
+        return spec
+    stages = [
+        stage.model_copy(update={"tools": expand(stage.tools, servers)}) for stage in spec.stages
+    ]
+    return spec.model_copy(
+        update={"global_tools": expand(spec.global_tools, servers), "stages": stages}
+    )
+
+
+def check_references(
+    spec: Playbook, source: Path | None, label: str, names: ToolNames | None
+) -> None:
+    """Raise :class:`PlaybookError` for the first broken reference of ``spec`` (read from
+    ``source``, named ``label`` in errors). ``names`` None: tool and function names are not
+    checked (they are not known yet)."""
+
+    def fail(path: str, message: str) -> None:
+        raise PlaybookError(label, path, message)
+
+    stage_ids: set[str] = set()
+    for i, stage in enumerate(spec.stages):
+        if stage.id in stage_ids:
+            fail(f"stages[{i}].id", f"duplicate stage id {shown(stage.id)}")
+        stage_ids.add(stage.id)
+    if spec.initial_stage not in stage_ids:
+        fail("initial_stage", f"unknown stage {shown(spec.initial_stage)}")
+    for i, server in enumerate(spec.mcp_servers):
+        if any(other.name == server.name for other in spec.mcp_servers[:i]):
+            fail(f"mcp_servers[{i}].name", f"duplicate MCP server name {server.name!r}")
+    if names is not None:
+        _check_reserved(names, fail)
+    _check_tool_lists(spec, names, fail)
+    _check_voices(spec, source, fail)
+    _check_delegation(spec, fail)
+    _check_transitions(spec, stage_ids, names, fail)
+
+
+def _check_reserved(names: ToolNames, fail: Fail) -> None:
+    for name in sorted(({RESERVED_TOOL} | BUILTIN_TOOLS) & names.tools()):
+        where = "tools_module" if name in names.module else "mcp_servers"
+        if name == RESERVED_TOOL:
+            fail(where, f"the tool name {name!r} is reserved for stage transitions")
+        fail(where, f"the tool name {name!r} is reserved for the built-in tool")
+
+
+def _check_tool_lists(spec: Playbook, names: ToolNames | None, fail: Fail) -> None:
+    """Each entry of ``global_tools`` and the stages' ``tools`` names a tool (when ``names`` are
+    known) or a listed MCP server; a named ``tool_choice`` is offered in its stage."""
+    servers = {server.name for server in spec.mcp_servers}
+    known = names.tools() if names is not None else set()
+    lists = [("global_tools", spec.global_tools)]
+    lists += [(f"stages[{i}].tools", stage.tools) for i, stage in enumerate(spec.stages)]
+    for where, entries in lists:
+        for j, name in enumerate(entries):
+            server = server_of(name)
+            if server is not None:
+                if server not in servers:
+                    declared = ", ".join(sorted(servers)) or "none"
+                    message = f"no MCP server {shown(server)} (mcp_servers: {declared})"
+                    fail(f"{where}[{j}]", message)
+                if names is not None and server not in names.servers:
+                    fail(f"{where}[{j}]", f"the tools of MCP server {shown(server)} are not loaded")
+            elif names is not None and name not in known and name not in BUILTIN_TOOLS:
+                fail(f"{where}[{j}]", unknown_tool(name, spec, names))
+    for i, stage in enumerate(spec.stages):
+        choice = stage.tool_choice
+        if not isinstance(choice, NamedToolChoice):
+            continue
+        listed = [*stage.tools, *spec.global_tools]
+        if names is not None:
+            offered = expand(listed, names.servers)
+        elif any(server_of(name) is not None for name in listed):
+            continue  # a server's tools are known once it runs
+        else:
+            offered = listed
+        if choice.tool_name not in offered:
+            fail(
+                f"stages[{i}].tool_choice.tool_name",
+                f"tool {shown(choice.tool_name)} is not offered in stage {shown(stage.id)}",
+            )
+
+
+def _check_transitions(
+    spec: Playbook, stage_ids: set[str], names: ToolNames | None, fail: Fail
+) -> None:
+    transition_ids: set[str] = set()
+    for i, transition in enumerate(spec.transitions):
+        where = f"transitions[{i}]"
+        if transition.id in transition_ids:
+            fail(f"{where}.id", f"duplicate transition id {shown(transition.id)}")
+        transition_ids.add(transition.id)
+        if transition.from_stage != "*" and transition.from_stage not in stage_ids:
+            fail(f"{where}.from", f"unknown stage {shown(transition.from_stage)}")
+        if transition.action.target_stage not in stage_ids:
+            fail(
+                f"{where}.action.target_stage",
+                f"unknown stage {shown(transition.action.target_stage)}",
+            )
+        condition = transition.condition
+        sources = (
+            spec.stages if transition.from_stage == "*" else [spec.stage(transition.from_stage)]
+        )
+        if isinstance(condition, ToolCallCondition):
+            if names is not None and condition.tool_name not in names.tools():
+                fail(f"{where}.condition.tool_name", unknown_tool(condition.tool_name, spec, names))
+        elif isinstance(condition, CustomCondition):
+            if names is not None and condition.function not in names.functions:
+                fail(
+                    f"{where}.condition.function",
+                    f"unknown function {shown(condition.function)} (define it in the tools module)",
+                )
+        elif (
+            isinstance(condition, MaxTurnsCondition)
+            and condition.count is None
+            and any(stage.max_turns is None for stage in sources)
+        ):
+            fail(f"{where}.condition.count", "required when the stage sets no max_turns")
+        elif (
+            isinstance(condition, TimeoutCondition)
+            and condition.duration_ms is None
+            and any(stage.timeout_ms is None for stage in sources)
+        ):
+            fail(f"{where}.condition.duration_ms", "required when the stage sets no timeout_ms")
+
+
+def _check_voices(spec: Playbook, source: Path | None, fail: Fail) -> None:
+    """Voice model files exist (relative to the playbook file); the start language is known."""
+    voices: list[tuple[str, Voice | None]] = [("voice", spec.voice)]
+    voices += [(f"stages[{i}].voice", stage.voice) for i, stage in enumerate(spec.stages)]
+    voices += [(f"languages.{code}.voice", lang.voice) for code, lang in spec.languages.items()]
+    for where, voice in voices:
+        if voice is None or voice.model is None:
+            continue
+        model = resolve_model(voice.model, source)
+        config = model.with_name(model.name + ".json")
+        try:
+            missing = [str(p) for p in (model, config) if not p.is_file()]
+        except OSError as exc:
+            missing = [f"{model} ({exc.strerror})"]
+        if missing:
+            fail(f"{where}.model", f"Piper voice file not found: {', '.join(missing)}")
+    if spec.languages and spec.language is not None and spec.language not in spec.languages:
+        fail("language", f"unknown language {shown(spec.language)} (not in languages)")
+
+
+def _check_delegation(spec: Playbook, fail: Fail) -> None:
+    """Workers are other stages; a delegating stage offers no tool named ``delegate``."""
+    ids = {stage.id for stage in spec.stages}
+    for i, stage in enumerate(spec.stages):
+        if stage.delegates is None:
+            continue
+        for j, worker in enumerate(stage.delegates.workers):
+            if worker not in ids:
+                fail(f"stages[{i}].delegates.workers[{j}]", f"unknown stage {shown(worker)}")
+            if worker == stage.id:
+                fail(f"stages[{i}].delegates.workers[{j}]", "a stage cannot delegate to itself")
+        if DELEGATE_TOOL in (*spec.global_tools, *stage.tools):
+            fail(f"stages[{i}].delegates", "the tool name 'delegate' is reserved for delegation")
+
+
+def unknown_tool(name: str, spec: Playbook, names: ToolNames) -> str:
+    """The message for a tool name no source gives, naming what each source does give."""
+    module = ", ".join(sorted(names.module)) or "none"
+    parts = [f"tools module defines: {module}"] if spec.tools_module or not names.servers else []
+    filtered = {server.name for server in spec.mcp_servers if server.tools != "all"}
+    for server, tools in names.servers.items():
+        how = " (by its tools list)" if server in filtered else ""
+        parts.append(f"MCP server {server!r} gives{how}: {', '.join(tools) or 'none'}")
+    return f"unknown tool {shown(name)} ({'; '.join(parts)})"
