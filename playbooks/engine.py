@@ -27,6 +27,7 @@ from .models import LLMConfig, Stage, Transition, Voice
 from .tools import Tool
 
 __all__ = [
+    "LOOP_CONDITIONS",
     "TRANSITION_TOOL",
     "IntentClassifier",
     "IntentResult",
@@ -40,7 +41,11 @@ log = logging.getLogger(__name__)
 
 TRANSITION_TOOL = RESERVED_TOOL
 
-EvaluationPoint = Literal["before_turn", "after_turn"]
+EvaluationPoint = Literal["before_turn", "in_loop", "after_turn"]
+LOOP_CONDITIONS = frozenset({"tool_call", "custom", "timeout"})
+"""The conditions that can come to hold inside a turn's tool loop (an iterative stage's exit
+check): the caller's words are examined before the turn (``intent``, ``keyword``), the answer's
+after it (``keyword``), and turns are counted at its end (``max_turns``)."""
 
 
 @dataclass(frozen=True)
@@ -122,6 +127,17 @@ class PlaybookEngine:
             if transition.condition.type == "llm_decision":
                 by_target.setdefault(transition.action.target_stage, transition)
         return list(by_target.values())
+
+    def loop_exits(self) -> list[Transition]:
+        """The transitions that can end an iterative stage's tool loop: those on
+        :data:`LOOP_CONDITIONS`, checked after each round, and ``llm_decision`` ones (the LLM
+        calls the transition tool); none that would re-enter this stage."""
+        return [
+            t
+            for t in self.outgoing()
+            if t.condition.type in (*LOOP_CONDITIONS, "llm_decision")
+            and not _into_itself(t, self.stage.id)
+        ]
 
     def system_prompt(self) -> str:
         """Global prompt + identity block (the persona) + stage prompt (+ the note of the
@@ -251,18 +267,21 @@ class PlaybookEngine:
         Before a turn only conditions on the user's words (``intent``, ``keyword`` with
         ``in: user|either``) are considered, so the new stage answers the same turn; after it,
         every other condition but ``llm_decision`` (which fires when the LLM calls the transition
-        tool), and ``keyword`` with ``in: either`` on the answer. The user's words are examined
-        once per turn, so they cannot move the conversation twice. ``intent`` costs one
-        classifier call per turn, made only when such a transition is reached. A ``from: "*"``
-        transition never fires into the stage the conversation is already in.
+        tool), and ``keyword`` with ``in: either`` on the answer. ``in_loop`` (after a round of
+        an iterative stage's tool loop) considers only :data:`LOOP_CONDITIONS`. The user's words
+        are examined once per turn, so they cannot move the conversation twice. ``intent`` costs
+        one classifier call per turn, made only when such a transition is reached. A
+        ``from: "*"`` transition never fires into the stage the conversation is already in.
         """
         for transition in self.outgoing():
-            if transition.from_stage == "*" and transition.action.target_stage == self.stage.id:
+            if _into_itself(transition, self.stage.id):
                 continue
-            user_dependent = _user_dependent(transition)
-            if point == "before_turn" and not user_dependent:
+            kind = transition.condition.type
+            if point == "before_turn" and not _user_dependent(transition):
                 continue
-            if point == "after_turn" and transition.condition.type == "intent":
+            if point == "in_loop" and kind not in LOOP_CONDITIONS:
+                continue
+            if point == "after_turn" and kind == "intent":
                 continue
             if await self._matches(transition, facts, classify_intent, point):
                 return transition
@@ -374,6 +393,11 @@ class PlaybookEngine:
 def _needs_summary(transition: Transition) -> bool:
     condition = transition.condition
     return condition.type == "llm_decision" and condition.require_summary
+
+
+def _into_itself(transition: Transition, stage_id: str) -> bool:
+    """A ``from: "*"`` transition into ``stage_id``, the stage it would leave: it never fires."""
+    return transition.from_stage == "*" and transition.action.target_stage == stage_id
 
 
 def _user_dependent(transition: Transition) -> bool:

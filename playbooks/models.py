@@ -257,8 +257,9 @@ class Stage(_Model):
     """Over the playbook's ``voice``, field by field."""
     mode: ExecutionMode = "playbook"
     """How a turn runs here: ``playbook`` (the tool loop, then the answer), ``iterative`` (the
-    tool loop stops as soon as one of the stage's transitions holds) or ``single-shot`` (one
-    streamed call, no tools)."""
+    tool loop stops as soon as a ``tool_call``, ``custom`` or ``timeout`` transition of the stage
+    holds, or the LLM takes an ``llm_decision`` one) or ``single-shot`` (one streamed call, no
+    tools)."""
     delegates: Delegation | None = None
     """Worker stages this stage may delegate to (the ``delegate`` tool is then offered)."""
 

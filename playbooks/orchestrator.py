@@ -192,7 +192,8 @@ class PlaybookOrchestrator:
         )
 
     def _system_prompt(self) -> str:
-        """The engine's prompt; an iterative stage adds how to work and when the stage ends."""
+        """The engine's prompt; an iterative stage adds how to work and the described
+        transitions that can end its loop (:meth:`PlaybookEngine.loop_exits`)."""
         prompt = self.engine.system_prompt()
         if self._greeting_note:
             prompt += (
@@ -201,7 +202,8 @@ class PlaybookOrchestrator:
             )
         if self.engine.stage.mode != "iterative":
             return prompt
-        exits = [f"- {t.description}" for t in self.engine.outgoing() if t.description]
+        # only what can end the tool loop: the caller's words were examined before it
+        exits = [f"- {t.description}" for t in self.engine.loop_exits() if t.description]
         ends = "\n".join(["This stage ends when:", *exits]) if exits else ""
         return "\n\n".join(part for part in (prompt, ITERATIVE_NOTE, ends) if part)
 
@@ -493,7 +495,7 @@ class Turn:
             transitioned = await self._run_tools(calls, deadline, user_message)
             if iterative and not transitioned:
                 # the stage's exit conditions are checked after every round of tool work
-                exit_ = await o.engine.evaluate("after_turn", self._facts, o._classify_intent)
+                exit_ = await o.engine.evaluate("in_loop", self._facts)
                 if exit_ is not None:
                     o._transition(exit_, keep=[user_message])
                     transitioned = True

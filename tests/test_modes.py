@@ -13,7 +13,7 @@ import pytest
 
 from playbooks.orchestrator import ITERATIVE_NOTE
 from tests.conftest import EXAMPLES
-from tests.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
+from tests.scripted_llm import NO_INTENT, Reply, ScriptedLLM, ScriptedToolCall
 from tests.test_cli import _json_lines, _vocable
 
 TOOLS_PY = '''
@@ -317,3 +317,92 @@ async def test_check_connect_lists_the_loaded_tools(tmp_path: Path) -> None:
     assert code == 0, err
     assert "\ntools: finish, progress\n" in out
 
+
+LOOP = """\
+---
+tools_module: tools.py
+stages:
+  work: {mode: iterative, max_turns: 5}
+transitions:
+  - id: done
+    from: work
+    condition: {type: tool_call, tool_name: finish}
+    action: {target_stage: quick}
+    description: The work is finished.
+  - id: by_hand
+    from: work
+    condition: {type: llm_decision}
+    action: {target_stage: quick}
+    description: The caller asks for a person.
+  - id: bye
+    from: work
+    condition: {type: keyword, keywords: [bye], in: user}
+    action: {target_stage: quick}
+    description: The caller says bye.
+  - id: tired
+    from: work
+    condition: {type: max_turns}
+    action: {target_stage: quick}
+    description: Five turns have passed.
+  - id: back
+    from: "*"
+    condition: {type: tool_call, tool_name: progress}
+    action: {target_stage: work}
+    description: Progress was made somewhere.
+---
+# Loop
+
+## Work
+
+Do the work.
+
+### Triggers
+
+- The caller wants to stop → quick
+
+### Tools
+
+- progress
+- finish
+
+## Quick
+
+Answer in one line.
+"""
+
+
+async def test_iterative_lists_only_the_exits_its_loop_can_take(
+    llm: ScriptedLLM, tmp_path: Path
+) -> None:
+    """Triggers and other conditions on the caller's words are checked before the turn, the
+    answer's after it, turns at its end: none can end the tool loop, so none is listed."""
+    (tmp_path / "tools.py").write_text(textwrap.dedent(TOOLS_PY))
+    path = tmp_path / "loop.md"
+    path.write_text(LOOP)
+    llm.script(
+        [
+            NO_INTENT,
+            Reply(tool_calls=[ScriptedToolCall("progress", {"step": 1})]),
+            Reply(content="Working on it."),
+            Reply(content='{"intent": "The caller wants to stop", "confidence": 0.9}'),
+            Reply(content="Stopped."),
+        ]
+    )
+    lines = await _chat(llm, path, "do it\nplease stop\n")
+    assert [line["text"] for line in lines if line["type"] == "answer"] == [
+        "Working on it.",
+        "Stopped.",
+    ]
+    classify, work, work_again, classify_again, quick = llm.requests
+    for request in (work, work_again):
+        assert _system(request).endswith(
+            f"{ITERATIVE_NOTE}\n\n"
+            "This stage ends when:\n- The work is finished.\n- The caller asks for a person."
+        )
+    assert "The caller wants to stop" not in _system(work)
+    # the trigger still moves the conversation, before the turn
+    assert "- The caller wants to stop" in _system(classify_again)
+    assert "stream" not in classify
+    assert "stream" not in classify_again
+    assert _system(quick).endswith("Answer in one line.")
+    assert lines[-1]["stage"] == "quick"
