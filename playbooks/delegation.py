@@ -2,9 +2,11 @@
 
 A stage with ``delegates`` is offered the built-in ``delegate`` tool. One call runs the chosen
 worker stages, all at once (``parallel``) or one after another (``sequence``, each seeing the
-results before it), each as a sub-conversation: the worker stage's own prompt and tools, a fresh
-history holding only the task, its own tool loop (at most ``max_tool_calls`` calls) and a final
-answer collected as text, all within ``timeout_ms``. No transitions happen inside a worker. A
+results before it), each as a sub-conversation: the worker stage's own prompt (with its persona's
+identity block and the conversation's language line) and tools, a fresh history holding only the
+task, its own tool loop (at most ``max_tool_calls`` calls; a ``single-shot`` stage gets one call
+without tools) and a final answer collected as text, all within ``timeout_ms``. No transitions
+happen inside a worker. A
 worker that fails (LLM error, time limit, no answer) gives an error entry, never an exception;
 the results go back to the delegating stage as the tool's JSON result. Worker tools with side
 effects wait for ``confirmed`` like the delegating turn's own tools, and one marked
@@ -22,16 +24,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .checks import DELEGATE_TOOL
+from .identity import identity_block, language_instruction, stage_persona
 from .llm import ChatClient, ChatRequest, ToolCallRequest
 from .loader import LoadedPlaybook
-from .models import Delegation
+from .models import Delegation, Playbook, Stage
 from .tools import InvalidToolCall, Tool, ToolError
 
-__all__ = ["DELEGATE_TOOL", "Delegator", "WorkerResult", "delegate_tool_schema"]
+__all__ = ["DELEGATE_TOOL", "Delegator", "WorkerResult", "delegate_tool_schema", "worker_prompt"]
 
 log = logging.getLogger(__name__)
 
-DELEGATE_TOOL = "delegate"
 WORKER_NOTE = (
     "Another agent delegated a task to you. Use your tools as the task needs, then reply with"
     " the result only, briefly and factually."
@@ -96,6 +99,30 @@ def delegate_tool_schema(delegation: Delegation, descriptions: dict[str, str]) -
     }
 
 
+def worker_prompt(spec: Playbook, stage: Stage, language: str | None) -> str:
+    """A worker's system prompt: the global prompt, the worker stage's identity block and
+    prompt, :data:`WORKER_NOTE`, and the language line of ``language``."""
+    parts = (
+        spec.global_system_prompt,
+        identity_block(stage_persona(spec, stage)),
+        stage.system_prompt,
+        WORKER_NOTE,
+        language_instruction(spec, language),
+    )
+    return "\n\n".join(part.strip() for part in parts if part and part.strip())
+
+
+@dataclass(frozen=True)
+class _Call:
+    """What every worker of one ``delegate`` call shares."""
+
+    delegation: Delegation
+    client: ChatClient
+    model: str
+    confirmed: asyncio.Event | None
+    language: str | None
+
+
 def _parse(arguments: str, delegation: Delegation) -> tuple[str, list[str]]:
     """The task and the workers a ``delegate`` call asks for; raises InvalidToolCall."""
     try:
@@ -133,25 +160,25 @@ class Delegator:
         client: ChatClient,
         model: str,
         confirmed: asyncio.Event | None = None,
+        *,
+        language: str | None = None,
     ) -> str:
         """Run one ``delegate`` call; returns the JSON result for the delegating LLM. Raises
-        InvalidToolCall for arguments the LLM got wrong (before any worker starts)."""
+        InvalidToolCall for arguments the LLM got wrong (before any worker starts). ``language``
+        is the conversation's (the workers' prompts end with its line)."""
         task, workers = _parse(arguments, delegation)
         self.emit(
             "delegation_start", workers=workers, mode=delegation.mode, task=task, say=delegation.say
         )
+        call = _Call(delegation, client, model, confirmed, language)
         started = time.monotonic()
         results: list[WorkerResult] = []
         try:
             if delegation.mode == "parallel":
-                jobs = (self._work(w, task, delegation, client, model, confirmed) for w in workers)
-                results = list(await asyncio.gather(*jobs))
+                results = list(await asyncio.gather(*(self._work(w, task, call) for w in workers)))
             else:
                 for worker in workers:
-                    brief = _with_results(task, results)
-                    results.append(
-                        await self._work(worker, brief, delegation, client, model, confirmed)
-                    )
+                    results.append(await self._work(worker, _with_results(task, results), call))
         finally:
             self.emit(
                 "delegation_end",
@@ -162,26 +189,16 @@ class Delegator:
             )
         return json.dumps({"results": [r.for_llm() for r in results]}, ensure_ascii=False)
 
-    async def _work(
-        self,
-        worker: str,
-        task: str,
-        delegation: Delegation,
-        client: ChatClient,
-        model: str,
-        confirmed: asyncio.Event | None,
-    ) -> WorkerResult:
+    async def _work(self, worker: str, task: str, call: _Call) -> WorkerResult:
         """One worker's sub-conversation, bounded by the delegation's time limit."""
         started = time.monotonic()
         counter = [0]
         answer: str | None = None
         error: str | None = None
-        limit = delegation.max_tool_calls or self.max_tool_calls
+        delegation = call.delegation
         try:
             async with asyncio.timeout(delegation.timeout_ms / 1000):
-                answer = await self._converse(
-                    worker, task, limit, client, model, confirmed, counter
-                )
+                answer = await self._converse(worker, task, call, counter)
         except TimeoutError:
             error = f"no result within {delegation.timeout_ms / 1000:g} s"
         except Exception as exc:  # a failing worker is a result, not a failed turn
@@ -191,41 +208,33 @@ class Delegator:
             self.emit("error", source="worker", message=error, worker=worker)
         return WorkerResult(worker, answer, error, counter[0], _ms_since(started))
 
-    async def _converse(
-        self,
-        worker: str,
-        task: str,
-        limit: int,
-        client: ChatClient,
-        model: str,
-        confirmed: asyncio.Event | None,
-        counter: list[int],
-    ) -> str:
-        """The worker's tool loop, then its answer; ``counter[0]`` counts its tool calls."""
+    async def _converse(self, worker: str, task: str, call: _Call, counter: list[int]) -> str:
+        """The worker's tool loop (none in a ``single-shot`` stage), then its answer;
+        ``counter[0]`` counts its tool calls."""
         spec = self.playbook.spec
         stage = spec.stage(worker)
         config = stage.llm_config.merged_over(spec.default_llm_config)
+        limit = call.delegation.max_tool_calls or self.max_tool_calls
         names = dict.fromkeys([*spec.global_tools, *stage.tools])
         tools = {n: t for n in names if (t := self.playbook.tools.get(n)) is not None}
-        prompt = "\n\n".join(
-            p.strip() for p in (spec.global_system_prompt, stage.system_prompt, WORKER_NOTE) if p
-        )
+        if stage.mode == "single-shot" or stage.tool_choice == "none":
+            tools = {}
         messages: list[dict[str, Any]] = [
-            {"role": "system", "content": prompt},
+            {"role": "system", "content": worker_prompt(spec, stage, call.language)},
             {"role": "user", "content": task},
         ]
         while True:
-            offer = tools if counter[0] < limit and stage.tool_choice != "none" else {}
+            offer = tools if counter[0] < limit else {}
             request = ChatRequest(
                 messages=list(messages),
-                model=config.model or model,
+                model=config.model or call.model,
                 tools=[t.openai_schema() for t in offer.values()] or None,
                 tool_choice="auto" if offer else None,
                 temperature=config.temperature,
                 max_tokens=config.max_tokens,
                 top_p=config.top_p,
             )
-            stream = await client.stream(request)
+            stream = await call.client.stream(request)
             try:
                 async for _ in stream:
                     pass
@@ -240,11 +249,11 @@ class Delegator:
             messages.append({"role": "assistant", "content": None, "tool_calls": requested})
             counter[0] += len(calls)
             results = await asyncio.gather(
-                *(self._call(worker, call, offer, confirmed) for call in calls)
+                *(self._call(worker, c, offer, call.confirmed) for c in calls)
             )
             messages.extend(
-                {"role": "tool", "tool_call_id": call.id, "content": result}
-                for call, result in zip(calls, results, strict=True)
+                {"role": "tool", "tool_call_id": c.id, "content": result}
+                for c, result in zip(calls, results, strict=True)
             )
 
     async def _call(

@@ -21,6 +21,7 @@ from .identity import (
     identity_block,
     language_instruction,
     language_tool,
+    stage_persona,
 )
 from .loader import RESERVED_TOOL, LoadedPlaybook
 from .models import LLMConfig, Stage, Transition, Voice
@@ -143,7 +144,7 @@ class PlaybookEngine:
         """Global prompt + identity block (the persona) + stage prompt (+ the note of the
         transition that entered it) + the stages the LLM may move the conversation to + the
         language line."""
-        persona = self.stage.persona or self.playbook.spec.persona
+        persona = stage_persona(self.playbook.spec, self.stage)
         parts = [
             self.playbook.spec.global_system_prompt or "",
             identity_block(persona),

@@ -23,12 +23,18 @@ __all__ = [
     "language_tool",
     "resolve_language",
     "resolve_model",
+    "stage_persona",
     "voice_models",
 ]
 
 LANGUAGE_TOOL = "set_language"
 BUILTIN_TOOLS = frozenset({LANGUAGE_TOOL})
 """Tool names a playbook may list without defining them."""
+
+
+def stage_persona(spec: Playbook, stage: Stage) -> Persona | None:
+    """The persona in ``stage``: its own, else the playbook's; None: no identity block."""
+    return stage.persona or spec.persona
 
 
 def identity_block(persona: Persona | None) -> str:

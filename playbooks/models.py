@@ -259,7 +259,7 @@ class Stage(_Model):
     """How a turn runs here: ``playbook`` (the tool loop, then the answer), ``iterative`` (the
     tool loop stops as soon as a ``tool_call``, ``custom`` or ``timeout`` transition of the stage
     holds, or the LLM takes an ``llm_decision`` one) or ``single-shot`` (one streamed call, no
-    tools)."""
+    tools). A delegation worker runs its own mode, without transitions."""
     delegates: Delegation | None = None
     """Worker stages this stage may delegate to (the ``delegate`` tool is then offered)."""
 

@@ -677,7 +677,12 @@ class Turn:
         assert delegation is not None
         try:
             result = await o._delegator.run(
-                delegation, call.arguments, o.client, o._default_model, self.confirmed
+                delegation,
+                call.arguments,
+                o.client,
+                o._default_model,
+                self.confirmed,
+                language=o.engine.language,
             )
         except InvalidToolCall as exc:
             self._fail_call(call, "tool_call", str(exc))

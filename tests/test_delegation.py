@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from playbooks import ChatClient, PlaybookError, PlaybookOrchestrator, load_playbook
+from playbooks.delegation import WORKER_NOTE
 from tests.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
 from tests.test_cli import _json_lines, _vocable
 
@@ -108,10 +109,10 @@ def _requests_of(llm: ScriptedLLM, prompt: str) -> list[int]:
     return [i for i, body in enumerate(llm.requests) if prompt in _system(body)]
 
 
-def _delegate_result(llm: ScriptedLLM) -> list[dict[str, Any]]:
-    """The ``results`` of the delegate call, as the desk's next request carries them."""
-    (_, desk_next) = _requests_of(llm, "DESK PROMPT")
-    (result,) = _tool_results(llm.requests[desk_next])
+def _delegate_result(llm: ScriptedLLM, delegation: int = 0) -> list[dict[str, Any]]:
+    """The ``results`` of the delegate call, as the desk's last request carries them."""
+    desk_last = _requests_of(llm, "DESK PROMPT")[-1]
+    result = _tool_results(llm.requests[desk_last])[delegation]
     return list(json.loads(result)["results"])
 
 
@@ -328,3 +329,76 @@ async def find_flight(city: str) -> str:
     )
     assert orchestrator._delegator.finishing == set()
     assert turn.answer == ""
+
+
+async def test_a_worker_runs_with_its_persona_the_conversations_language_and_its_mode(
+    llm: ScriptedLLM, write_playbook: Callable[..., Path]
+) -> None:
+    text = (
+        PLAYBOOK.replace("MODE", "parallel")
+        .replace(
+            "global_system_prompt: GLOBAL PROMPT\n",
+            "global_system_prompt: GLOBAL PROMPT\n"
+            "persona: {role: Travel desk clerk}\n"
+            "languages: {en: {name: English}, fr: {name: French}}\n"
+            "language: en\n",
+        )
+        .replace(
+            "    system_prompt: DESK PROMPT\n",
+            "    system_prompt: DESK PROMPT\n    tools: [set_language]\n",
+        )
+        .replace(
+            "    system_prompt: FLIGHTS PROMPT\n",
+            "    system_prompt: FLIGHTS PROMPT\n"
+            "    persona: {role: Flight finder, description: You know every timetable.}\n",
+        )
+        .replace(
+            "    system_prompt: HOTELS PROMPT\n",
+            "    system_prompt: HOTELS PROMPT\n    mode: single-shot\n    tools: [find_flight]\n",
+        )
+    )
+
+    def reply(body: dict[str, Any]) -> Reply:
+        system, last = _system(body), body["messages"][-1]
+        if "FLIGHTS PROMPT" in system:
+            return Reply(content=FLIGHT)
+        if "HOTELS PROMPT" in system:
+            return Reply(content=HOTEL)
+        if last["role"] == "user" and "French" in last["content"]:
+            return Reply(tool_calls=[ScriptedToolCall("set_language", {"language": "fr"})])
+        if last["role"] == "user":
+            return Reply(tool_calls=[ScriptedToolCall("delegate", {"task": "A trip to Paris."})])
+        return Reply(content=ANSWER)
+
+    llm.script(reply)
+    path = write_playbook(text, TOOLS_PY)
+    code, out, err = await _vocable(
+        "chat",
+        str(path),
+        "--json",
+        stdin="Speak French please\nBook me a trip to Paris\n",
+        env={"VOCABLE_LLM_BASE_URL": llm.base_url, "VOCABLE_LLM_MODEL": "m"},
+    )
+    assert code == 0, err
+
+    (flights,) = [llm.requests[i] for i in _requests_of(llm, "FLIGHTS PROMPT")]
+    (hotels,) = [llm.requests[i] for i in _requests_of(llm, "HOTELS PROMPT")]
+    # the worker stage's own persona, else the playbook's, as the desk's prompt would have it
+    assert _system(flights) == (
+        "GLOBAL PROMPT\n\nYour identity:\n- Role: Flight finder\n"
+        "- Description: You know every timetable.\n\nFLIGHTS PROMPT\n\n"
+        f"{WORKER_NOTE}\n\nAnswer in French."
+    )
+    assert "Your identity:\n- Role: Travel desk clerk\n\nHOTELS PROMPT" in _system(hotels)
+    # the language the conversation speaks now, not the one it started in
+    assert _system(hotels).endswith("Answer in French.")
+    desk = _requests_of(llm, "DESK PROMPT")
+    assert _system(llm.requests[desk[0]]).endswith("Answer in English.")
+    # modes: flights (playbook) is offered its tool, hotels (single-shot) none, in one call
+    assert {t["function"]["name"] for t in flights["tools"]} == {"find_flight"}
+    assert "tools" not in hotels
+    assert _delegate_result(llm, delegation=1) == [
+        {"worker": "flights", "result": FLIGHT},
+        {"worker": "hotels", "result": HOTEL},
+    ]
+    assert _json_lines(out)[-1] == {"type": "answer", "text": ANSWER, "stage": "desk"}
