@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 from playbooks import PlaybookError, check_playbook, load_playbook, load_playbooks
 from playbooks.markdown import STEPS_INTRO, compile_markdown, slug
 from playbooks.models import IntentCondition, KeywordCondition
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, REPO
 
 TOOLS_PY = '''
 from playbooks import tool
@@ -353,3 +354,25 @@ def test_check_playbook_errors_name_the_line(tmp_path: Path, text: str, expected
         check_playbook(path)
     assert str(caught.value).startswith(expected), str(caught.value)
 
+
+def test_the_documented_example_is_a_valid_playbook(tmp_path: Path) -> None:
+    doc = (REPO / "docs" / "playbooks-markdown.md").read_text()
+    match = re.search(r"````markdown\n(.*?)````", doc, re.S)
+    assert match, "docs/playbooks-markdown.md shows no example"
+    (tmp_path / "shop_tools.py").write_text("")
+    (tmp_path / "voices").mkdir()
+    for name in ("cashier.onnx", "cashier.onnx.json"):
+        (tmp_path / "voices" / name).write_text("")
+    path = tmp_path / "shop.md"
+    path.write_text(match.group(1))
+    spec = check_playbook(path)
+    stages = {stage.id: stage for stage in spec.stages}
+    assert list(stages) == ["welcome", "checkout", "stock_check", "done"]
+    assert stages["checkout"].tools == ["pay", "lookup_order", "mcp:stock"]
+    assert stages["stock_check"].mode == "single-shot"
+    assert stages["checkout"].persona is not None
+    assert stages["checkout"].persona.role == "Cashier"
+    assert spec.persona is not None
+    assert (spec.language, list(spec.languages)) == ("en", ["en", "fr"])
+    assert stages["welcome"].delegates is not None
+    assert stages["welcome"].delegates.workers == ["stock_check"]
