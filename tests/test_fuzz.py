@@ -1,5 +1,6 @@
 """Fuzzing every input the server takes from outside, with hypothesis: ``POST /offer`` bodies,
-messages on a call's ``events`` data channel, SIP datagrams and playbook files.
+messages on a call's ``events`` data channel, SIP datagrams, playbook files, the
+``Authorization`` header, and the media WebSocket's ``start`` and later messages.
 
 Whatever arrives, the answer is a clear 4xx (or a one-line validation message), never a 5xx, a
 crash or a logged traceback, and the server goes on serving. Runs are derandomized (the same
@@ -13,6 +14,7 @@ once per target, not once per example.
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 import json
 import logging
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import aiohttp
 import pytest
 import yaml
 from aiohttp import web
@@ -53,8 +56,11 @@ from server import cli
 from server.app import CALLS, SIP, create_app
 from server.config import ServerConfig, SipSettings
 from server.engines import Engines
+from server.session import SessionSettings
+from server.twilio import TwilioCall
 from tests.calls import synthesizer, transcriber, voice_server
 from tests.conftest import EXAMPLES
+from tests.raw_http import raw_request
 from tests.scripted_llm import ScriptedLLM, answers_by_words
 from tests.sip_phone import SipPhone, offer_sdp
 
@@ -985,3 +991,225 @@ def test_chat_refuses_an_invalid_playbook_with_one_line_and_status_2(
     assert len(lines) == 1, err
     assert re.match(rf"vocable: {re.escape(name)}(:\d+)?: ", lines[0]), lines[0]
     assert len(lines[0]) < 300
+
+
+# -- 5. the Authorization header -----------------------------------------------------------------
+
+TOKEN = "s3cret-Tok"
+GOOD_AUTH = f"Bearer {TOKEN}".encode()
+ROUTES = [("POST", "/offer"), ("DELETE", "/sessions/x")]
+auth_values = st.one_of(
+    st.binary(max_size=40),
+    st.binary(max_size=30).map(lambda tail: b"Bearer " + tail),
+    st.text(max_size=30).map(lambda text: f"Bearer {text}".encode()),
+    st.sampled_from([GOOD_AUTH, GOOD_AUTH.upper(), GOOD_AUTH + b"x", b"Basic czNjcmV0", b"Bearer"]),
+    st.integers(0, len(GOOD_AUTH)).map(lambda n: GOOD_AUTH[:n]),
+).filter(lambda value: b"\r" not in value and b"\n" not in value)  # one header, not two
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings(LOOP_USES_RANDOM)
+async def test_authorization_headers_get_401_unless_right_and_never_a_5xx() -> None:
+    engines = Engines(transcriber(), synthesizer(), load_playbooks(EXAMPLES), None)
+    app = create_app(ServerConfig(auth_token=TOKEN, rate_limit_per_min=0), engines)
+    bridge = LoopBridge()
+    statuses: Counter[int] = Counter()
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        host, port = client.server.host, client.server.port
+        assert port is not None
+
+        async def send(value: bytes, route: tuple[str, str]) -> None:
+            headers = b"Authorization: " + value + b"\r\nContent-Type: application/json\r\n"
+            status, payload = await raw_request(host, port, *route, headers, b'{"sdp": "x"}')
+            statuses[status] += 1
+            if value.strip(b" \t") == GOOD_AUTH:  # past the gate: refused for the body or id
+                assert status == (400 if route[0] == "POST" else 404), (value, status, payload)
+            elif any((byte < 0x20 and byte != 0x09) or byte == 0x7F for byte in value):
+                assert status in (400, 401), (value, status)  # the HTTP parser may refuse it
+            else:
+                assert (status, payload) == (401, {"error": "missing or wrong bearer token"})
+
+        @given(value=auth_values, route=st.sampled_from(ROUTES))
+        @example(value=b"Bearer \xff\xfe", route=("POST", "/offer"))  # once a 500 (regression)
+        @example(value=b"Bearer \xff\xfe", route=("DELETE", "/sessions/x"))
+        @example(value=GOOD_AUTH, route=("DELETE", "/sessions/x"))
+        @fuzz(200)
+        def check(value: bytes, route: tuple[str, str]) -> None:
+            bridge.run(send(value, route))
+
+        await fuzz_on_loop(check)
+    assert statuses[401] > 100
+    assert max(statuses) < 500
+
+
+# -- 6. the media WebSocket (/twilio/media) ------------------------------------------------------
+
+media_events = st.sampled_from(["media", "dtmf", "mark", "start", "connected", "clear", "x"])
+media_fields = st.fixed_dictionaries(
+    {},
+    optional={
+        "track": st.sampled_from(["inbound", "inbound_track", "outbound"]) | json_values,
+        "payload": st.binary(max_size=160).map(lambda data: base64.b64encode(data).decode())
+        | json_values,
+        "digit": st.sampled_from(["1", "#", "*", "A", "", "12"]) | json_values,
+        "name": json_values,
+    },
+)
+media_messages: st.SearchStrategy[str | bytes] = st.one_of(
+    st.builds(
+        lambda event, key, body, extra: json.dumps({"event": event, key: body, **extra}),
+        media_events | json_values,
+        st.sampled_from(["media", "dtmf", "mark", "start"]),
+        media_fields | json_values,
+        st.dictionaries(st.text(max_size=8), json_values, max_size=2),
+    ),
+    json_values.map(json.dumps),
+    st.text(max_size=100),
+    st.binary(max_size=100),
+    st.integers(1, 3000).map(_deep),
+)
+start_rates = st.sampled_from([8000, 16000, 48000, 0, -8000, 7999, 48001, "8000", "abc", 8000.5])
+start_details = st.fixed_dictionaries(
+    {},
+    optional={
+        "streamSid": st.text(max_size=10) | json_values,
+        "customParameters": st.dictionaries(
+            st.sampled_from(["playbook", "caller"]),
+            st.sampled_from(["support", "restaurant", "nope", ""]) | json_values,
+            max_size=2,
+        )
+        | json_values,
+        "mediaFormat": st.fixed_dictionaries(
+            {},
+            optional={
+                "encoding": st.sampled_from(["audio/x-mulaw", "audio/x-alaw", "audio/l16"])
+                | json_values,
+                "sampleRate": start_rates | json_values,
+                "channels": json_values,
+            },
+        )
+        | json_values,
+    },
+)
+start_messages = st.builds(
+    lambda top, details: json.dumps({"event": "start", **top, "start": details}),
+    st.fixed_dictionaries({}, optional={"streamSid": json_values, "stream_id": json_values}),
+    start_details | json_values,
+)
+
+
+def _media_problems(records: list[logging.LogRecord]) -> list[str]:
+    """Errors, or tracebacks at any level, from the server or aiohttp."""
+    return [
+        f"{record.name}: {record.getMessage()[:300]}"
+        for record in records
+        if (record.levelno >= logging.ERROR or record.exc_info)
+        and record.name.split(".")[0] in ("server", "aiohttp", "asyncio")
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings(LOOP_USES_RANDOM)
+async def test_media_stream_starts_start_a_call_or_get_1008(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Each example a new stream: its ``start`` begins a call (which a ``stop`` then ends, 1000)
+    or is refused with 1008 and a reason; never 1011, a 5xx or a traceback."""
+    caplog.set_level(logging.WARNING)
+    config = ServerConfig(rate_limit_per_min=0, session=SessionSettings(greet=False))
+    bridge = LoopBridge()
+    outcomes: Counter[int] = Counter()
+    async with voice_server(None, config) as server, aiohttp.ClientSession() as http:
+        calls = server.app[CALLS]
+
+        async def open_stream(start: str) -> None:
+            records = len(caplog.records)
+            ws = await http.ws_connect(server.make_url("/twilio/media"))
+            try:
+                await ws.send_str(start)
+                await ws.send_str(json.dumps({"event": "stop"}))
+                closing = await asyncio.wait_for(ws.receive(), 10)
+            finally:
+                await ws.close()
+            assert closing.type == aiohttp.WSMsgType.CLOSE, (start, closing)
+            code, reason = closing.data, str(closing.extra)
+            if code == 1008:
+                assert reason.startswith(("invalid start message: ", "unknown playbook")), reason
+            else:
+                assert (code, reason) == (1000, "stream ended"), (start, closing)
+            outcomes[code] += 1
+            async with asyncio.timeout(5):
+                while len(calls):  # noqa: ASYNC110 - the registry has no event for this
+                    await asyncio.sleep(0.01)
+            assert not _media_problems(caplog.records[records:]), start
+
+        @given(start=start_messages)
+        @example(
+            start=json.dumps({"event": "start", "start": {"mediaFormat": {"sampleRate": "abc"}}})
+        )
+        @example(
+            start=json.dumps({"event": "start", "start": {"mediaFormat": {"sampleRate": -8000}}})
+        )
+        @example(start=json.dumps({"event": "start", "start": {"customParameters": ["support"]}}))
+        @example(
+            start=json.dumps({"event": "start", "start": {"mediaFormat": {"sampleRate": 1e400}}})
+        )
+        @example(start=json.dumps({"event": "start", "start": {}}))
+        @fuzz(120)
+        def check(start: str) -> None:
+            bridge.run(open_stream(start))
+
+        await fuzz_on_loop(check)
+    assert outcomes[1000] > 0
+    assert outcomes[1008] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings(LOOP_USES_RANDOM)
+async def test_media_stream_messages_never_end_the_call(caplog: pytest.LogCaptureFixture) -> None:
+    """One call; each example a message and then a ``mark`` probe, which the call must record:
+    the message was taken or ignored, and the call goes on."""
+    caplog.set_level(logging.WARNING)
+    config = ServerConfig(rate_limit_per_min=0, session=SessionSettings(greet=False))
+    bridge = LoopBridge()
+    probes = iter(range(1_000_000))
+    async with voice_server(None, config) as server, aiohttp.ClientSession() as http:
+        ws = await http.ws_connect(server.make_url("/twilio/media"))
+        await ws.send_json({"event": "start", "streamSid": "MZ1", "start": {}})
+        calls = server.app[CALLS]
+        async with asyncio.timeout(5):
+            while not calls.calls:  # noqa: ASYNC110 - the registry has no event for this
+                await asyncio.sleep(0.01)
+        (call,) = calls.calls.values()
+        assert isinstance(call, TwilioCall)
+
+        async def exchange(message: str | bytes) -> None:
+            probe = f"probe-{next(probes)}"
+            if isinstance(message, bytes):
+                await ws.send_bytes(message)
+            else:
+                await ws.send_str(message)
+            await ws.send_json({"event": "mark", "mark": {"name": probe}})
+            async with asyncio.timeout(10):
+                while probe not in call.marks_played:  # noqa: ASYNC110 - no event for this
+                    await asyncio.sleep(0.005)
+            assert not ws.closed
+            assert calls.calls.get(call.id) is call
+
+        @given(message=media_messages)
+        @example(message=json.dumps({"event": "media", "media": ["payload"]}))  # AttributeError
+        @example(message=json.dumps({"event": "dtmf", "dtmf": "1"}))  # (regressions)
+        @example(message=json.dumps({"event": "mark", "mark": 5}))
+        @example(message=_deep(3000))  # RecursionError in json.loads ended the call
+        @example(message=json.dumps({"event": "start", "start": {"customParameters": []}}))
+        @fuzz(200)
+        def check(message: str | bytes) -> None:
+            assume(not (isinstance(message, str) and '"stop"' in message))
+            bridge.run(exchange(message))
+
+        try:
+            await fuzz_on_loop(check)
+        finally:
+            await ws.close()
+        await asyncio.wait_for(call.ended.wait(), 10)
+    assert not _media_problems(caplog.records)
