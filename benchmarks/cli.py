@@ -69,6 +69,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-speculation", action="store_true", help="the server transcribes only after the turn"
     )
+    parser.add_argument(
+        "--speculation-pause-ms",
+        type=int,
+        help="the server's speculation pause (default: the server's own)",
+    )
     parser.add_argument("--playbook", default=str(Path(__file__).parent / "playbook.yaml"))
     parser.add_argument("--no-micro", action="store_true", help="skip component benchmarks")
     parser.add_argument(
@@ -106,6 +111,8 @@ async def _run(args: argparse.Namespace, command: str) -> Path:
             ]  # fmt: skip
             if args.no_speculation:
                 server_args.append("--no-speculation")
+            if args.speculation_pause_ms is not None:
+                server_args += ["--speculation-pause-ms", str(args.speculation_pause_ms)]
             if args.llm_api_key:
                 server_args += ["--llm-api-key", args.llm_api_key]
             server = ServerProcess(server_args, ROOT, folder / "server.log")
@@ -144,6 +151,7 @@ async def _run(args: argparse.Namespace, command: str) -> Path:
             "end_silence_ms": args.end_silence_ms,
             "barge_in": args.barge_in,
             "speculation": not args.no_speculation,
+            "speculation_pause_ms": args.speculation_pause_ms,
             "sweep": levels,
             "turns_per_call": args.turns,
             "barge_in_repeats": args.barge_ins,

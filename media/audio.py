@@ -21,6 +21,7 @@ __all__ = [
     "pcm_rms_dbfs",
     "pcm_to_float32",
     "silence",
+    "trim_leading_silence",
 ]
 
 SAMPLE_RATE = 16_000
@@ -55,6 +56,20 @@ def pcm_rms_dbfs(pcm: bytes) -> float:
         return float("-inf")
     rms = float(np.sqrt(np.mean(samples * samples)))
     return 20 * np.log10(rms / 32768.0) if rms > 0 else float("-inf")
+
+
+def trim_leading_silence(
+    pcm: bytes, sample_rate: int, *, threshold_dbfs: float = -50.0, keep_ms: float = 10.0
+) -> bytes:
+    """``pcm`` from ``keep_ms`` before its first sample louder than ``threshold_dbfs`` (peak),
+    so a synthesized answer's sound starts at once; unchanged if nothing is that loud."""
+    samples = np.frombuffer(pcm, dtype=np.int16)
+    threshold = 32768.0 * 10 ** (threshold_dbfs / 20)
+    loud = np.flatnonzero(np.abs(samples.astype(np.int32)) > threshold)
+    if loud.size == 0:
+        return pcm
+    start = max(0, int(loud[0]) - int(sample_rate * keep_ms / 1000))
+    return pcm[start * 2 :]
 
 
 class Resampler:

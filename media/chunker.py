@@ -3,8 +3,10 @@
 A chunk closes at ``.``, ``!`` or ``?`` (with any closing quotes or brackets) followed by
 whitespace, or at a newline; never inside abbreviations (Mr., e.g., etc.), initials, decimals
 (3.14), times (7:30), URLs or e-mail addresses. Markdown and symbols a voice cannot say are
-stripped. The first chunk of an answer may be released early at a clause boundary (a comma,
-semicolon, colon or dash) once it is long, so the first audio starts sooner.
+stripped. The first chunk of an answer is released early at a clause boundary (a comma,
+semicolon, colon or dash) once it holds a few words, so the first audio starts before a long first
+sentence is complete; shorter openings ("Yes, sure,") wait for more, since Piper phrases a lone
+word poorly, and the rest of the answer goes by sentences.
 """
 
 from __future__ import annotations
@@ -26,12 +28,12 @@ _CLAUSE = re.compile(r"[,;:](?=\s)|\s[–—-]\s")
 class SentenceChunker:
     """Text deltas in (:meth:`push`), speakable chunks out as soon as each closes.
 
-    ``first_clause_min_chars``: the first chunk is released at a clause boundary once it has at
-    least this many characters (0 disables). ``max_chars``: a chunk without any boundary is cut
+    ``first_clause_min_chars``: the first chunk is released at the first clause boundary at or
+    after this many characters (0 disables). ``max_chars``: a chunk without any boundary is cut
     at a space beyond this length, so a run-on answer still streams.
     """
 
-    def __init__(self, first_clause_min_chars: int = 60, max_chars: int = 300) -> None:
+    def __init__(self, first_clause_min_chars: int = 24, max_chars: int = 300) -> None:
         self.first_clause_min_chars = first_clause_min_chars
         self.max_chars = max_chars
         self._buffer = ""

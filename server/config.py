@@ -143,7 +143,9 @@ class ServerConfig:
             remote_tts=_remote_tts(args),
             session=SessionSettings(
                 vad=VadSettings(
-                    aggressiveness=args.vad_aggressiveness, end_silence_ms=args.end_silence_ms
+                    aggressiveness=args.vad_aggressiveness,
+                    end_silence_ms=args.end_silence_ms,
+                    pause_ms=args.speculation_pause_ms,
                 ),
                 barge_in_min_ms=args.barge_in_min_ms,
                 barge_in=args.barge_in,
@@ -448,6 +450,13 @@ def add_serve_arguments(
         default=default("NO_SPECULATION", _flag, False),
         help="transcribe only after the end of the turn, not at each pause "
         "[VOCABLE_NO_SPECULATION=1]",
+    )
+    audio.add_argument(
+        "--speculation-pause-ms",
+        type=int,
+        default=default("SPECULATION_PAUSE_MS", int, VadSettings().pause_ms),
+        help="silence inside an utterance at which Whisper starts on the words so far and the "
+        "answer is prepared [VOCABLE_SPECULATION_PAUSE_MS; default: %(default)s]",
     )
     _add_remote_arguments(parser, env)
 

@@ -31,7 +31,7 @@ from media import (
 from playbooks import BargeInPolicy
 from playbooks.orchestrator import Snapshot
 
-from .endpointing import EndpointSettings, Speculation, is_listener_noise, sounds_complete
+from .endpointing import EndpointSettings, Speculation, is_listener_noise
 from .metrics import TurnTimeline
 from .voice import VoicePlaybookOrchestrator
 
@@ -278,10 +278,10 @@ class Session:
     # -- preemptive turns ------------------------------------------------------------------------
 
     def _preempt(self, speculation: Speculation) -> None:
-        """Start answering a ready speculative transcript that trails off while the long end of
-        the turn is still awaited: the answer's audio waits in the paused speaker, tools with
-        side effects wait for the confirmation, and the conversation can be put back if the
-        caller goes on."""
+        """Start answering a ready speculative transcript while the end of the turn is still
+        awaited: the answer's audio waits in the paused speaker, tools with side effects wait
+        for the confirmation, and the conversation can be put back if the caller goes on. The
+        LLM's time to its first sentence then overlaps the end-of-turn silence."""
         transcript = speculation.transcript
         if (
             not self.settings.endpoint.preempt
@@ -289,7 +289,6 @@ class Session:
             or self.busy
             or transcript is None
             or not transcript.text
-            or sounds_complete(transcript.text)  # ends within 400 ms anyway: not worth a guess
         ):
             return
         timeline = TurnTimeline(

@@ -33,6 +33,7 @@ from media import (
     Transcript,
     speakable,
 )
+from media.audio import trim_leading_silence
 from media.speaker import Playback, PlaybackResult
 from media.tts import VoiceSettings, VoiceVariants
 from playbooks import BargeInPolicy, OrchestratorEvent, PlaybookOrchestrator, Retraction, Turn
@@ -275,6 +276,10 @@ class _Speech:
         self.apologized = False
         """Whether a sentence failed to synthesize and the fallback line took its place."""
         self.interjected: set[str] = set()
+        self.onset_pending = True
+        """Whether no audio of this answer is queued yet: the first is queued without the
+        synthesizer's leading silence (Piper opens each sentence with ~40 ms of it), so the
+        caller hears the answer that much sooner."""
 
     def switch(self, spoken: SpokenVoice) -> None:
         """Speak the text received so far in the old voice (its unfinished sentence is
@@ -302,6 +307,7 @@ class _Speech:
                     self.generation += 1
                     _drain(self.sentences)
                     self.voice.speaker.clear()
+                    self.onset_pending = True
                     timeline.first_token_at = timeline.first_sentence_at = None
                     continue
                 if timeline.first_token_at is None and delta.strip():
@@ -343,6 +349,9 @@ class _Speech:
                 break
             if self.timeline.first_audio_at is None and not interim:
                 self.timeline.first_audio_at = voice.clock()
+            if self.onset_pending:
+                self.onset_pending = False
+                pcm = trim_leading_silence(pcm, spoken.tts.sample_rate)
             pieces.append(voice.speaker.push(pcm, spoken.tts.sample_rate))
         if not pieces:
             return

@@ -10,7 +10,14 @@ import pytest
 from numpy.typing import NDArray
 
 from media import FRAME_BYTES, FRAME_MS, SAMPLE_RATE, FrameSplitter, Resampler
-from media.audio import duration_ms, frame_bytes, pcm_rms_dbfs, pcm_to_float32, silence
+from media.audio import (
+    duration_ms,
+    frame_bytes,
+    pcm_rms_dbfs,
+    pcm_to_float32,
+    silence,
+    trim_leading_silence,
+)
 from tests.speech import tone, white_noise
 
 TONE_DBFS = 20 * math.log10(0.5 / math.sqrt(2))  # a sine at half of full scale
@@ -181,3 +188,19 @@ def test_silence_duration_and_float_conversion() -> None:
     floats = pcm_to_float32(np.array([0, 16384, -32768, 32767], dtype=np.int16).tobytes())
     assert floats.dtype == np.float32
     assert floats.tolist() == pytest.approx([0.0, 0.5, -1.0, 32767 / 32768])
+
+
+def test_leading_silence_is_trimmed_to_a_short_lead_in() -> None:
+    hiss = np.full(160, 20, dtype=np.int16).tobytes()  # 10 ms at -64 dBFS: not sound
+    lead = silence(60) + hiss
+    voice = tone(SAMPLE_RATE, 200)  # its first loud sample is its second (phase 0 is silent)
+    trimmed = trim_leading_silence(lead + voice, SAMPLE_RATE, keep_ms=10)
+    first_loud = len(lead) // 2 + 1
+    assert trimmed == (lead + voice)[(first_loud - 160) * 2 :]  # 10 ms before it
+    assert duration_ms(trimmed) == pytest.approx(210, abs=0.1)
+
+
+def test_audio_without_a_loud_sample_is_not_trimmed() -> None:
+    hiss = np.full(1600, 20, dtype=np.int16).tobytes()
+    assert trim_leading_silence(hiss, SAMPLE_RATE) == hiss
+    assert trim_leading_silence(b"", SAMPLE_RATE) == b""

@@ -216,8 +216,14 @@ def test_the_rest_of_an_early_released_sentence_is_not_cut_again() -> None:
 
 
 def test_a_short_first_chunk_is_not_released_early() -> None:
+    # "Yes," and "Yes, sure," are too short to say alone; the sentence ends before a later comma
+    text = "Yes, sure, no problem at all. Bye."
+    assert chunk_whole(text) == ["Yes, sure, no problem at all.", "Bye."]
+
+
+def test_a_first_clause_of_a_few_words_is_released_early() -> None:
     text = "Yes, sure, we can do that, no problem. Bye."
-    assert chunk_whole(text) == ["Yes, sure, we can do that, no problem.", "Bye."]
+    assert chunk_whole(text) == ["Yes, sure, we can do that,", "no problem.", "Bye."]
 
 
 def test_only_clause_boundaries_past_the_minimum_count() -> None:

@@ -204,7 +204,7 @@ async def test_without_an_llm_the_agent_says_so_in_one_sentence(
         await caller.wait_for("tts_end", timeout_s=30)  # the greeting still plays
         caller.send({"type": "text", "text": "Hello?"})
         await caller.wait_for("tts_end", count=2, timeout_s=30)
-        assert caller.of_type("agent_sentence")[-1]["text"] == NO_LLM_LINE
+        assert caller.of_type("tts_end")[-1]["heard"] == NO_LLM_LINE
         (error,) = caller.of_type("error")
         assert set(error) == {"type", "t_ms", "source", "message"}
         assert (error["source"], error["message"]) == ("llm", CLIENT_ERRORS["llm"])
