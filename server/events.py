@@ -30,6 +30,7 @@ VoiceEventType = Literal[
     "state",
     "dtmf",
     "error",
+    "voice_lost",
 ]
 
 

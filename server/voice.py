@@ -370,6 +370,7 @@ class _Speech:
             await self._play(generation, line, SpokenVoice(self.voice.synthesizer, None))
         except Exception:  # the same fault, already reported
             log.exception("the fallback line could not be synthesized either")
+            self.voice.emit("voice_lost", message="speech synthesis failed, even the fallback")
 
     def _finished(self, sentence: str, result: PlaybackResult) -> None:
         if result.completed:

@@ -388,7 +388,8 @@ async def test_a_dead_piper_is_reported_per_sentence_and_the_call_goes_on(
     llm: ScriptedLLM, playbook: LoadedPlaybook, calls: list[VoiceCall], metrics: ServerMetrics
 ) -> None:
     """Nothing can be spoken, not even the fallback: the caller hears silence (the client gets
-    the error events), the turn ends, and the call keeps listening."""
+    the error events), the turn ends, and ``voice_lost`` tells the transport to hang up (its
+    CallClock does; see tests/test_watchdog.py)."""
     llm.script(_route(Reply(content="Your order is a blue kettle. It arrives on Tuesday.")))
     broken = _FailingSynthesizer(trigger=None)
     try:
@@ -400,6 +401,7 @@ async def test_a_dead_piper_is_reported_per_sentence_and_the_call_goes_on(
 
     await _assert_healthy(healthy)
     assert len(_errors(faulty, "tts")) == 2  # one per sentence; the fallback's failure is logged
+    assert [e.type for e in faulty.events if e.type == "voice_lost"] == ["voice_lost"]
     assert _spoken(faulty) == []
     assert not any(faulty.line.recording)
     assert faulty.session.state == "listening"

@@ -37,3 +37,17 @@ async def test_watch_hangs_up_once_with_the_reason() -> None:
 
     await asyncio.wait_for(clock.watch(lambda: False, hangup), 2)
     assert reasons == ["maximum call duration reached"]
+
+
+async def test_an_agent_that_lost_its_voice_is_hung_up_even_mid_turn() -> None:
+    clock = CallClock(max_call_s=100, idle_timeout_s=100, period_s=0.01)
+    clock.touch()
+    assert clock.verdict(agent_busy=True) is None
+    clock.observe(VoiceEvent("voice_lost", {"message": "speech synthesis failed"}))
+    reasons: list[str] = []
+
+    async def hangup(reason: str) -> None:
+        reasons.append(reason)
+
+    await asyncio.wait_for(clock.watch(lambda: True, hangup), 2)
+    assert reasons == ["the agent cannot speak"]
