@@ -21,6 +21,7 @@ from playbooks import (
 )
 from playbooks.outline import mermaid, outline
 
+from .arguments import non_negative_int, positive_int
 from .chat import run_chat
 from .config import add_serve_arguments
 from .logs import configure_logging
@@ -62,22 +63,22 @@ def _parser() -> argparse.ArgumentParser:
     chat = commands.add_parser("chat", help="talk to a playbook in text over stdin/stdout")
     chat.add_argument("playbook", type=Path, help="playbook file (.yaml, .yml, .json or .md)")
     add_llm_arguments(chat)
-    chat.add_argument("--history-limit", type=_positive_int, default=50, metavar="N")
+    chat.add_argument("--history-limit", type=positive_int, default=50, metavar="N")
     chat.add_argument(
         "--max-tool-calls",
-        type=_positive_int,
+        type=positive_int,
         default=10,
         metavar="N",
         help="tool calls per turn before the answer is forced (default 10)",
     )
     chat.add_argument(
         "--llm-retries",
-        type=_non_negative_int,
+        type=non_negative_int,
         default=3,
         metavar="N",
         help="retries of a failed LLM call, backoff 1 s, 2 s, 4 s... (default 3)",
     )
-    chat.add_argument("--phase1-timeout-ms", type=_positive_int, default=60_000, metavar="N")
+    chat.add_argument("--phase1-timeout-ms", type=positive_int, default=60_000, metavar="N")
     chat.add_argument("--json", action="store_true", help="one JSON object per event and answer")
 
     playbook = commands.add_parser("playbook", help="check a playbook file or draw its graph")
@@ -191,17 +192,3 @@ def _bench(argv: list[str]) -> int:
     from benchmarks.cli import main as bench_main
 
     return bench_main(argv)
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError("must be at least 0")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
