@@ -8,7 +8,9 @@ still points at the line.
 
 from __future__ import annotations
 
+import bisect
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import yaml
@@ -38,7 +40,7 @@ class PlaybookError(ValueError):
         where = source if line is None else f"{source}:{line}"
         if path:
             where += f": {path}"
-        super().__init__(_one_line(f"{where}: {message}"))
+        super().__init__(_clipped(_one_line(f"{where}: {message}")))
 
 
 @dataclass
@@ -55,22 +57,45 @@ class LineMap:
     def add(self, path: str, line: int) -> None:
         self.lines.setdefault(_normal(path), line)
 
-    def record(self, node: yaml.Node, offset: int = 1, path: str = "") -> None:
+    def record(
+        self, node: yaml.Node, offset: int = 1, path: str = "", source: str | None = None
+    ) -> None:
         """Record the line of every key and list item under ``node``, a composed YAML document
-        whose 0-based marks are ``offset`` less than the file's line numbers."""
-        if len(self.lines) >= self.limit:
+        whose 0-based marks are ``offset`` less than the file's line numbers. With ``source``,
+        the document's text, lines end at ``\\n`` only, as in an editor (YAML also ends them at
+        U+0085, U+2028 and U+2029). An alias inside its own anchor (``&r [x, *r]``) is not
+        followed: the loader refuses such a document."""
+        if source is None:
+
+            def line(mark: yaml.Mark) -> int:
+                return mark.line + offset
+
+        else:
+            ends = [match.start() for match in re.finditer("\n", source)]
+
+            def line(mark: yaml.Mark) -> int:
+                return bisect.bisect_left(ends, mark.index) + offset
+
+        self._record(node, line, path, set())
+
+    def _record(
+        self, node: yaml.Node, line: Callable[[yaml.Mark], int], path: str, inside: set[int]
+    ) -> None:
+        if len(self.lines) >= self.limit or id(node) in inside:
             return
+        inside.add(id(node))
         if isinstance(node, yaml.MappingNode):
             for key, value in node.value:
                 if isinstance(key, yaml.ScalarNode):
                     child = f"{path}.{key.value}" if path else str(key.value)
-                    self.add(child, key.start_mark.line + offset)
-                    self.record(value, offset, child)
+                    self.add(child, line(key.start_mark))
+                    self._record(value, line, child, inside)
         elif isinstance(node, yaml.SequenceNode):
             for index, item in enumerate(node.value):
                 child = f"{path}[{index}]"
-                self.add(child, item.start_mark.line + offset)
-                self.record(item, offset, child)
+                self.add(child, line(item.start_mark))
+                self._record(item, line, child, inside)
+        inside.discard(id(node))
 
     def line_of(self, path: str) -> int | None:
         """The line of ``path`` or of its nearest enclosing field; None if none is known."""
@@ -103,8 +128,21 @@ def _enclosing(path: str) -> str:
 
 
 def _normal(path: str) -> str:
-    """Keys in snake case: pydantic names a field by its camelCase alias in some errors."""
-    return ".".join(to_snake(part) for part in path.split("."))
+    """Keys in snake case: pydantic names a field by its camelCase alias in some errors. A key
+    longer than any field's name is left as it is: to_snake takes quadratic time on a long run
+    of capitals (minutes for a YAML key of 100,000)."""
+    return ".".join(to_snake(part) if len(part) <= 64 else part for part in path.split("."))
+
+
+MAX_MESSAGE = 500
+"""Longest error message: a field or stage named by a huge string is cut in the middle."""
+
+
+def _clipped(text: str) -> str:
+    if len(text) <= MAX_MESSAGE:
+        return text
+    keep = (MAX_MESSAGE - 5) // 2
+    return f"{text[:keep]} ... {text[-keep:]}"
 
 
 def _one_line(text: str) -> str:

@@ -27,12 +27,15 @@ from .loader import MAX_VALUES, _SafeLoader
 
 __all__ = ["compile_markdown", "locate", "slug"]
 
-_HEADING = re.compile(r"^(#{1,3})[ \t]+(.*?)(?:[ \t]+#+)?[ \t]*$")
-_EXPLICIT_ID = re.compile(r"[ \t]*\{#([^{}\s]+)\}$")
+_LINE_END = re.compile(r"\r\n|\r|\n")
+"""CommonMark's line ends (``str.splitlines`` also splits at U+0085, U+2028, form feeds and more,
+so error lines would not match an editor's)."""
+# No pattern may backtrack over a run of spaces: on a line of 100,000 that takes hours.
+_HEADING = re.compile(r"(#{1,3})[ \t]+(.*)")
+_EXPLICIT_ID = re.compile(r"\{#([^{}\s]+)\}$")
 _FENCE = re.compile(r"^[ \t]{0,3}(```|~~~)")
 _STEP = re.compile(r"^\d{1,3}[.)][ \t]+\S")
-_BULLET = re.compile(r"^[-*+][ \t]+(.*\S)[ \t]*$")
-_ARROW = re.compile(r"[ \t]*(?:→|->|=>)[ \t]*")
+_ARROW = re.compile(r"→|->|=>")
 _TOOL = re.compile(r"^`?(mcp:[\w.-]+|[A-Za-z_][\w.-]*)`?(?:[ \t]*(?:[:—–]|[ \t]-[ \t]).*)?$")
 _SECTIONS = ("steps", "triggers", "tools")
 _FROM_BODY = {
@@ -75,12 +78,16 @@ class _Document:
     name_line: int = 0
     text: list[str] = field(default_factory=list)
     stages: list[_Stage] = field(default_factory=list)
+    lines: dict[str, int] = field(default_factory=dict)
+    """The line of each stage id."""
 
 
 def compile_markdown(text: str, label: str) -> tuple[dict[str, Any], LineMap]:
     """The playbook data of a Markdown file (not yet validated) and where its fields came from.
     Raises :class:`PlaybookError` (``label:LINE: message``) for a malformed document."""
-    lines = text.splitlines()
+    lines = _LINE_END.split(text)
+    if lines[-1] == "":  # the last line's end, or an empty file
+        lines.pop()
     front, body_start, where = _front_matter(lines, label)
     doc = _parse_body(lines, body_start, label)
     if doc.name is None:
@@ -107,8 +114,8 @@ def _front_matter(lines: list[str], label: str) -> tuple[dict[str, Any], int, Li
     try:
         node = loader.get_single_node()
         data = loader.construct_document(node) if node is not None else {}
-    except yaml.MarkedYAMLError as exc:
-        line = exc.problem_mark.line + 2 if exc.problem_mark else 1
+    except yaml.MarkedYAMLError as exc:  # lines counted at \n only, as in the body
+        line = source.count("\n", 0, exc.problem_mark.index) + 2 if exc.problem_mark else 1
         raise _error(label, line, f"front matter: {exc.problem or exc.context}") from None
     except (yaml.YAMLError, RecursionError) as exc:
         raise _error(label, 1, f"front matter: {exc}") from None
@@ -117,7 +124,7 @@ def _front_matter(lines: list[str], label: str) -> tuple[dict[str, Any], int, Li
     if not isinstance(data, dict):
         raise _error(label, 2, "front matter must be a YAML mapping")
     if node is not None:
-        where.record(node, offset=2)
+        where.record(node, offset=2, source=source)
     return data, end + 1, where
 
 
@@ -128,11 +135,11 @@ def _parse_body(lines: list[str], start: int, label: str) -> _Document:
     fenced = False
     for index in range(start, len(lines)):
         number, raw = index + 1, lines[index]
-        heading = None if fenced else _HEADING.match(raw)
+        heading = None if fenced else _heading(raw)
         if _FENCE.match(raw):
             fenced = not fenced
         if heading is not None:
-            level, title = len(heading.group(1)), heading.group(2).strip()
+            level, title = heading
             if level == 1:
                 if doc.name is not None:
                     raise _error(label, number, "a second '#' heading: one playbook per file")
@@ -171,6 +178,27 @@ def _parse_body(lines: list[str], start: int, label: str) -> _Document:
     return doc
 
 
+def _heading(raw: str) -> tuple[int, str] | None:
+    """The level and title of a ``#``, ``##`` or ``###`` heading line, without its optional
+    closing ``#`` sequence; None for any other line."""
+    match = _HEADING.match(raw)
+    if match is None:
+        return None
+    title = match.group(2).rstrip(" \t")
+    unclosed = title.rstrip("#")
+    if unclosed != title and unclosed[-1:] in (" ", "\t"):
+        title = unclosed
+    return len(match.group(1)), title.strip()
+
+
+def _bullet(raw: str) -> str | None:
+    """The text of a ``- item`` line (``*`` and ``+`` too), or None."""
+    if raw[:1] not in ("-", "*", "+") or raw[1:2] not in (" ", "\t"):
+        return None
+    text = raw[2:].strip(" \t")
+    return text if text and not text[-1].isspace() else None
+
+
 def _new_stage(doc: _Document, title: str, number: int) -> _Stage:
     explicit = _EXPLICIT_ID.search(title)
     name = title[: explicit.start()].strip() if explicit else title
@@ -179,10 +207,10 @@ def _new_stage(doc: _Document, title: str, number: int) -> _Stage:
         raise _error(doc.label, number, "a stage heading needs a title")
     if not stage_id:
         raise _error(doc.label, number, f"no id can be made of {_shown(name)}: add {{#id}}")
-    for other in doc.stages:
-        if other.id == stage_id:
-            message = f"duplicate stage id {_shown(stage_id)} (line {other.line})"
-            raise _error(doc.label, number, message)
+    if stage_id in doc.lines:
+        message = f"duplicate stage id {_shown(stage_id)} (line {doc.lines[stage_id]})"
+        raise _error(doc.label, number, message)
+    doc.lines[stage_id] = number
     return _Stage(name, stage_id, number)
 
 
@@ -192,15 +220,15 @@ def _section_line(stage: _Stage, section: str, raw: str, number: int, label: str
             raise _error(label, number, "a step is a numbered line: '1. Ask for ...'")
         stage.steps.append(raw.rstrip())
         return
-    bullet = _BULLET.match(raw)
+    bullet = _bullet(raw)
     if section == "triggers":
-        parts = _ARROW.split(bullet.group(1)) if bullet else []
+        parts = _ARROW.split(bullet) if bullet else []
         if len(parts) != 2 or not parts[0].strip() or not parts[1].strip():
             raise _error(label, number, "a trigger is a bullet: '- <condition> → <stage>'")
         condition = parts[0].strip().rstrip(".")
         stage.triggers.append((condition, parts[1].strip().strip("`"), number))
         return
-    tool = _TOOL.match(bullet.group(1)) if bullet else None
+    tool = _TOOL.match(bullet) if bullet else None
     if tool is None:
         raise _error(label, number, "a tool is a bullet with its name: '- lookup_order'")
     stage.tools.append((tool.group(1), number))
@@ -211,7 +239,7 @@ def _assemble(doc: _Document, front: dict[str, Any], where: LineMap) -> dict[str
     for key, source in _FROM_BODY.items():
         if key in front:
             raise _error(label, _line(where, key), f"{key}: set by {source}, not front matter")
-    ids = [stage.id for stage in doc.stages]
+    ids = {stage.id: i for i, stage in enumerate(doc.stages)}  # a dict: thousands of stages
     options = front.pop("stages", None) or {}
     if not isinstance(options, dict):
         raise _error(label, _line(where, "stages"), "stages: a mapping of stage id to options")
@@ -220,9 +248,9 @@ def _assemble(doc: _Document, front: dict[str, Any], where: LineMap) -> dict[str
     for path, line in front_lines.items():  # front matter paths -> compiled data paths
         match = re.match(r"stages\.([^.\[]+)(.*)$", path)
         if match is None:
-            where.add(path, line)
+            where.lines.setdefault(path, line)  # already normal: add() would redo it
         elif match.group(1) in ids:
-            where.add(f"stages[{ids.index(match.group(1))}]{match.group(2)}", line)
+            where.lines.setdefault(f"stages[{ids[match.group(1)]}]{match.group(2)}", line)
     for stage_id, extra in options.items():
         line = front_lines.get(f"stages.{stage_id}", 1)
         if stage_id not in ids:
@@ -239,7 +267,7 @@ def _assemble(doc: _Document, front: dict[str, Any], where: LineMap) -> dict[str
     if not isinstance(listed, list):
         raise _error(label, _line(where, "transitions"), "transitions: a list of transitions")
     transitions: list[Any] = list(listed)
-    taken = {t.get("id") for t in transitions if isinstance(t, dict)}
+    taken = {t["id"] for t in transitions if isinstance(t, dict) and isinstance(t.get("id"), str)}
     stages: list[dict[str, Any]] = []
     for i, stage in enumerate(doc.stages):
         where.add(f"stages[{i}]", stage.line)
@@ -279,7 +307,7 @@ def _assemble(doc: _Document, front: dict[str, Any], where: LineMap) -> dict[str
     data: dict[str, Any] = {
         "id": slug(doc.name) or doc.name,
         "name": doc.name,
-        "initial_stage": ids[0],
+        "initial_stage": doc.stages[0].id,
         **front,
         "stages": stages,
         "transitions": transitions,
