@@ -1,6 +1,6 @@
 """Fuzzing every input the server takes from outside, with hypothesis: ``POST /offer`` bodies,
-messages on a call's ``events`` data channel, SIP datagrams, playbook files, the
-``Authorization`` header, and the media WebSocket's ``start`` and later messages.
+messages on a call's ``events`` data channel, SIP datagrams, playbook files (YAML, JSON and
+Markdown), the ``Authorization`` header, and the media WebSocket's ``start`` and later messages.
 
 Whatever arrives, the answer is a clear 4xx (or a one-line validation message), never a 5xx, a
 crash or a logged traceback, and the server goes on serving. Runs are derandomized (the same
@@ -20,6 +20,7 @@ import json
 import logging
 import re
 import shutil
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
@@ -793,7 +794,12 @@ def _spots(tree: Any) -> list[tuple[Any, Any]]:
 def mutated_examples(draw: st.DrawFn) -> Any:
     """A real example playbook with keys dropped, values of the wrong type, unknown keys and
     stages, duplicated entries, huge strings."""
-    doc = copy.deepcopy(EXAMPLE_DOCS[draw(st.sampled_from(sorted(EXAMPLE_DOCS)))])
+    return _mutated(draw, EXAMPLE_DOCS[draw(st.sampled_from(sorted(EXAMPLE_DOCS)))])
+
+
+def _mutated(draw: st.DrawFn, original: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``original`` with one to four of the mutations of :func:`mutated_examples`."""
+    doc = copy.deepcopy(original)
     for _ in range(draw(st.integers(1, 4))):
         spots = _spots(doc)
         container, key = spots[draw(st.integers(0, len(spots) - 1))]
@@ -896,6 +902,11 @@ DOCUMENT_PROBLEMS = (  # errors about the whole file, which has no single field 
 )
 
 
+LOAD_BUDGET_S = 10.0
+"""Longest a fuzzed file may take to load or fail (the slowest take milliseconds): a parser or
+validator stuck on a huge line or an alias bomb fails instead of hanging the run."""
+
+
 def load_error(path: Path) -> PlaybookError | None:
     """What loading ``path`` raised; None when it loaded. Any other exception propagates."""
     try:
@@ -906,10 +917,13 @@ def load_error(path: Path) -> PlaybookError | None:
 
 
 def check_playbook_file(folder: Path, suffix: str, content: bytes) -> None:
-    """Loads, or raises one PlaybookError naming the file and the line or field."""
+    """Loads within a few seconds, or raises one PlaybookError naming the file and the line or
+    field (a Markdown file's always a line of it)."""
     path = folder / f"fuzzed{suffix}"
     path.write_bytes(content)
+    started = time.monotonic()
     error = load_error(path)
+    assert time.monotonic() - started < LOAD_BUDGET_S, f"loading took over {LOAD_BUDGET_S} s"
     if error is None:
         return
     message = str(error)
@@ -920,8 +934,20 @@ def check_playbook_file(folder: Path, suffix: str, content: bytes) -> None:
     assert "\n" not in message
     assert "\r" not in message
     assert len(message) < 1000, message[:300]
+    if suffix == ".md":
+        lines = _line_count(content)
+        assert error.line is not None or " at line " in message, message
+        assert error.line is None or 1 <= error.line <= lines, f"{lines} lines: {message}"
+        return
     named = error.path or " at line " in message
     assert named or any(problem in message for problem in DOCUMENT_PROBLEMS), message
+
+
+def _line_count(content: bytes) -> int:
+    """Lines as an editor shows them: ended by ``\\n``, ``\\r\\n`` or ``\\r`` (as in CommonMark),
+    the last one maybe not."""
+    lines = re.split(rb"\r\n|\r|\n", content)
+    return max(1, len(lines) - (lines[-1] == b""))
 
 
 @pytest.fixture
@@ -953,6 +979,7 @@ def playbook_dir(tmp_path: Path) -> Path:
     )
 )
 @example(file=(".yaml", b"x: &r [x, *r]\n"))  # a value holding itself
+@example(file=(".yaml", b"? " + b"A" * 100_000 + b"\n: x\n"))  # to_snake took minutes on the key
 @fuzz(300)
 def test_playbook_files_load_or_fail_with_one_clear_line(
     playbook_dir: Path, file: tuple[str, bytes]
@@ -991,6 +1018,208 @@ def test_chat_refuses_an_invalid_playbook_with_one_line_and_status_2(
     assert len(lines) == 1, err
     assert re.match(rf"vocable: {re.escape(name)}(:\d+)?: ", lines[0]), lines[0]
     assert len(lines[0]) < 300
+
+
+# -- 4b. Markdown playbook files -----------------------------------------------------------------
+
+MARKDOWN_EXAMPLE = EXAMPLES / "markdown" / "support.md"
+_, _FRONT_TEXT, _ = MARKDOWN_EXAMPLE.read_text().split("---\n", 2)
+MARKDOWN_FRONT: dict[str, Any] = yaml.safe_load(_FRONT_TEXT)
+STAGE_TITLES = ["Greeting", "Identify the order {#identify}", "Order help", "Farewell", "A"]
+STAGE_REFS = ["greeting", "identify", "order_help", "farewell", "Order help", "`farewell`", "x"]
+TOOL_NAMES = ["lookup_order", "`cancel_order`", "mcp:stock", "set_language", "delegate", "1x"]
+ODD_CHARS = [
+    *"\u2028\u2029\x85\x0b\x0c\x1c\r\x00\t\ufeff\u200b\u202e\u0301",
+    *"→—–＃#{}`\\:-*>|'\"&!%@",
+    "🙂",
+    "\U0010ffff",
+]
+odd_text = st.text(st.characters(codec="utf-8") | st.sampled_from(ODD_CHARS), max_size=24)
+words = st.sampled_from(["Ask.", "Say hello.", "x", "", " ", "{#x}", "# x", "--- ", "..."])
+prose = words | odd_text
+
+
+headings = st.builds(
+    lambda hashes, space, title, anchor, closing: f"{hashes}{space}{title}{anchor}{closing}",
+    st.sampled_from(["#", "##", "###", "####", " ##", "\t#", "＃"]),
+    st.sampled_from([" ", "\t", "", "   "]),
+    st.sampled_from([*STAGE_TITLES, "Steps", "Triggers", "Tools", "!!!", ""]) | odd_text,
+    st.sampled_from(["", " {#identify}", "{#x}", " {#}", " {#a b}", " {#{#x}}"])
+    | odd_text.map(lambda text: f" {{#{text}}}"),
+    st.sampled_from(["", " #", " ###", "#", " {#y}"]),
+)
+stage_headings = st.sampled_from(STAGE_TITLES).map(lambda title: f"## {title}") | headings
+steps = st.builds(
+    lambda number, mark, text: f"{number}{mark} {text}",
+    st.sampled_from(["1", "2", "10", "0", "1234", ""]),
+    st.sampled_from([".", ")", "", ":"]),
+    prose,
+) | prose.map(lambda text: f"   {text}")
+triggers = st.builds(
+    lambda bullet, condition, arrow, target: f"{bullet}{condition}{arrow}{target}",
+    st.sampled_from(["- ", "* ", "+ ", "-", ""]),
+    st.sampled_from(["The caller asks about an order", "x.", ""]) | odd_text,
+    st.sampled_from([" → ", " -> ", "=>", " → → ", " ", ""]),
+    st.sampled_from(STAGE_REFS) | odd_text,
+)
+tools = st.builds(
+    lambda bullet, name, note: f"{bullet}{name}{note}",
+    st.sampled_from(["- ", "* ", "-", ""]),
+    st.sampled_from(TOOL_NAMES) | odd_text,
+    st.sampled_from(["", ": only after a confirmation", " - a note", " — a note", " x"]),
+)
+SECTION_LINES = {"Steps": steps, "Triggers": triggers, "Tools": tools}
+fences = st.sampled_from(["```", "~~~", "   ```text", "````", "    ```", "~~~ ```"])
+fills = st.sampled_from([" ", "\t", "x", "A", "#", "é", "→", " #", "-", "{", "`", "\x85", "\u2028"])
+huge_lines = st.builds(
+    lambda start, fill, end: start + fill * 100_000 + end,
+    st.sampled_from(["", "# a", "## a", "### ", "- a", "- ", "1. ", "id: "]),
+    fills,
+    st.sampled_from(["", "b", "{#b}", " → a", " #", ": x"]),
+)
+any_lines = st.one_of(
+    headings, stage_headings, steps, triggers, tools, fences, prose, huge_lines, st.just("---")
+)
+YAML_NOISE = ["id: [x", "- a", "a: &r [x, *r]", "stages: x", "stages: {zz: {}}", "\tid: x", "? x"]
+
+
+@st.composite
+def front_matters(draw: st.DrawFn) -> list[str]:
+    """No front matter, or one holding the example's (mutated), a random YAML tree, YAML noise
+    or an alias bomb; closed by ``---``, ``...`` or never."""
+    kind = draw(st.sampled_from(["none", "example", "example", "tree", "noise", "bomb"]))
+    if kind == "none":
+        return []
+    if kind == "example":
+        tree: Any = _mutated(draw, MARKDOWN_FRONT) if draw(st.booleans()) else MARKDOWN_FRONT
+        text = yaml.safe_dump(tree, allow_unicode=draw(st.booleans()), sort_keys=False)
+    elif kind == "tree":
+        text = yaml.safe_dump(draw(json_values), allow_unicode=draw(st.booleans()))
+    elif kind == "noise":
+        text = "\n".join(draw(st.lists(st.sampled_from(YAML_NOISE) | odd_text, max_size=4)))
+    else:
+        value = draw(
+            st.builds(_bomb, st.integers(2, 10), st.integers(1, 8))
+            | st.sampled_from(["&r [x, *r]", "&r {a: *r}"])
+            | st.integers(1, 1500).map(_deep)
+        )
+        text = f"stages: {{greeting: {{description: {value}}}}}"
+    closing = draw(st.sampled_from([["---"], ["---"], ["..."], ["--- "], []]))
+    return ["---", *text.splitlines(), *closing]
+
+
+@st.composite
+def markdown_playbooks(draw: st.DrawFn) -> list[str]:
+    """A playbook built from the grammar: front matter, ``#`` title and text, ``##`` stages with
+    their text and ``### Steps``/``Triggers``/``Tools`` sections; then a few lines of any kind
+    inserted anywhere."""
+    lines = draw(front_matters())
+    lines.append(draw(st.just("# Acme support") | headings))
+    lines += draw(st.lists(prose, max_size=2))
+    for _ in range(draw(st.integers(0, 4))):
+        lines.append(draw(stage_headings))
+        lines += draw(st.lists(prose, max_size=2))
+        for section in draw(st.lists(st.sampled_from(sorted(SECTION_LINES)), max_size=3)):
+            lines.append(f"### {section}")
+            lines += draw(st.lists(SECTION_LINES[section], max_size=3))
+    for _ in range(draw(st.integers(0, 3))):
+        lines.insert(draw(st.integers(0, len(lines))), draw(any_lines))
+    return lines
+
+
+@st.composite
+def garbled_markdown(draw: st.DrawFn) -> list[str]:
+    """The Markdown example with lines deleted, duplicated, swapped, cut, replaced by any line
+    of the grammar, or with odd characters inserted."""
+    lines = MARKDOWN_EXAMPLE.read_text().splitlines()
+    for _ in range(draw(st.integers(1, 5))):
+        i = draw(st.integers(0, len(lines) - 1))
+        op = draw(st.sampled_from(["delete", "duplicate", "swap", "cut", "replace", "insert"]))
+        if op == "delete" and len(lines) > 1:
+            del lines[i]
+        elif op == "duplicate":
+            lines.insert(i, lines[i])
+        elif op == "swap":
+            j = draw(st.integers(0, len(lines) - 1))
+            lines[i], lines[j] = lines[j], lines[i]
+        elif op == "cut":
+            lines[i] = lines[i][: draw(st.integers(0, len(lines[i])))]
+        elif op == "replace":
+            lines[i] = draw(any_lines)
+        else:
+            at = draw(st.integers(0, len(lines[i])))
+            lines[i] = lines[i][:at] + draw(st.sampled_from(ODD_CHARS) | odd_text) + lines[i][at:]
+    return lines
+
+
+MARKDOWN_LINES = MARKDOWN_EXAMPLE.read_text().splitlines()
+MARKED_LINES = [line for line in MARKDOWN_LINES if re.match(r"#|- |\d\.", line)]
+
+
+@st.composite
+def stretched_markdown(draw: st.DrawFn) -> list[str]:
+    """The Markdown example with 100,000 of one character (often a space) inserted into one
+    line, often a heading, trigger, tool or step: a regular expression that backtracks over
+    such a run takes hours."""
+    lines = list(MARKDOWN_LINES)
+    line = draw(st.sampled_from(MARKED_LINES) | st.sampled_from(MARKDOWN_LINES))
+    i = lines.index(line)
+    at = draw(st.integers(0, len(line)))
+    lines[i] = line[:at] + draw(st.just(" ") | fills) * 100_000 + line[at:]
+    return lines
+
+
+@st.composite
+def markdown_files(draw: st.DrawFn) -> bytes:
+    """A grammar-built, garbled or stretched playbook with ``\\n``, ``\\r\\n`` or ``\\r`` line
+    ends, maybe a byte-order mark, maybe a byte that is not UTF-8."""
+    lines = draw(markdown_playbooks() | garbled_markdown() | stretched_markdown())
+    end = draw(st.sampled_from(["\n", "\n", "\r\n", "\r"]))
+    last = draw(st.sampled_from([end, end, ""]))
+    content = (draw(st.sampled_from(["", "", "\ufeff"])) + end.join(lines) + last).encode()
+    if draw(st.sampled_from([False] * 9 + [True])):
+        at = draw(st.integers(0, len(content)))
+        noise = draw(st.sampled_from([b"\xff", b"\xc3", b"\xed\xa0\x80"]))
+        content = content[:at] + noise + content[at:]
+    return content
+
+
+@pytest.fixture
+def markdown_dir(playbook_dir: Path) -> Path:
+    """A folder beside the examples' tools modules, as the Markdown example's is (it names
+    ``../support_tools.py``)."""
+    folder = playbook_dir / "markdown"
+    folder.mkdir()
+    return folder
+
+
+def _support_md(old: str, new: str) -> bytes:
+    """The Markdown example with the first ``old`` replaced by ``new``."""
+    text = MARKDOWN_EXAMPLE.read_text()
+    assert old in text
+    return text.replace(old, new, 1).encode()
+
+
+@given(content=markdown_files())
+@example(content=MARKDOWN_EXAMPLE.read_bytes())
+# regressions: regular expressions backtracking for hours over 100,000 spaces (the heading, the
+# {#id}, the trigger's arrow, the bullet), and pydantic's to_snake for minutes over a key
+@example(content=_support_md("## Identify the", "## Identify" + " " * 100_000 + "the"))
+@example(content=_support_md("cancellation →", "cancellation" + " " * 100_000 + "x →"))
+@example(content=_support_md("- lookup_order\n\n## Order", "- " + " " * 100_000 + "\n\n## Order"))
+@example(content=_support_md("id: support", "? " + "A" * 100_000 + "\n: x"))
+@example(content=_support_md("## Greeting", "## " + "x" * 100_000))  # a 100,000-character error
+@example(content=_support_md("- id: identify_found", "- id: [x]"))  # TypeError: unhashable
+@example(content=_support_md("Close the call politely.", "&r [x, *r]"))  # RecursionError
+# errors at line 100 of a 91-line file: U+2028 and U+0085 counted as line ends
+@example(content=_support_md("say goodbye.", "say goodbye." + "\u2028" * 9 + "```"))
+@example(content=_support_md("id: support", "id: support" + "\x85" * 99 + "x: ["))
+@example(content=("# Many\n" + "".join(f"## S{i}\nx\n" for i in range(30_000))).encode())  # n²
+@fuzz(300)
+def test_markdown_playbooks_load_or_fail_with_one_clear_line(
+    markdown_dir: Path, content: bytes
+) -> None:
+    check_playbook_file(markdown_dir, ".md", content)
 
 
 # -- 5. the Authorization header -----------------------------------------------------------------
