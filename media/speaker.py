@@ -104,7 +104,9 @@ class Speaker:
         self.levels: deque[float] = deque(maxlen=max(1, LEVEL_HISTORY_MS // frame_ms))
         """dBFS of the most recent frames sent (newest last), for echo suppression."""
         self.on_clear: list[Callable[[], None]] = []
-        """Transport hooks run by ``clear()``, e.g. a media WebSocket's ``clear`` message."""
+        """Transport hooks run by ``clear()`` and ``pause()`` when audio went out since they last
+        ran, e.g. a media WebSocket's ``clear`` message."""
+        self._sent_since_flush = False
 
     @property
     def busy(self) -> bool:
@@ -127,12 +129,19 @@ class Speaker:
 
     def pause(self) -> None:
         """Hold the queued audio: silence goes out until :meth:`resume` (or ``clear()``). The
-        ``on_clear`` hooks run, so transports drop what they buffered downstream."""
+        ``on_clear`` hooks run if audio went out since they last ran, so transports drop what
+        they buffered downstream (and say nothing when there is nothing to drop)."""
         if self.paused:
             return
         self.paused = True
-        for hook in self.on_clear:
-            hook()
+        self._flush_downstream()
+
+    def hold(self) -> None:
+        """Pause for audio still to come (an answer prepared before it may play): like
+        :meth:`pause`, but nothing downstream is dropped, since what went out before belongs to
+        an earlier turn, and a later ``clear()`` leaves it alone too."""
+        self.paused = True
+        self._sent_since_flush = False
 
     def resume(self) -> None:
         """Play on from the sample where :meth:`pause` stopped."""
@@ -155,22 +164,31 @@ class Speaker:
                 self._queue.popleft()
                 head._finish(completed=True)
         self.frames_out += 1
+        self._sent_since_flush = True
         out = bytes(frame.ljust(self.frame_bytes, b"\0"))
         self.levels.append(pcm_rms_dbfs(out))
         return out
 
     def clear(self) -> list[PlaybackResult]:
         """Drop everything queued at once; every pending handle resolves as not completed with
-        how much of it was played. Returns those results in queue order."""
+        how much of it was played, and the ``on_clear`` hooks run if audio went out since they
+        last ran. Returns those results in queue order."""
         dropped = list(self._queue)
         self._queue.clear()
         self.paused = False
         self._resamplers.clear()  # their filter tails belong to the dropped audio
         for playback in dropped:
             playback._finish(completed=False)
+        self._flush_downstream()
+        return [PlaybackResult(False, p.played_ms, p.total_ms) for p in dropped]
+
+    def _flush_downstream(self) -> None:
+        """Run the ``on_clear`` hooks, unless no audio went out since they last ran."""
+        if not self._sent_since_flush:
+            return
+        self._sent_since_flush = False
         for hook in self.on_clear:
             hook()
-        return [PlaybackResult(False, p.played_ms, p.total_ms) for p in dropped]
 
     def close(self) -> None:
         """The call is over: free the resamplers now. Each holds an ffmpeg filter graph with

@@ -298,7 +298,7 @@ class Session:
             speculation, self.voice.orchestrator.snapshot(), asyncio.Event(), timeline
         )
         self._preemption = preemption
-        self.voice.speaker.pause()
+        self.voice.speaker.hold()
         self._count("preempted")
         self._start_turn(self._run_preemptive(preemption, transcript.text), name="turn")
         preemption.task = self._turn

@@ -161,6 +161,36 @@ async def test_clear_drops_everything_and_reports_what_was_played() -> None:
     assert speaker.frames_out == 7
 
 
+async def test_flush_hooks_run_only_when_audio_went_out_since_the_last_flush() -> None:
+    """A phone gateway gets a ``clear`` only when it may hold our audio: pausing for an answer
+    that has not started, or clearing twice, says nothing downstream."""
+    speaker = Speaker(16_000)
+    hooks: list[str] = []
+    speaker.on_clear.append(lambda: hooks.append("flush"))
+    speaker.pause()  # nothing ever sent
+    speaker.push(ramp(5), 16_000)
+    speaker.resume()
+    speaker.clear()
+    assert hooks == []
+    speaker.push(ramp(5), 16_000)
+    speaker.pull()
+    speaker.pause()
+    assert hooks == ["flush"]
+    speaker.clear()  # nothing went out while paused
+    assert hooks == ["flush"]
+    speaker.push(ramp(5), 16_000)
+    speaker.pull()
+    speaker.clear()
+    assert hooks == ["flush", "flush"]
+    speaker.push(ramp(5), 16_000)
+    speaker.pull()
+    speaker.hold()  # an answer prepared ahead: the last turn's audio is not ours to drop
+    speaker.push(ramp(5), 16_000)
+    speaker.clear()  # the prepared answer is abandoned before it played
+    assert hooks == ["flush", "flush"]
+    assert not speaker.paused
+
+
 async def test_clear_also_drops_the_resamplers_tail() -> None:
     speaker = Speaker(16_000)
     speaker.push(tone(22_050, 300, amplitude=0.9), 22_050)

@@ -226,6 +226,8 @@ async def test_barge_in_on_a_twilio_stream_sends_clear_and_stops_the_audio(
     await twilio.say(phone_audio(PARCEL) + silence(600, 8000))
     await _wait(lambda: len(_events(twilio, "mark")) >= 4, 20)  # well into the long answer
     await asyncio.sleep(0.5)
+    # a question answered (even one prepared ahead of the end of its turn) gets no clear
+    assert _events(twilio, "clear") == []
     # the whole phrase: a clipped "Stop," may end its turn, and be answered, within the window
     talking = asyncio.create_task(twilio.say(phone_audio(INTERRUPTION)))
     await _wait(lambda: bool(_events(twilio, "clear")), 5)
