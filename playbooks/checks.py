@@ -115,7 +115,7 @@ def check_references(
         _check_reserved(names, fail)
     _check_tool_lists(spec, names, fail)
     _check_voices(spec, source, fail)
-    _check_delegation(spec, fail)
+    _check_delegation(spec, names, fail)
     _check_transitions(spec, stage_ids, names, fail)
 
 
@@ -227,8 +227,10 @@ def _check_voices(spec: Playbook, source: Path | None, fail: Fail) -> None:
         fail("language", f"unknown language {shown(spec.language)} (not in languages)")
 
 
-def _check_delegation(spec: Playbook, fail: Fail) -> None:
-    """Workers are other stages; a delegating stage offers no tool named ``delegate``."""
+def _check_delegation(spec: Playbook, names: ToolNames | None, fail: Fail) -> None:
+    """Workers are other stages; a delegating stage offers no tool named ``delegate``, neither
+    by name nor through an ``mcp:<server>`` entry (when the servers' tools are known)."""
+    servers = names.servers if names is not None else {}
     ids = {stage.id for stage in spec.stages}
     for i, stage in enumerate(spec.stages):
         if stage.delegates is None:
@@ -238,7 +240,7 @@ def _check_delegation(spec: Playbook, fail: Fail) -> None:
                 fail(f"stages[{i}].delegates.workers[{j}]", f"unknown stage {shown(worker)}")
             if worker == stage.id:
                 fail(f"stages[{i}].delegates.workers[{j}]", "a stage cannot delegate to itself")
-        if DELEGATE_TOOL in (*spec.global_tools, *stage.tools):
+        if DELEGATE_TOOL in expand([*spec.global_tools, *stage.tools], servers):
             fail(f"stages[{i}].delegates", "the tool name 'delegate' is reserved for delegation")
 
 

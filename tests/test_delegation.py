@@ -14,6 +14,7 @@ import pytest
 
 from playbooks import ChatClient, PlaybookError, PlaybookOrchestrator, load_playbook
 from playbooks.delegation import WORKER_NOTE
+from playbooks.loader import check_playbook
 from tests.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
 from tests.test_cli import _json_lines, _vocable
 
@@ -235,6 +236,28 @@ def test_invalid_workers_are_refused_when_the_playbook_loads(
     with pytest.raises(PlaybookError) as error:
         load_playbook(write_playbook(text, TOOLS_PY))
     assert expected in str(error.value)
+
+
+@pytest.mark.parametrize("entry", ["delegate", "mcp:team"])
+def test_a_delegating_stage_may_not_offer_another_tool_named_delegate(
+    tmp_path: Path, entry: str
+) -> None:
+    """Neither by name nor through an MCP server's tools (checked without starting it: its
+    ``tools`` list names them)."""
+    path = tmp_path / "clash.yaml"
+    path.write_text(
+        "id: clash\nname: Clash\ninitial_stage: desk\n"
+        "mcp_servers:\n  - {name: team, command: team-server, tools: [delegate, lookup]}\n"
+        "stages:\n"
+        f"  - {{id: desk, name: Desk, system_prompt: Hi., tools: [{entry}],\n"
+        "     delegates: {workers: [helper]}}\n"
+        "  - {id: helper, name: Helper, system_prompt: Help.}\n"
+    )
+    with pytest.raises(PlaybookError) as error:
+        check_playbook(path)
+    assert "stages[0].delegates: the tool name 'delegate' is reserved for delegation" in str(
+        error.value
+    )
 
 
 async def test_worker_tools_with_side_effects_wait_for_a_confirmed_turn(
