@@ -149,7 +149,11 @@ class PlaybookOrchestrator:
         )
 
     def restore(self, snapshot: Snapshot) -> None:
+        """Put the conversation and stage state back to ``snapshot``. A stage or language the
+        undone turn had changed is announced again (``stage_entered`` with ``restored``,
+        ``language_changed``), so listeners end up where the conversation is."""
         engine = self.engine
+        stage_before, language_before = engine.stage, engine.language
         self.conversation.messages[:] = snapshot.messages
         engine.stage = snapshot.stage
         engine.turns_in_stage = snapshot.turns_in_stage
@@ -160,6 +164,13 @@ class PlaybookOrchestrator:
         engine.handoff = snapshot.handoff
         engine.language = snapshot.language
         self._greeting_due = self._greeting_note = None
+        if engine.stage is not stage_before:
+            stage = engine.stage
+            self._events.emit(
+                "stage_entered", stage={"id": stage.id, "name": stage.name}, restored=True
+            )
+        if engine.language != language_before:
+            self._language_changed(engine.language)
 
     async def respond(self, user_text: str) -> str:
         """Run a whole turn and return its answer (for text interfaces and tests)."""
@@ -272,7 +283,7 @@ class PlaybookOrchestrator:
             self._events.emit("greeting", stage=self.engine.stage.id, text=greeting)
         return greeting
 
-    def _language_changed(self, code: str) -> None:
+    def _language_changed(self, code: str | None) -> None:
         instruction = language_instruction(self.engine.playbook.spec, code)
         self._events.emit("language_changed", language=code, instruction=instruction)
 

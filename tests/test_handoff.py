@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from playbooks import ChatClient, PlaybookOrchestrator, load_playbook
 from tests.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
 from tests.test_cli import _json_lines, _vocable
 
@@ -134,3 +135,41 @@ async def test_without_require_summary_the_summary_is_optional_and_clearing_empt
     assert "summary" not in _transition_tool(llm.requests[0])["parameters"]["properties"]
     assert llm.requests[1]["messages"][1:] == [{"role": "user", "content": "I was charged twice"}]
     assert "Handoff notes" not in _system(llm.requests[1])
+
+
+async def test_an_undone_handoff_announces_the_stage_it_goes_back_to(
+    llm: ScriptedLLM, write_playbook: Callable[..., Path]
+) -> None:
+    """A turn undone after its handoff (a preemptive turn the caller spoke on through) puts the
+    stage and history back, and says so: listeners last hear of the stage the call is in."""
+    move = {"target_stage": "billing", "reason": "billing", "summary": SUMMARY}
+    llm.script(
+        [
+            Reply(tool_calls=[ScriptedToolCall("playbook_transition", move)]),
+            Reply(content="I will refund it."),
+        ]
+    )
+    client = ChatClient.connect(llm.base_url, None, "m")
+    orchestrator = PlaybookOrchestrator(load_playbook(write_playbook(PLAYBOOK)), client)
+    entered: list[tuple[str, bool]] = []
+    orchestrator.on(
+        lambda e: (
+            entered.append((e.data["stage"]["id"], e.data.get("restored", False)))
+            if e.type == "stage_entered"
+            else None
+        )
+    )
+    try:
+        snapshot = orchestrator.snapshot()
+        await orchestrator.respond("I was charged twice.")
+        assert orchestrator.engine.stage.id == "billing"
+
+        orchestrator.restore(snapshot)
+
+        assert orchestrator.engine.stage.id == "intake"
+        assert orchestrator.conversation.messages == snapshot.messages
+        assert entered == [("billing", False), ("intake", True)]
+        orchestrator.restore(snapshot)  # nothing changed: nothing to announce
+        assert entered == [("billing", False), ("intake", True)]
+    finally:
+        await client.client.close()
