@@ -6,6 +6,7 @@ Routes: ``GET /`` (the web client), ``GET /config``, ``POST /offer``, ``DELETE /
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import AsyncIterator, Callable
@@ -114,7 +115,8 @@ async def _calls_context(app: web.Application) -> AsyncIterator[None]:
         await audiosocket.close()
     await calls.close_all()
     if provider is not None:
-        provider.shutdown()  # exports the spans still batched
+        # exports the spans still batched; off the loop, as it may wait for the collector
+        await asyncio.to_thread(provider.shutdown)
 
 
 def _client_address(request: web.Request) -> str:
