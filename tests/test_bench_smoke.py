@@ -17,10 +17,8 @@ from tests.conftest import REPO
 pytestmark = pytest.mark.slow
 
 
-def _latencies(turn: dict[str, Any]) -> list[float]:
-    values = [turn["client_v2v_ms"], turn["floor_ms"]]
-    values += [v for v in turn["server"].values() if v is not None]
-    return values
+def _server_hops(turn: dict[str, Any]) -> list[float]:
+    return [v for v in turn["server"].values() if v is not None]
 
 
 async def test_a_quick_benchmark_run_writes_a_complete_report(tmp_path: Path) -> None:
@@ -52,7 +50,10 @@ async def test_a_quick_benchmark_run_writes_a_complete_report(tmp_path: Path) ->
     turns = [turn for level in run["levels"] for turn in level["turns"]]
     assert len(turns) == 2 + 4
     assert all(turn["ok"] for turn in turns), [t.get("error") for t in turns]
-    assert all(value > 0 for turn in turns for value in _latencies(turn))
+    assert all(turn["client_v2v_ms"] > 0 and turn["floor_ms"] > 0 for turn in turns)
+    assert all(turn["server"]["voice_to_voice_ms"] > 0 for turn in turns)
+    # a hop a preemptive answer made before the turn ended counts as 0: it cost the caller nothing
+    assert all(value >= 0 for turn in turns for value in _server_hops(turn))
     for level in run["levels"]:
         assert level["server_cpu_percent"] > 0
         assert level["server_rss_mb_peak"] > 0
