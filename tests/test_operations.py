@@ -172,10 +172,14 @@ class Served:
             return response.status, await response.json()
 
 
-@asynccontextmanager
-async def served(port: int, llm: ScriptedLLM, *flags: str) -> AsyncIterator[Served]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("VOCABLE_", "OPENAI_"))}
-    process = await asyncio.create_subprocess_exec(
+async def start_serve(
+    port: int, llm: ScriptedLLM, *flags: str, env: dict[str, str] | None = None
+) -> asyncio.subprocess.Process:
+    """``vocable serve`` in a child process on ``port`` with the scripted LLM, stdout and stderr
+    piped; ``env`` None: the test's environment without Vocable's and OpenAI's settings."""
+    if env is None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("VOCABLE_", "OPENAI_"))}
+    return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "server",
@@ -192,6 +196,11 @@ async def served(port: int, llm: ScriptedLLM, *flags: str) -> AsyncIterator[Serv
         cwd=REPO,
         env=env,
     )
+
+
+@asynccontextmanager
+async def served(port: int, llm: ScriptedLLM, *flags: str) -> AsyncIterator[Served]:
+    process = await start_serve(port, llm, *flags)
     server = Served(process, f"http://127.0.0.1:{port}")
     try:
         yield server

@@ -32,6 +32,7 @@ from tests.calls import piper_speech, synthesize_ahead, voice_server
 from tests.conftest import REPO
 from tests.otlp_collector import OtlpCollector, collector_in_thread
 from tests.scripted_llm import ScriptedLLM, answers_by_words
+from tests.test_operations import start_serve
 
 QUESTION = "Hello, where is my parcel?"
 ANSWER = "Your order is on its way. It will arrive on Tuesday."
@@ -97,23 +98,7 @@ async def otel_server(
         "OTEL_BSP_SCHEDULE_DELAY": "600000",
         "NO_PROXY": "127.0.0.1",
     }
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "server",
-        "serve",
-        "--otel",
-        "--port",
-        str(port),
-        "--llm-base-url",
-        llm.base_url,
-        "--llm-model",
-        "scripted",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        cwd=REPO,
-        env=env,
-    )
+    process = await start_serve(port, llm, "--otel", env=env)
     server = OtelServer(process, f"http://127.0.0.1:{port}")
     # read both pipes all along: a full pipe would stall the server
     server.readers = [
