@@ -11,7 +11,6 @@ Every request is recorded; ``fail_next`` answers the next requests with error st
 
 from __future__ import annotations
 
-import asyncio
 import io
 import struct
 import time
@@ -23,6 +22,7 @@ from aiohttp import web
 
 from media import Resampler, Synthesizer, Transcriber
 from media.tts import TextToSpeech, VoiceSettings
+from tests.loopback import start_on_loopback
 from tests.speech import to_16k
 
 __all__ = ["AudioApiServer", "RecordedRequest"]
@@ -62,13 +62,8 @@ class AudioApiServer:
         app = web.Application(client_max_size=32 * 1024 * 1024)
         app.router.add_post("/v1/audio/transcriptions", self._transcribe)
         app.router.add_post("/v1/audio/speech", self._speech)
-        self._runner = web.AppRunner(app, shutdown_timeout=0.5)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        server = site._server
-        assert isinstance(server, asyncio.Server)
-        self.base_url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
+        self._runner, port = await start_on_loopback(app)
+        self.base_url = f"http://127.0.0.1:{port}/v1"
         return self
 
     async def __aexit__(self, *exc: object) -> None:

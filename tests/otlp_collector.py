@@ -27,6 +27,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
+from tests.loopback import start_on_loopback
+
 __all__ = ["ExportedSpan", "OtlpCollector", "attributes", "collector_in_thread"]
 
 PROTOBUF = "application/x-protobuf"
@@ -87,13 +89,7 @@ class OtlpCollector:
     async def __aenter__(self) -> OtlpCollector:
         app = web.Application()
         app.router.add_post("/v1/traces", self._traces)
-        self._runner = web.AppRunner(app, shutdown_timeout=0.5)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        server = site._server
-        assert isinstance(server, asyncio.Server)
-        port = server.sockets[0].getsockname()[1]
+        self._runner, port = await start_on_loopback(app)
         self.endpoint = f"http://127.0.0.1:{port}"
         return self
 

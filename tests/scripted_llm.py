@@ -17,6 +17,8 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.loopback import start_on_loopback
+
 __all__ = ["Reply", "ScriptedLLM", "ScriptedToolCall", "answers_by_words"]
 
 
@@ -112,13 +114,7 @@ class ScriptedLLM:
     async def start(self) -> str:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._handle)
-        self._runner = web.AppRunner(app, shutdown_timeout=0.5)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        server = site._server
-        assert isinstance(server, asyncio.Server)
-        port = server.sockets[0].getsockname()[1]
+        self._runner, port = await start_on_loopback(app)
         self.base_url = f"http://127.0.0.1:{port}/v1"
         return self.base_url
 
