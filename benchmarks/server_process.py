@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -55,6 +56,7 @@ class ServerProcess:
             cwd=self.cwd,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,  # its own process group: stop() kills workers too
         )
         assert self.process.stdout is not None
         async with asyncio.timeout(timeout_s):
@@ -102,7 +104,8 @@ class ServerProcess:
         try:
             await asyncio.wait_for(self.process.wait(), timeout=20)
         except TimeoutError:
-            self.process.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
             await self.process.wait()
         for task in self._drains:
             task.cancel()

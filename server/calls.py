@@ -45,6 +45,10 @@ CONNECT_TIMEOUT_S = 30.0
 """A call whose peer connection is not up this long after the answer is hung up (the peer
 vanished, or its offer was one aiortc accepted but cannot connect)."""
 CLOSE_TIMEOUT_S = 10.0
+HANGUP_NOTICE_TIMEOUT_S = 3.0
+"""How long a hang-up waits for the events channel to carry its ``hangup`` event: a call hung up
+while its peer is still connecting (``DELETE`` right after the offer) waits for the channel to
+open, so the client learns why its call ended instead of seeing it drop."""
 
 
 class BadOffer(ValueError):
@@ -77,6 +81,7 @@ class WebRTCCall:
         """Set once the call has ended and everything it held is freed."""
         self._listening = False
         self._connected = asyncio.Event()
+        self._channel_open = asyncio.Event()
         pc.on("track", self._on_track)
         pc.on("datachannel", self._on_datachannel)
         pc.on("connectionstatechange", self._on_connection_state)
@@ -142,6 +147,7 @@ class WebRTCCall:
             outbox, self._outbox = self._outbox, []
             for text in outbox:
                 channel.send(text)
+            self._channel_open.set()
 
         channel.on("open", flush)
         if channel.readyState == "open":
@@ -151,7 +157,12 @@ class WebRTCCall:
         state = self.pc.connectionState
         if state == "connected":
             self._connected.set()
-        if state == "connected" and not self._listening and self._caller is not None:
+        if (
+            state == "connected"
+            and not self._listening
+            and not self._ended
+            and self._caller is not None
+        ):
             self._listening = True
             self._spawn(self._listen(self._caller), "listen")
             self._spawn(self.clock.watch(lambda: self.session.busy, self.hangup), "watchdog")
@@ -220,6 +231,7 @@ class WebRTCCall:
             with contextlib.suppress(Exception):  # the channel may be failing with the call
                 self._send({"type": "hangup", "reason": reason})
             await self.session.close()
+            await self._deliver_events()
             current = asyncio.current_task()
             for task in list(self._tasks):
                 if task is not current:
@@ -228,6 +240,21 @@ class WebRTCCall:
         finally:  # whatever failed above, the call is forgotten: no leak of a session slot
             self._on_end(self, reason)
             self.ended.set()
+
+    async def _deliver_events(self) -> None:
+        """Wait (up to HANGUP_NOTICE_TIMEOUT_S) until the events sent so far have left: the
+        channel opened and its send buffer drained. Returns at once when the peer is gone."""
+        if self.pc.connectionState in ("failed", "closed"):
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(HANGUP_NOTICE_TIMEOUT_S):
+                await self._channel_open.wait()
+                channel = self._channel
+                if channel is None or channel.bufferedAmount <= channel.bufferedAmountLowThreshold:
+                    return
+                drained = asyncio.Event()
+                channel.once("bufferedamountlow", drained.set)
+                await drained.wait()
 
 
 def _reason(exc: Exception) -> str:

@@ -8,6 +8,14 @@ trailing "and", "um" or an unfinished clause, the configured ``end_silence_ms`` 
 transcript failed or heard nothing. While the decode runs the turn does not end (up to the longest
 silence): the answer needs the words anyway. If the caller speaks again, the speculation is
 discarded (counted as wasted).
+
+A preemptive answer (the LLM started while the end of the turn is still awaited) is a bet that
+the caller is done, and a lost bet costs an LLM request. It is placed by the silence and the
+words, never by how fast the decode came back, so a call behaves the same on a slow and a fast
+CPU: only ``preempt_lead_ms`` before the turn would end (260 ms of silence after a complete
+sentence, 760 ms after a trailing "and"), past the comma pauses of ordinary speech, and never on
+a single word ("Hello?", "Wait."), which opens a turn more often than it ends one. A decode
+that comes back later than that starts the answer when it arrives.
 """
 
 from __future__ import annotations
@@ -96,10 +104,20 @@ class EndpointSettings:
     preempt: bool = True
     """While the turn waits out that silence, start answering the speculative transcript with
     the audio held (and tools with side effects waiting) until the turn is confirmed."""
+    preempt_lead_ms: int = 140
+    """How long before the end of the turn a preemptive answer may start: the LLM's head start.
+    Longer starts answers sooner and wastes more LLM requests on callers who go on (a lead of
+    160 ms preempts at the 240 ms comma pause of "Friday evening, please.")."""
+    preempt_min_words: int = 2
+    """Fewer words than this are answered only once the turn has ended."""
 
     def __post_init__(self) -> None:
         if not 0 < self.complete_silence_ms <= self.incomplete_silence_ms:
             raise ValueError("need 0 < complete_silence_ms <= incomplete_silence_ms")
+        if not 0 <= self.preempt_lead_ms < self.complete_silence_ms:
+            raise ValueError("need 0 <= preempt_lead_ms < complete_silence_ms")
+        if self.preempt_min_words < 1:
+            raise ValueError("preempt_min_words must be at least 1")
 
 
 class Speculation:
@@ -135,6 +153,17 @@ class Speculation:
         if sounds_complete(transcript.text):
             return settings.complete_silence_ms
         return max(base_ms, settings.incomplete_silence_ms)
+
+    def preempt_due(self, silent_ms: float, base_ms: int, settings: EndpointSettings) -> bool:
+        """Whether a preemptive answer to this transcript may start after ``silent_ms`` of
+        silence: the words are known, there are enough of them, and the turn would end within
+        ``preempt_lead_ms``."""
+        transcript = self.transcript
+        if transcript is None or len(_WORD.findall(transcript.text.lower())) < (
+            settings.preempt_min_words
+        ):
+            return False
+        return silent_ms >= self.required_silence_ms(base_ms, settings) - settings.preempt_lead_ms
 
     def discard(self) -> None:
         """Abandon the result (the decode itself finishes in its thread)."""

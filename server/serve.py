@@ -9,7 +9,9 @@ With ``workers > 1`` the supervisor starts that many serving processes on the sa
 (SO_REUSEPORT: the kernel spreads new connections), each with its own models. A call lives in the
 process that answered its offer; call ids carry the worker (``w1.``), and each worker also listens
 on a private Unix socket so any of them can pass a hang-up or a metrics scrape to the others.
-The SIP and AudioSocket endpoints run in worker 0 only. A worker that dies is restarted.
+The SIP and AudioSocket endpoints run in worker 0 only. A worker that dies is restarted. A
+worker whose supervisor is gone (killed, crashed) hangs up its calls and exits at once, so the
+next start finds the port free.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import contextlib
 import dataclasses
 import logging
 import multiprocessing
+import multiprocessing.process
 import os
 import signal
 import sys
@@ -68,6 +71,8 @@ async def serve(config: ServerConfig, announce: Callable[[str], None] = print) -
     try:
         announce(f"ready, open http://{config.host}:{config.port}")
         await signals.first.wait()
+        if signals.orphaned:
+            announce("the supervisor is gone: hanging up and exiting")
         calls = app[CALLS]
         live = len(calls)
         if live:
@@ -90,24 +95,50 @@ async def serve(config: ServerConfig, announce: Callable[[str], None] = print) -
 class _Signals:
     """Stop signals, counted: the first starts the drain, the second ends it. A supervised
     worker heeds only SIGTERM (its supervisor passes a terminal's Ctrl-C on as SIGTERM, so the
-    worker does not count the same keypress twice)."""
+    worker does not count the same keypress twice), and takes its supervisor's death as both
+    signals at once: with nobody to restart it or to pass it a signal, it must not linger on
+    the port."""
 
     def __init__(self, supervised: bool) -> None:
         self.first = asyncio.Event()
         self.second = asyncio.Event()
+        self.orphaned = False
         self._loop = asyncio.get_running_loop()
         self._numbers = [signal.SIGTERM] if supervised else [signal.SIGTERM, signal.SIGINT]
         if supervised:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
         for number in self._numbers:
             self._loop.add_signal_handler(number, self._received)
+        self._parent_sentinel = _parent_sentinel() if supervised else None
+        if self._parent_sentinel is not None:
+            # the read end of a pipe only the supervisor writes: readable (EOF) once it is gone,
+            # however it died, SIGKILL included
+            self._loop.add_reader(self._parent_sentinel, self._parent_gone)
 
     def _received(self) -> None:
         (self.second if self.first.is_set() else self.first).set()
 
+    def _parent_gone(self) -> None:
+        assert self._parent_sentinel is not None
+        self._loop.remove_reader(self._parent_sentinel)
+        self._parent_sentinel = None
+        self.orphaned = True
+        self.first.set()
+        self.second.set()
+
     def close(self) -> None:
         for number in self._numbers:
             self._loop.remove_signal_handler(number)
+        if self._parent_sentinel is not None:
+            self._loop.remove_reader(self._parent_sentinel)
+            self._parent_sentinel = None
+
+
+def _parent_sentinel() -> int | None:
+    """The file descriptor that becomes readable when this process's multiprocessing parent
+    exits, or None when it was not started by multiprocessing."""
+    parent = multiprocessing.process.parent_process()
+    return parent.sentinel if parent is not None else None
 
 
 # -- the supervisor ------------------------------------------------------------------------------

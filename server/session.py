@@ -272,16 +272,19 @@ class Session:
             ended = self.vad.end_now(at)
             if ended is not None:
                 self._on_speech_ended(ended)
-        elif speculation is not None:
+        elif speculation is not None and speculation.preempt_due(
+            self.vad.silent_ms, base, self.settings.endpoint
+        ):
             self._preempt(speculation)
 
     # -- preemptive turns ------------------------------------------------------------------------
 
     def _preempt(self, speculation: Speculation) -> None:
-        """Start answering a ready speculative transcript while the end of the turn is still
-        awaited: the answer's audio waits in the paused speaker, tools with side effects wait
-        for the confirmation, and the conversation can be put back if the caller goes on. The
-        LLM's time to its first sentence then overlaps the end-of-turn silence."""
+        """Start answering a speculative transcript (``Speculation.preempt_due``) while the end
+        of the turn is still awaited: the answer's audio waits in the held speaker, tools with
+        side effects wait for the confirmation, and the conversation can be put back if the
+        caller goes on. The LLM's time to its first sentence then overlaps the end-of-turn
+        silence."""
         transcript = speculation.transcript
         if (
             not self.settings.endpoint.preempt

@@ -18,6 +18,8 @@ from typing import Any
 
 import aiohttp
 
+from tests.processes import spawn, stop_group
+
 __all__ = ["Browser", "chromium_path"]
 
 FLAGS = (
@@ -58,7 +60,7 @@ class Browser:
         self._drain: asyncio.Task[bytes] | None = None
 
     async def __aenter__(self) -> Browser:
-        self._process = await asyncio.create_subprocess_exec(
+        self._process = await spawn(
             chromium_path(),
             *FLAGS,
             f"--use-file-for-fake-audio-capture={self.microphone_wav}",
@@ -87,9 +89,8 @@ class Browser:
             await self._ws.close()
         if self._http is not None:
             await self._http.close()
-        if self._process is not None and self._process.returncode is None:
-            self._process.kill()
-            await self._process.wait()
+        if self._process is not None:
+            await stop_group(self._process)
         if self._drain is not None:
             self._drain.cancel()
 

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import textwrap
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
+from tests import processes
 from tests.scripted_llm import ScriptedLLM
 
 if TYPE_CHECKING:
@@ -16,6 +20,31 @@ if TYPE_CHECKING:
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "playbooks" / "examples"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _nothing_outlives_the_suite() -> Iterator[None]:
+    """At the end of the session no process the tests started is alive, and none listens on a
+    port: whatever is left is killed and reported as an error."""
+    yield
+    processes.kill_started()
+    left = processes.leftovers()
+    if left:
+        sockets = processes.listening(set(left))
+        for pid in left:
+            processes.kill_group(pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        pytest.fail(f"processes left running after the tests: {left}; listening: {sockets}")
+
+
+@pytest.fixture(autouse=True)
+def _children_die_with_the_test() -> Iterator[None]:
+    """Every process group a test started is killed when the test ends, passed or not (those of
+    wider-scoped fixtures, started before, live on until the session ends)."""
+    before = processes.started()
+    yield
+    processes.kill_started(before)
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ import asyncio
 import itertools
 import json
 import re
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -91,6 +92,8 @@ class ScriptedLLM:
     def __init__(self, replies: ReplySource = ()) -> None:
         self._source = replies if callable(replies) else iter(list(replies))
         self.requests: list[dict[str, Any]] = []
+        self.received_at: list[float] = []
+        """``time.monotonic()`` when each of ``requests`` arrived."""
         self.streams_abandoned = 0
         self.stream_abandoned = asyncio.Event()
         self.streams_completed = 0
@@ -141,6 +144,7 @@ class ScriptedLLM:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.requests.append(body)
+        self.received_at.append(time.monotonic())
         reply = self._next_reply(body)
         if reply is None:
             return _error(400, "the scripted LLM has no reply left for this request", {})

@@ -13,6 +13,7 @@ import pytest
 
 from benchmarks.report import finite_numbers
 from tests.conftest import REPO
+from tests.processes import spawn
 
 pytestmark = pytest.mark.slow
 
@@ -22,7 +23,7 @@ def _server_hops(turn: dict[str, Any]) -> list[float]:
 
 
 async def test_a_quick_benchmark_run_writes_a_complete_report(tmp_path: Path) -> None:
-    process = await asyncio.create_subprocess_exec(
+    process = await spawn(
         sys.executable,
         "-m",
         "benchmarks",
@@ -66,7 +67,14 @@ async def test_a_quick_benchmark_run_writes_a_complete_report(tmp_path: Path) ->
     assert micro["vad"]["us_per_frame_median"] > 0
     summary = run["summary"]
     assert summary["levels"][0]["client_v2v_ms"]["p50"] > 0
+    counters = run["server_counters"]
+    assert counters["turns"] >= len(turns)
+    wasted = summary["goals"]["wasted_preemptions_per_turn"]["measured"]
+    assert wasted == counters.get("speculative_transcriptions_preempted_wasted", 0) / (
+        counters["turns"]
+    )
     report = (folder / "report.md").read_text()
     assert "Voice-to-voice at the client" in report
     assert "Against the goals" in report
+    assert "preemptive LLM requests thrown away, per turn" in report
     assert b"results:" in out

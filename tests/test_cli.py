@@ -14,6 +14,7 @@ import aiohttp
 import pytest
 
 from tests.conftest import EXAMPLES, REPO
+from tests.processes import spawn
 from tests.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
 
 
@@ -21,7 +22,7 @@ async def _vocable(
     *args: str, stdin: str = "", env: dict[str, str] | None = None
 ) -> tuple[int, str, str]:
     clean_env = {k: v for k, v in os.environ.items() if not k.startswith(("VOCABLE_", "OPENAI_"))}
-    process = await asyncio.create_subprocess_exec(
+    process = await spawn(
         sys.executable,
         "-m",
         "server",
@@ -187,7 +188,7 @@ async def test_chat_without_any_endpoint_says_how_to_configure_one() -> None:
 
 async def test_serve_starts_says_where_and_stops_cleanly(unused_tcp_port: int) -> None:
     clean_env = {k: v for k, v in os.environ.items() if not k.startswith(("VOCABLE_", "OPENAI_"))}
-    process = await asyncio.create_subprocess_exec(
+    process = await spawn(
         sys.executable,
         "-m",
         "server",

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from media import Transcript
+from media import SpeechToText, Transcript
 from media.audio import silence
 from playbooks import load_playbook
 from playbooks.loader import LoadedPlaybook
@@ -17,6 +17,7 @@ from server.session import SessionSettings
 from tests.calls import VoiceCall, piper_speech, start_call, synthesize_ahead, words
 from tests.conftest import EXAMPLES
 from tests.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
+from tests.timed_stt import DECODE_TIMES, primed
 
 QUESTION = "Where is my order?"
 TRAILING_AND = "I would like to order a large pizza and"
@@ -78,12 +79,16 @@ async def calls(llm: ScriptedLLM) -> AsyncIterator[list[VoiceCall]]:
 
 
 def _call(
-    calls: list[VoiceCall], playbook: LoadedPlaybook, llm: ScriptedLLM, speculate: bool = True
+    calls: list[VoiceCall],
+    playbook: LoadedPlaybook,
+    llm: ScriptedLLM,
+    speculate: bool = True,
+    stt: SpeechToText | None = None,
 ) -> VoiceCall:
     """A call answering every LLM request with "Sure." (so a wrongly split turn still ends)."""
     llm.script(lambda body: Reply(content="Sure."))
     settings = SessionSettings(greet=False, endpoint=EndpointSettings(speculate=speculate))
-    call = start_call(playbook, llm.base_url, settings=settings)
+    call = start_call(playbook, llm.base_url, settings=settings, stt=stt)
     calls.append(call)
     return call
 
@@ -106,11 +111,14 @@ def _timeline(call: VoiceCall) -> list[tuple[str, dict[str, Any]]]:
 
 
 @pytest.mark.slow
+@DECODE_TIMES
 async def test_a_complete_question_is_answered_from_the_speculative_transcript(
-    llm: ScriptedLLM, support: LoadedPlaybook, calls: list[VoiceCall]
+    decode_s: float, llm: ScriptedLLM, support: LoadedPlaybook, calls: list[VoiceCall]
 ) -> None:
-    call = _call(calls, support, llm)
-    await call.say(piper_speech(QUESTION), 200)
+    speech = piper_speech(QUESTION) + silence(200)
+    stt = await primed(decode_s, speech)
+    call = _call(calls, support, llm, stt=stt)
+    await call.say(speech)
     await call.wait_idle()
 
     (transcript,) = call.of_type("transcript")
@@ -122,19 +130,32 @@ async def test_a_complete_question_is_answered_from_the_speculative_transcript(
     (request,) = _streamed(llm)
     assert "order" in _user_words(request)
     (metrics,) = call.of_type("turn_metrics")
-    # the turn ends once the words started at the 160 ms pause are known (at least 400 ms of
-    # silence for a complete sentence): the answer then starts without waiting for a decode
-    assert 330 <= metrics.data["end_of_speech_ms"] <= 900, metrics.data
-    assert metrics.data["stt_ms"] < 50, metrics.data
+    # the turn ends at 400 ms of silence once the words (decoded from the 160 ms pause) are
+    # known to be a complete sentence; while they are not known, at 900 ms
+    if decode_s == 0:
+        assert speculations["preempted"] == 1  # the answer started at 260 ms of silence
+        assert 380 <= metrics.data["end_of_speech_ms"] <= 460, metrics.data
+        assert metrics.data["stt_ms"] < 50, metrics.data
+    else:
+        assert speculations["preempted"] == 0
+        assert 880 <= metrics.data["end_of_speech_ms"] <= 960, metrics.data
+    assert stt.misses == 0
 
 
 @pytest.mark.slow
+@DECODE_TIMES
 async def test_a_pause_after_a_trailing_and_does_not_end_the_turn(
-    llm: ScriptedLLM, support: LoadedPlaybook, calls: list[VoiceCall]
+    decode_s: float, llm: ScriptedLLM, support: LoadedPlaybook, calls: list[VoiceCall]
 ) -> None:
-    call = _call(calls, support, llm)
-    speech = piper_speech(TRAILING_AND) + silence(PAUSE_AFTER_AND_MS) + piper_speech(CONTINUATION)
-    await call.say(speech, 200)
+    speech = (
+        piper_speech(TRAILING_AND)
+        + silence(PAUSE_AFTER_AND_MS)
+        + piper_speech(CONTINUATION)
+        + silence(200)
+    )
+    stt = await primed(decode_s, speech)
+    call = _call(calls, support, llm, stt=stt)
+    await call.say(speech)
     await call.wait_idle()
 
     # a decode at the pause not ready by 400 ms of silence must not end the turn regardless
@@ -144,12 +165,14 @@ async def test_a_pause_after_a_trailing_and_does_not_end_the_turn(
     assert transcript.data["speculative"] is True
     assert call.session.speculations["used"] == 1
     assert call.session.speculations["wasted"] >= 1  # the decode at the pause after "and"
-    # an answer may have been started on "...pizza and" while the turn waited (preempted): it
-    # was undone, so the LLM answered both parts and the history holds one user message
+    # no answer was started on "...pizza and": after words that trail off a preemptive answer
+    # waits for 760 ms of silence, longer than this pause; the LLM was asked once, for both
     speculations = call.session.speculations
-    assert speculations["preempted_wasted"] == speculations["preempted"]
-    assert len(_streamed(llm)) == 1 + speculations["preempted_wasted"]
-    assert {"pizza", "water"} <= set(_user_words(_streamed(llm)[-1]))
+    assert speculations["preempted_wasted"] == 0
+    assert speculations["preempted"] == (1 if decode_s == 0 else 0)  # "...water." at 260 ms
+    (request,) = _streamed(llm)
+    assert {"pizza", "water"} <= set(_user_words(request))
+    assert stt.misses == 0
     users = [m for m in call.orchestrator.conversation.messages if m["role"] == "user"]
     assert len(users) == 1, users
     assert "interrupted" not in str(call.orchestrator.conversation.messages)
@@ -171,12 +194,16 @@ async def test_without_speculation_the_same_pause_splits_the_turn(
 
 
 @pytest.mark.slow
+@DECODE_TIMES
 async def test_speaking_again_after_a_pause_discards_the_speculation(
-    llm: ScriptedLLM, support: LoadedPlaybook, calls: list[VoiceCall]
+    decode_s: float, llm: ScriptedLLM, support: LoadedPlaybook, calls: list[VoiceCall]
 ) -> None:
-    call = _call(calls, support, llm)
-    speech = piper_speech(QUESTION) + silence(SHORT_PAUSE_MS) + piper_speech(FOLLOW_UP)
-    await call.say(speech, 200)
+    speech = (
+        piper_speech(QUESTION) + silence(SHORT_PAUSE_MS) + piper_speech(FOLLOW_UP) + silence(200)
+    )
+    stt = await primed(decode_s, speech)
+    call = _call(calls, support, llm, stt=stt)
+    await call.say(speech)
     await call.wait_idle()
 
     assert len(call.of_type("speech_end")) == 1, _timeline(call)
@@ -186,8 +213,11 @@ async def test_speaking_again_after_a_pause_discards_the_speculation(
     assert transcript.data["speculative"] is True  # the decode at the final silence
     assert call.session.speculations["used"] == 1
     assert call.session.speculations["wasted"] >= 1  # the decode of the question alone
-    # the question alone never got an answer: any preemptive start on it was undone
-    assert {"order", "monday"} <= set(_user_words(_streamed(llm)[-1]))
+    # the question alone never got an answer: the pause was too short to start one
+    assert call.session.speculations["preempted_wasted"] == 0
+    (request,) = _streamed(llm)
+    assert {"order", "monday"} <= set(_user_words(request))
+    assert stt.misses == 0
     users = [m for m in call.orchestrator.conversation.messages if m["role"] == "user"]
     assert len(users) == 1, users
 
@@ -239,9 +269,12 @@ async def test_a_preemptive_turn_runs_no_side_effect_before_the_turn_is_confirme
     )
     playbook = load_playbook(path)
     settings = SessionSettings(greet=False)
-    call = start_call(playbook, llm.base_url, settings=settings)
+    speech = piper_speech(TRAILING_AND) + silence(1500)
+    # the words of the 160 ms pause are known at 460 ms: the answer starts at 760 ms of silence
+    stt = await primed(0.3, speech)
+    call = start_call(playbook, llm.base_url, settings=settings, stt=stt)
     calls.append(call)
-    await call.say(piper_speech(TRAILING_AND), 1500)
+    await call.say(speech)
     await call.wait_idle()
 
     (speech_end,) = call.of_type("speech_end")

@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.client import WebRTCCaller
 from media import Synthesizer, Transcriber, Transcript
+from media.audio import silence
 from playbooks import OrchestratorOptions, load_playbook
 from playbooks.loader import LoadedPlaybook
 from playbooks.orchestrator import DEFAULT_FALLBACK
@@ -44,6 +45,7 @@ from tests.calls import (
     words,
 )
 from tests.scripted_llm import NO_INTENT, Reply, ScriptedLLM, ScriptedToolCall
+from tests.timed_stt import TimedTranscriber
 
 pytestmark = pytest.mark.slow
 
@@ -108,6 +110,11 @@ def metrics() -> ServerMetrics:
     return ServerMetrics()
 
 
+DECODE = TimedTranscriber(0.3)
+"""The calls' Whisper, its time set by the test (0.3 s: the words of the question's last pause
+come after the turn's 400 ms of silence, and it is answered without a preemptive start)."""
+
+
 def _start(
     calls: list[VoiceCall],
     metrics: ServerMetrics,
@@ -116,6 +123,7 @@ def _start(
     **kwargs: Any,
 ) -> VoiceCall:
     """A loopback call whose events feed ``metrics`` as they happen, like the server's."""
+    kwargs.setdefault("stt", DECODE)
     call = start_call(playbook, url, **kwargs)
     call.probes.append(metrics.observe)
     calls.append(call)
@@ -144,6 +152,8 @@ def _route(fault: Reply) -> Callable[[dict[str, Any]], Reply]:
 
 async def _converse(faulty: VoiceCall, healthy: VoiceCall, timeout_s: float = 30.0) -> None:
     """Both callers ask at once; wait until both turns are over."""
+    for question in (FAULTY_QUESTION, HEALTHY_QUESTION):
+        await DECODE.prime(piper_speech(question) + silence(200))
     await faulty.say(piper_speech(FAULTY_QUESTION), 200)
     await healthy.say(piper_speech(HEALTHY_QUESTION), 200)
     await asyncio.gather(faulty.wait_idle(timeout_s), healthy.wait_idle(timeout_s))
@@ -238,9 +248,13 @@ async def test_an_llm_fault_speaks_the_fallback(
     elif options is not None:
         assert error["message"] == "the LLM sent nothing for 1.5 s"
         # given up on after the LLM's silence, not the client's 60 s request timeout
-        (transcript,) = faulty.of_type("transcript")
+        (asked_at,) = [
+            at
+            for at, body in zip(llm.received_at, llm.requests, strict=True)
+            if body.get("stream") and FAULTY_KEY in str(body["messages"][-1]["content"]).lower()
+        ]
         (reported,) = faulty.of_type("error")
-        assert 1.4 <= reported.t - transcript.t <= 5.0
+        assert 1.4 <= reported.t - asked_at <= 5.0
     assert _errors_counted(metrics.render().decode()) == {"llm": 1.0}
     # the history says what the caller heard, cut where the stream broke
     assert faulty.orchestrator.conversation.messages[-1] == {

@@ -19,6 +19,7 @@ from playbooks import PlaybookError, ToolError, load_playbook
 from playbooks.mcp import close_mcp_sessions
 from playbooks.tools import InvalidToolCall
 from tests.conftest import REPO
+from tests.processes import popen
 from tests.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
 from tests.test_cli import _json_lines, _vocable
 
@@ -42,7 +43,7 @@ def _free_port() -> int:
 def http_server() -> Iterator[dict[str, Any]]:
     """The test server on streamable HTTP, as an ``mcp_servers`` entry."""
     port = _free_port()
-    process = subprocess.Popen(
+    process = popen(
         [sys.executable, "-m", "tests.mcp_server", "--http", str(port)],
         cwd=REPO,
         stdout=subprocess.DEVNULL,

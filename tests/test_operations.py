@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -25,6 +26,7 @@ from server.logs import JsonFormatter, bind_session, configure_logging
 from server.ratelimit import RateLimited, RateLimiter, client_address
 from server.siblings import merge_metrics, worker_of
 from tests.conftest import REPO
+from tests.processes import spawn, stop_group
 from tests.scripted_llm import ScriptedLLM, answers_by_words
 
 # -- rate limits -------------------------------------------------------------------------------
@@ -179,7 +181,7 @@ async def start_serve(
     piped; ``env`` None: the test's environment without Vocable's and OpenAI's settings."""
     if env is None:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("VOCABLE_", "OPENAI_"))}
-    return await asyncio.create_subprocess_exec(
+    return await spawn(
         sys.executable,
         "-m",
         "server",
@@ -205,9 +207,7 @@ async def served(port: int, llm: ScriptedLLM, *flags: str) -> AsyncIterator[Serv
     try:
         yield server
     finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+        await stop_group(process)
 
 
 async def _hang_up(caller: WebRTCCaller) -> None:
@@ -297,6 +297,22 @@ async def test_the_offer_rate_limit_answers_429_with_retry_after(
         await _stop(server)
 
 
+async def _worker_pids(server: Served) -> dict[int, int]:
+    """The pid of each worker, asking ``/healthz`` until both answered (the kernel spreads new
+    connections)."""
+    pids: dict[int, int] = {}
+    for _ in range(40):
+        _, health = await server.get("/healthz")
+        process = health["process"]
+        assert isinstance(process, dict)
+        assert isinstance(health["worker"], int)
+        pids[health["worker"]] = process["pid"]
+    return pids
+
+
+HANGUPS = 20
+
+
 @pytest.mark.slow
 async def test_workers_share_the_port_and_route_hangups_and_metrics(
     unused_tcp_port: int, llm: ScriptedLLM
@@ -304,38 +320,77 @@ async def test_workers_share_the_port_and_route_hangups_and_metrics(
     async with served(unused_tcp_port, llm, "--workers", "2") as server:
         await server.wait_line("vocable[w0]: ready", timeout_s=180)
         await server.wait_line("vocable[w1]: ready", timeout_s=180)
-        pids: dict[int, int] = {}
-        for _ in range(40):  # new connections are spread by the kernel
-            _, health = await server.get("/healthz")
-            process = health["process"]
-            assert isinstance(process, dict)
-            assert isinstance(health["worker"], int)
-            pids[health["worker"]] = process["pid"]
+        pids = await _worker_pids(server)
         assert set(pids) == {0, 1}
         assert len(set(pids.values())) == 2
-        callers = [WebRTCCaller() for _ in range(4)]
-        try:
-            for caller in callers:
-                await caller.connect(server.base, playbook="support")
-            workers = {worker_of(caller.session_id) for caller in callers}
-            assert workers <= {0, 1}
-            async with aiohttp.ClientSession() as http:
-                async with http.get(server.base + "/metrics") as response:
-                    metrics = await response.text()
-                assert 'vocable_sessions_total{worker="0"}' in metrics
-                assert 'vocable_sessions_total{worker="1"}' in metrics
-                for caller in callers:  # whichever worker takes the DELETE, the call ends
+        async with aiohttp.ClientSession() as http:
+            workers: set[int | None] = set()
+            metrics_checked = False
+            for _ in range(HANGUPS):
+                # hung up at once, while its peer connection (and events channel) may still be
+                # connecting, by whichever worker takes the DELETE: the call ends, and the
+                # caller is told
+                caller = WebRTCCaller()
+                try:
+                    await caller.connect(server.base, playbook="support")
+                    workers.add(worker_of(caller.session_id))
+                    if not metrics_checked:
+                        async with http.get(server.base + "/metrics") as response:
+                            metrics = await response.text()
+                        assert 'vocable_sessions_total{worker="0"}' in metrics
+                        assert 'vocable_sessions_total{worker="1"}' in metrics
+                        metrics_checked = True
                     url = f"{server.base}/sessions/{caller.session_id}"
                     async with http.delete(url) as response:
                         assert response.status == 200, await response.text()
                     hangup = await caller.wait_for("hangup", timeout_s=10)
                     assert hangup["reason"] == "hung up by the client"
-        finally:
-            for caller in callers:
-                await caller.close()
+                    async with http.delete(url) as response:
+                        assert response.status == 404  # and it is gone
+                finally:
+                    await caller.close()
+            assert workers == {0, 1}
         err = await _stop(server, timeout_s=60)
     assert server.process.returncode == 0, err
     assert "Traceback" not in err
+
+
+@pytest.mark.slow
+async def test_workers_die_with_a_killed_supervisor(unused_tcp_port: int, llm: ScriptedLLM) -> None:
+    async with served(unused_tcp_port, llm, "--workers", "2") as server:
+        await server.wait_line("vocable[w0]: ready", timeout_s=180)
+        await server.wait_line("vocable[w1]: ready", timeout_s=180)
+        pids = set((await _worker_pids(server)).values())
+        assert len(pids) == 2
+        caller = WebRTCCaller()
+        try:  # a live call does not keep its worker up
+            await caller.connect(server.base, playbook="support")
+            await caller.wait_for("state", timeout_s=30)
+            os.kill(server.process.pid, signal.SIGKILL)  # not its group: only the supervisor
+            await asyncio.wait_for(server.process.wait(), 30)
+            async with asyncio.timeout(10):
+                await asyncio.gather(*(_exited(pid) for pid in pids))
+            with socket.create_server(("127.0.0.1", unused_tcp_port)):
+                pass  # the port is free again
+            await caller.wait_for("hangup", timeout_s=10)
+        finally:
+            await caller.close()
+
+
+async def _exited(pid: int) -> None:
+    """Until process ``pid`` (not necessarily a child of this one) has exited."""
+    try:
+        descriptor = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    exited = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_reader(descriptor, exited.set)  # a pidfd turns readable when its process exits
+    try:
+        await exited.wait()
+    finally:
+        loop.remove_reader(descriptor)
+        os.close(descriptor)
 
 
 @pytest.mark.slow

@@ -31,6 +31,7 @@ from server.tracing import STAGES
 from tests.calls import piper_speech, synthesize_ahead, voice_server
 from tests.conftest import REPO
 from tests.otlp_collector import OtlpCollector, collector_in_thread
+from tests.processes import spawn
 from tests.scripted_llm import ScriptedLLM, answers_by_words
 from tests.test_operations import start_serve
 
@@ -233,7 +234,7 @@ async def _serve_otel(blocked: str, playbook: Path) -> tuple[int | None, str]:
         "from server.cli import main\n"
         "sys.exit(main(sys.argv[2:]))\n"
     )
-    process = await asyncio.create_subprocess_exec(
+    process = await spawn(
         sys.executable,
         "-c",
         runner,

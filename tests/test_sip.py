@@ -25,6 +25,7 @@ from server.app import CALLS, SIP
 from server.config import ServerConfig, SipSettings
 from tests.calls import transcriber, voice_server, word_error_rate
 from tests.phone import ANSWER, INTERRUPTION, LONG_ANSWER, phone_audio
+from tests.processes import spawn, stop_group
 from tests.scripted_llm import ScriptedLLM, answers_by_words
 from tests.sip_phone import SipPhone, offer_sdp
 
@@ -93,7 +94,7 @@ async def _run_sipp(
     scenario.write_text(
         template.replace("{speech}", str(speech)).replace("{hold_ms}", str(hold_ms))
     )
-    process = await asyncio.create_subprocess_exec(
+    process = await spawn(
         _sipp(),
         f"127.0.0.1:{port}",
         "-sf",
@@ -130,9 +131,7 @@ async def _run_sipp(
     try:
         output, _ = await asyncio.wait_for(process.communicate(), 120)
     finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+        await stop_group(process)
     errors = tmp_path / "errors.log"
     detail = errors.read_text(errors="replace")[-3000:] if errors.exists() else ""
     return int(process.returncode or 0), output.decode(errors="replace")[-3000:] + detail

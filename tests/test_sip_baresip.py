@@ -26,6 +26,7 @@ from server.config import ServerConfig, SipSettings
 from server.sip import SipCall
 from tests.calls import transcriber, voice_server, word_error_rate, words
 from tests.phone import ANSWER, INTERRUPTION, LONG_ANSWER, PARCEL, phone_audio
+from tests.processes import spawn, stop_group
 from tests.scripted_llm import ScriptedLLM, answers_by_words
 
 pytestmark = pytest.mark.slow
@@ -183,7 +184,7 @@ async def call_from_baresip(
     seconds = len(speech) / 2 / RATE
     log = workdir / "baresip.log"
     with log.open("wb") as output:
-        process = await asyncio.create_subprocess_exec(
+        process = await spawn(
             baresip,
             *("-f", str(config), "-e", f"/dial sip:{user}@127.0.0.1:{sip.port}"),
             *("-t", str(round(seconds + 30))),  # quits by itself even if this test dies
@@ -205,9 +206,7 @@ async def call_from_baresip(
         process.terminate()
         await asyncio.wait_for(process.wait(), 5)
     finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+        await stop_group(process)
     return Recording(
         _read_wav(recordings, "dump-*-enc.wav"), _read_wav(recordings, "dump-*-dec.wav"), call
     )

@@ -26,6 +26,7 @@ from tests.calls import (
 )
 from tests.conftest import EXAMPLES
 from tests.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
+from tests.timed_stt import DECODE_TIMES, primed
 
 pytestmark = pytest.mark.slow
 
@@ -76,8 +77,9 @@ async def _agent_said(call: VoiceCall, since: int = 0) -> str:
     return (await transcriber().transcribe(call.heard_since(since))).text
 
 
+@DECODE_TIMES
 async def test_a_spoken_question_gets_a_spoken_answer_with_turn_metrics(
-    llm: ScriptedLLM, support: LoadedPlaybook, call_factory: list[VoiceCall]
+    decode_s: float, llm: ScriptedLLM, support: LoadedPlaybook, call_factory: list[VoiceCall]
 ) -> None:
     answer = "Your order is on its way. It will arrive on Tuesday."
     llm.script(
@@ -86,16 +88,21 @@ async def test_a_spoken_question_gets_a_spoken_answer_with_turn_metrics(
             Reply(content=answer),
         ]
     )
-    call = _call(call_factory, support, llm.base_url)
-    await call.say(piper_speech("Hello, I am calling about my order."), trailing_silence_ms=200)
+    question = piper_speech("Hello, I am calling about my order.") + silence(200)
+    stt = await primed(decode_s, question)
+    call = _call(call_factory, support, llm.base_url, stt=stt)
+    await call.say(question)
     await call.wait_idle()
 
     transcripts = call.of_type("transcript")
     assert len(transcripts) == 1
-    assert {"calling", "about", "my", "order"} <= set(words(transcripts[0].data["text"]))
-    # the transcript reached the LLM as the user's message
+    assert {"hello", "calling", "about", "my", "order"} <= set(words(transcripts[0].data["text"]))
+    # the whole utterance reached the LLM as one user message: the pause after "Hello," did
+    # not start an answer, however soon its words were known
+    assert len(llm.requests) == 2, llm.user_turns
     assert llm.requests[0]["messages"][-1]["role"] == "user"
-    assert "order" in llm.requests[0]["messages"][-1]["content"].lower()
+    assert {"hello", "calling", "order"} <= set(words(llm.requests[0]["messages"][-1]["content"]))
+    assert call.session.speculations["preempted_wasted"] == 0
 
     assert word_error_rate(await _agent_said(call), answer) <= 0.2
     assert [e.data["text"] for e in call.of_type("agent_sentence")] == [
@@ -114,11 +121,16 @@ async def test_a_spoken_question_gets_a_spoken_answer_with_turn_metrics(
     ):
         assert isinstance(metrics.data[name], float), name
         assert metrics.data[name] >= 0, name
-    # the VAD's end-of-speech delay is the configured silence (400 ms) within a few frames
-    # the turn ends once the words started at the 160 ms pause are known (at least 400 ms of
-    # silence for a complete sentence): the answer then starts without waiting for a decode
-    assert 330 <= metrics.data["end_of_speech_ms"] <= 900, metrics.data
-    assert metrics.data["stt_ms"] < 50, metrics.data
+    # the turn ends after 400 ms of silence once the words (decoded from the 160 ms pause) say
+    # the sentence is complete, and after 900 ms while they are still unknown; the answer then
+    # waits only for what is left of the decode
+    if decode_s == 0:
+        assert 380 <= metrics.data["end_of_speech_ms"] <= 460, metrics.data
+        assert metrics.data["stt_ms"] < 50, metrics.data
+    else:
+        assert 880 <= metrics.data["end_of_speech_ms"] <= 960, metrics.data
+        assert 160 <= metrics.data["stt_ms"] <= 320, metrics.data
+    assert stt.misses == 0
     parts = sum(v for k, v in metrics.data.items() if k != "voice_to_voice_ms")
     assert metrics.data["voice_to_voice_ms"] == pytest.approx(parts, abs=1.0)
     print("turn_metrics:", metrics.to_dict())

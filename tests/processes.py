@@ -1,0 +1,117 @@
+"""Child processes of the tests (servers, SIP peers, browsers): each in its own process group,
+killed as a group, so nothing a test starts outlives it.
+
+A child that spawns children of its own (``vocable serve --workers 2``) hands them its output
+pipes; on Python 3.11 ``Process.wait()`` and ``communicate()`` return only once every holder of
+those pipes is gone, so a grandchild left behind would hang the test. Killing the whole group
+leaves no holder.
+
+Every process started under the test session carries ``RUN_MARKER`` in its environment (unless
+a test hands it an environment of its own), which lets the session prove at its end that
+nothing it started is still running or listening (``leftovers``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import uuid
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "RUN_MARKER",
+    "kill_group",
+    "kill_started",
+    "leftovers",
+    "listening",
+    "popen",
+    "spawn",
+    "started",
+    "stop_group",
+]
+
+RUN_MARKER = "VOCABLE_TESTS_RUN"
+"""Set (to this session's id) in the environment the tests' children inherit."""
+os.environ.setdefault(RUN_MARKER, uuid.uuid4().hex)
+
+_started: list[int] = []
+"""Process group ids of every child started with :func:`spawn`."""
+
+
+async def spawn(program: str, *args: str, **kwargs: Any) -> asyncio.subprocess.Process:
+    """``asyncio.create_subprocess_exec`` in a new session (its own process group); the group
+    is killed by :func:`kill_group`, or at the latest when the test ends."""
+    env = kwargs.get("env")
+    if env is not None:
+        kwargs["env"] = {**env, RUN_MARKER: os.environ[RUN_MARKER]}
+    process = await asyncio.create_subprocess_exec(program, *args, start_new_session=True, **kwargs)
+    _started.append(process.pid)
+    return process
+
+
+def popen(command: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+    """``subprocess.Popen`` in its own process group (see :func:`spawn`)."""
+    process = subprocess.Popen(command, start_new_session=True, **kwargs)
+    _started.append(process.pid)
+    return process
+
+
+def kill_group(pid: int) -> None:
+    """SIGKILL the process group led by ``pid`` (the child and all it started)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+async def stop_group(process: asyncio.subprocess.Process, timeout_s: float = 10.0) -> None:
+    """Kill ``process`` and its group, and reap it."""
+    kill_group(process.pid)
+    with contextlib.suppress(TimeoutError, ProcessLookupError):
+        await asyncio.wait_for(process.wait(), timeout_s)
+
+
+def started() -> int:
+    """How many groups :func:`spawn` and :func:`popen` have started so far."""
+    return len(_started)
+
+
+def kill_started(since: int = 0) -> None:
+    """Kill every group started after the first ``since`` (those already gone are skipped)."""
+    while len(_started) > since:
+        kill_group(_started.pop())
+
+
+def leftovers() -> dict[int, str]:
+    """Processes other than this one that carry this session's marker: pid -> command line."""
+    marker = f"{RUN_MARKER}={os.environ[RUN_MARKER]}".encode()
+    found: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+            if marker not in environ.split(b"\0"):
+                continue
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z":  # a zombie holds nothing; its parent reaps it
+            found[int(entry.name)] = command.strip()
+    return found
+
+
+def listening(pids: set[int]) -> list[str]:
+    """``ss -ltnup`` lines of sockets that ``pids`` listen on."""
+    try:
+        result = subprocess.run(
+            ["ss", "-ltnup"], capture_output=True, text=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return [f"ss failed: {exc}"]
+    return [
+        line for line in result.stdout.splitlines() if any(f"pid={pid}," in line for pid in pids)
+    ]
