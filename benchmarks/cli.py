@@ -74,6 +74,11 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         help="the server's speculation pause (default: the server's own)",
     )
+    parser.add_argument(
+        "--preempt-lead-ms",
+        type=int,
+        help="the server's preemptive-answer lead (default: the server's own)",
+    )
     parser.add_argument("--playbook", default=str(Path(__file__).parent / "playbook.yaml"))
     parser.add_argument("--no-micro", action="store_true", help="skip component benchmarks")
     parser.add_argument(
@@ -113,6 +118,8 @@ async def _run(args: argparse.Namespace, command: str) -> Path:
                 server_args.append("--no-speculation")
             if args.speculation_pause_ms is not None:
                 server_args += ["--speculation-pause-ms", str(args.speculation_pause_ms)]
+            if args.preempt_lead_ms is not None:
+                server_args += ["--preempt-lead-ms", str(args.preempt_lead_ms)]
             if args.llm_api_key:
                 server_args += ["--llm-api-key", args.llm_api_key]
             server = ServerProcess(server_args, ROOT, folder / "server.log")
@@ -152,6 +159,7 @@ async def _run(args: argparse.Namespace, command: str) -> Path:
             "barge_in": args.barge_in,
             "speculation": not args.no_speculation,
             "speculation_pause_ms": args.speculation_pause_ms,
+            "preempt_lead_ms": args.preempt_lead_ms,
             "sweep": levels,
             "turns_per_call": args.turns,
             "barge_in_repeats": args.barge_ins,

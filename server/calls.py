@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from aiortc import (
@@ -65,6 +65,7 @@ class WebRTCCall:
         session: Session,
         on_end: Callable[[WebRTCCall, str], None],
         config: ServerConfig,
+        see_off: Callable[[Coroutine[Any, Any, None], str], None] | None = None,
     ) -> None:
         self.id = call_id
         self.pc = pc
@@ -72,6 +73,7 @@ class WebRTCCall:
         self.config = config
         self.clock = CallClock(config.max_call_s, config.idle_timeout_s)
         self._on_end = on_end
+        self._see_off = see_off
         self._channel: RTCDataChannel | None = None
         self._outbox: list[str] = []
         self._caller: MediaStreamTrack | None = None
@@ -222,7 +224,11 @@ class WebRTCCall:
         task.add_done_callback(self._tasks.discard)
 
     async def hangup(self, reason: str) -> None:
-        """End the call and free everything. Idempotent."""
+        """End the call: the session stops and the call's slot is released before this returns.
+        Then the caller is told why and the peer connection closed; when the events channel is
+        still opening (a hang-up right after the offer), that waits in the background, up to
+        HANGUP_NOTICE_TIMEOUT_S, for the channel to carry the ``hangup`` event. ``ended`` is set
+        once the connection is closed. Idempotent."""
         if self._ended:
             return
         self._ended = True
@@ -231,21 +237,29 @@ class WebRTCCall:
             with contextlib.suppress(Exception):  # the channel may be failing with the call
                 self._send({"type": "hangup", "reason": reason})
             await self.session.close()
-            await self._deliver_events()
             current = asyncio.current_task()
             for task in list(self._tasks):
                 if task is not current:
                     task.cancel()
-            await _close_peer(self.pc, self.id)
         finally:  # whatever failed above, the call is forgotten: no leak of a session slot
             self._on_end(self, reason)
+        if self._see_off is not None and not self._channel_open.is_set():
+            self._see_off(self._say_goodbye(), f"goodbye:{self.id}")
+        else:
+            await self._say_goodbye()
+
+    async def _say_goodbye(self) -> None:
+        try:
+            await self._deliver_events()
+            await _close_peer(self.pc, self.id)
+        finally:
             self.ended.set()
 
     async def _deliver_events(self) -> None:
         """Wait (up to HANGUP_NOTICE_TIMEOUT_S) until the events sent so far have left: the
         channel opened and its send buffer drained. Returns at once when the peer is gone."""
-        if self.pc.connectionState in ("failed", "closed"):
-            return
+        if self.pc.localDescription is None or self.pc.connectionState in ("failed", "closed"):
+            return  # no answer was given, or the peer is gone: nobody can hear it
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(HANGUP_NOTICE_TIMEOUT_S):
                 await self._channel_open.wait()
@@ -300,7 +314,7 @@ async def open_webrtc_call(
     session = registry.new_session(
         call_id, playbook_id, Speaker(OUTPUT_RATE), lambda event: call.emit(event)
     )
-    call = WebRTCCall(call_id, pc, session, registry.release, config)
+    call = WebRTCCall(call_id, pc, session, registry.release, config, registry.see_off)
     registry.admit(call)
     try:
         await call.accept(offer_sdp)

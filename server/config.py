@@ -149,7 +149,9 @@ class ServerConfig:
                 ),
                 barge_in_min_ms=args.barge_in_min_ms,
                 barge_in=args.barge_in,
-                endpoint=EndpointSettings(speculate=not args.no_speculation),
+                endpoint=EndpointSettings(
+                    speculate=not args.no_speculation, preempt_lead_ms=args.preempt_lead_ms
+                ),
             ),
             ice_servers=ice,
             max_sessions=args.max_sessions,
@@ -193,6 +195,9 @@ def _check_operations(args: argparse.Namespace) -> None:
         raise ConfigError("--llm-timeout-s must be positive")
     if args.drain_timeout_s < 0:
         raise ConfigError("--drain-timeout-s must not be negative")
+    complete_ms = EndpointSettings().complete_silence_ms
+    if not 0 <= args.preempt_lead_ms < complete_ms:
+        raise ConfigError(f"--preempt-lead-ms must be 0 to {complete_ms - 1}")
 
 
 def _networks(flag: str, items: list[str]) -> tuple[IPv4Network | IPv6Network, ...]:
@@ -457,6 +462,14 @@ def add_serve_arguments(
         default=default("SPECULATION_PAUSE_MS", int, VadSettings().pause_ms),
         help="silence inside an utterance at which Whisper starts on the words so far and the "
         "answer is prepared [VOCABLE_SPECULATION_PAUSE_MS; default: %(default)s]",
+    )
+    audio.add_argument(
+        "--preempt-lead-ms",
+        type=int,
+        default=default("PREEMPT_LEAD_MS", int, EndpointSettings().preempt_lead_ms),
+        help="how long before the end of the turn the answer may start on the words so far: "
+        "longer answers sooner and wastes more LLM requests on callers who go on; 0: only at "
+        "the end of the turn [VOCABLE_PREEMPT_LEAD_MS; default: %(default)s]",
     )
     _add_remote_arguments(parser, env)
 

@@ -11,9 +11,9 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import replace
-from typing import Protocol
+from typing import Any, Protocol
 
 from media import Speaker
 from playbooks import OrchestratorOptions, PlaybookOrchestrator
@@ -65,6 +65,9 @@ class CallRegistry:
         """Set by :meth:`drain`: no new call is admitted."""
         self.admissions = RateLimiter(config.rate_limit_per_min, config.rate_limit_burst)
         self._released = asyncio.Event()
+        self.farewells: set[asyncio.Task[None]] = set()
+        """Transport work of released calls still going on (telling the caller why the call
+        ended); :meth:`close_all` waits for it."""
 
     def __len__(self) -> int:
         return len(self.calls)
@@ -131,6 +134,13 @@ class CallRegistry:
         with contextlib.suppress(Exception):
             self.on_event(VoiceEvent("state", {"state": "closed", "reason": reason}))
 
+    def see_off(self, farewell: Coroutine[Any, Any, None], name: str) -> None:
+        """Run a released call's last transport work in the background (bounded by the call);
+        the server waits for it before it closes."""
+        task = asyncio.create_task(farewell, name=name)
+        self.farewells.add(task)
+        task.add_done_callback(self.farewells.discard)
+
     async def hangup(self, call_id: str, reason: str = "hung up by the client") -> bool:
         call = self.calls.get(call_id)
         if call is None:
@@ -153,3 +163,4 @@ class CallRegistry:
     async def close_all(self, reason: str = "server shutting down") -> None:
         calls = list(self.calls.values())
         await asyncio.gather(*(call.hangup(reason) for call in calls), return_exceptions=True)
+        await asyncio.gather(*list(self.farewells), return_exceptions=True)

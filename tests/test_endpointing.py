@@ -3,16 +3,22 @@ the words, with real webrtcvad, Whisper and Piper; only the LLM is scripted."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from media import SpeechToText, Transcript
+from media import SpeechPaused, SpeechToText, Transcript
 from media.audio import silence
 from playbooks import load_playbook
 from playbooks.loader import LoadedPlaybook
-from server.endpointing import EndpointSettings, is_listener_noise, sounds_complete
+from server.endpointing import (
+    EndpointSettings,
+    Speculation,
+    is_listener_noise,
+    sounds_complete,
+)
 from server.session import SessionSettings
 from tests.calls import VoiceCall, piper_speech, start_call, synthesize_ahead, words
 from tests.conftest import EXAMPLES
@@ -61,6 +67,51 @@ def test_a_sentence_ending_in_a_number_sounds_complete(text: str) -> None:
 )
 def test_unfinished_sentences_do_not_sound_complete(text: str) -> None:
     assert not sounds_complete(text)
+
+
+async def _speculation(text: str | None) -> Speculation:
+    """A speculation whose decode heard ``text`` (None: still decoding)."""
+    paused = SpeechPaused(audio=b"", started_at=0.0, last_voiced_at=1.0, at=1.16)
+    if text is None:
+        task: asyncio.Task[Transcript] = asyncio.create_task(asyncio.sleep(3600))  # type: ignore[arg-type]
+    else:
+        task = asyncio.create_task(_heard(text))
+        await task
+    return Speculation(paused, task)
+
+
+async def _heard(text: str) -> Transcript:
+    return Transcript(text=text, audio_ms=1000.0, compute_ms=1.0)
+
+
+@pytest.mark.parametrize(
+    ("text", "starts_at_ms"),
+    [
+        ("Where is my order?", 260),  # complete: ends at 400 ms, answered 140 ms before
+        ("I would like to order a large pizza and", 760),  # trails off: ends at 900 ms
+        ("Hello?", None),  # one word opens a turn more often than it ends one
+        ("Wait.", None),
+        ("", None),
+        (None, None),  # the words are not known yet
+    ],
+)
+async def test_a_preemptive_answer_waits_for_the_silence_and_the_words(
+    text: str | None, starts_at_ms: int | None
+) -> None:
+    settings = EndpointSettings()
+    speculation = await _speculation(text)
+    try:
+        due = [ms for ms in range(0, 1000, 20) if speculation.preempt_due(ms, 400, settings)]
+    finally:
+        speculation.discard()
+    assert (due[0] if due else None) == starts_at_ms
+
+
+def test_a_preemption_lead_outside_the_shortest_end_of_turn_is_refused() -> None:
+    with pytest.raises(ValueError, match="preempt_lead_ms"):
+        EndpointSettings(preempt_lead_ms=400)
+    with pytest.raises(ValueError, match="preempt_min_words"):
+        EndpointSettings(preempt_min_words=0)
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ from server.session import SessionSettings
 from tests.calls import VoiceCall, piper_speech, start_call, synthesize_ahead, transcriber, words
 from tests.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
 from tests.test_handoff import NOTE, PLAYBOOK, SUMMARY
+from tests.timed_stt import primed
 
 pytestmark = pytest.mark.slow
 
@@ -149,15 +150,19 @@ async def test_an_undone_preemptive_handoff_leaves_clients_in_the_stage_the_call
         return Reply(tool_calls=[ScriptedToolCall("playbook_transition", MOVE)])
 
     llm.script(reply)
-    # a long end-of-turn silence, so the answer to the words before the pause surely starts
-    # (preempted) and the caller surely speaks on before the turn ends
-    endpoint = EndpointSettings(complete_silence_ms=2500, incomplete_silence_ms=2500)
+    # a long end-of-turn silence, and an answer started at 500 ms of silence on words known
+    # by then, so the answer to the words before the pause surely starts (preempted) and the
+    # caller surely speaks on before the turn ends
+    endpoint = EndpointSettings(
+        complete_silence_ms=2500, incomplete_silence_ms=2500, preempt_lead_ms=2000
+    )
+    speech = piper_speech(CHANGE) + silence(1200) + piper_speech(AFTERTHOUGHT) + silence(200)
+    stt = await primed(0.0, speech)
     call = start_call(
-        playbook, llm.base_url, settings=SessionSettings(greet=False, endpoint=endpoint)
+        playbook, llm.base_url, settings=SessionSettings(greet=False, endpoint=endpoint), stt=stt
     )
     calls.append(call)
-    speech = piper_speech(CHANGE) + silence(1200) + piper_speech(AFTERTHOUGHT)
-    await call.say(speech, trailing_silence_ms=200)
+    await call.say(speech)
     await call.wait_event("turn_metrics")
     await call.wait_idle()
 

@@ -384,3 +384,20 @@ def test_call_limits_from_the_environment_are_checked_too() -> None:
         assert documented in text
     assert "DELETE /sessions/ID" in text
     assert "/twilio/media" in text
+
+
+def test_the_preemption_lead_comes_from_a_flag_or_the_environment() -> None:
+    import argparse
+
+    from server.config import add_serve_arguments
+    from server.settings import ConfigError
+
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser, env={"VOCABLE_PREEMPT_LEAD_MS": "100"})
+    config = ServerConfig.from_args(parser.parse_args([]), env={})
+    assert config.session.endpoint.preempt_lead_ms == 100
+    flagged = ServerConfig.from_args(parser.parse_args(["--preempt-lead-ms", "0"]), env={})
+    assert flagged.session.endpoint.preempt_lead_ms == 0
+    for bad in ("-1", "400"):  # a lead as long as the end-of-turn silence is no preemption rule
+        with pytest.raises(ConfigError, match="--preempt-lead-ms must be 0 to 399"):
+            ServerConfig.from_args(parser.parse_args(["--preempt-lead-ms", bad]), env={})
