@@ -1,8 +1,9 @@
 """The benchmark's spoken corpus: committed WAVs (16 kHz mono PCM16) described by ``corpus.json``.
 
-Two voices (the product's Piper voice and espeak-ng), short and long questions, a barge-in line and
-non-turns (a backchannel "mhm", a synthetic cough). Regenerate with ``python -m benchmarks.corpus``;
-the WAVs are committed so every machine measures the same audio.
+Two voices (the product's Piper voice and espeak-ng), short and long questions (one opening with
+"Hello," and a comma pause, as callers do), a barge-in line and non-turns (a backchannel "mhm", a
+synthetic cough). Regenerate with ``python -m benchmarks.corpus`` (``--missing``: only the WAVs
+not there yet); the WAVs are committed so every machine measures the same audio.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 import tempfile
 import wave
 from dataclasses import asdict, dataclass
@@ -58,6 +60,9 @@ SPEC: tuple[Utterance, ...] = (
     ),
     Utterance("espeak_delivery", "question", "espeak", "When will my parcel be delivered?"),
     Utterance(
+        "piper_hello_parcel", "question", "piper", "Hello, I am calling about my parcel."
+    ),  # a greeting, a comma pause, then the turn: callers open like this
+    Utterance(
         "espeak_table",
         "long_question",
         "espeak",
@@ -80,11 +85,14 @@ def load_corpus() -> dict[str, Utterance]:
     return corpus
 
 
-def generate() -> None:
-    """(Re)write every WAV and the manifest."""
+def generate(missing_only: bool = False) -> None:
+    """(Re)write every WAV (or only those not there yet: Piper's takes vary, so rewriting the
+    others would change what earlier results measured) and the manifest."""
     CORPUS_DIR.mkdir(parents=True, exist_ok=True)
     piper = Synthesizer.load()
     for utterance in SPEC:
+        if missing_only and utterance.path.is_file():
+            continue
         if utterance.voice == "piper":
             pcm = _resample(piper.synthesize_all(utterance.text), piper.sample_rate)
         elif utterance.voice == "espeak":
@@ -135,5 +143,5 @@ def _write(path: Path, pcm: bytes) -> None:
 
 
 if __name__ == "__main__":
-    generate()
+    generate(missing_only="--missing" in sys.argv[1:])
     print(f"wrote {len(SPEC)} utterances to {CORPUS_DIR}")

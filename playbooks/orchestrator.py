@@ -333,6 +333,8 @@ class Turn:
         self._round_has_text = False
         self._completed = False
         self._finishing: list[asyncio.Task[str]] = []
+        self._acting: set[str] = set()
+        """Ids of tool calls whose tool has started (confirmed, when it has side effects)."""
         self._greeted: str | None = None
         """A stage's greeting said at the head of this answer (undone by a retraction)."""
         """Tools left to finish after an interruption (see ``Tool.on_interrupt``)."""
@@ -359,8 +361,8 @@ class Turn:
                 await self._deltas.aclose()  # type: ignore[attr-defined]
         finally:
             try:
-                if self._finishing:
-                    await asyncio.wait(self._finishing)  # bounded by each tool's own timeout
+                if self._finishing:  # tools already acting: each bounded by its own timeout
+                    await asyncio.wait(self._finishing)
             finally:
                 if exc_type is not None or not self._completed:
                     self._record_interruption()
@@ -626,11 +628,12 @@ class Turn:
                     )
             except asyncio.CancelledError:
                 # interrupted: tools that must not stop half-way run on; the turn's exit
-                # waits for them so their real results enter the history
+                # waits for them so their real results enter the history. One still waiting
+                # for the confirmation of a preemptive turn has not started: it never will.
                 self._finishing = [
                     task
                     for call_id, task in pending.items()
-                    if call_id in finishing and not task.done()
+                    if call_id in finishing and call_id in self._acting and not task.done()
                 ]
                 raise
             except TimeoutError:
@@ -669,6 +672,7 @@ class Turn:
             if tool.side_effects and self.confirmed is not None:
                 await self.confirmed.wait()  # never act on words the caller may not have said
                 started = time.monotonic()
+            self._acting.add(call.id)
             result = await tool.call(call.arguments)
         except ToolError as exc:
             source = "tool_call" if isinstance(exc, InvalidToolCall) else "tool"

@@ -35,8 +35,9 @@ __all__ = [
 ]
 
 RUN_MARKER = "VOCABLE_TESTS_RUN"
-"""Set (to this session's id) in the environment the tests' children inherit."""
-os.environ.setdefault(RUN_MARKER, uuid.uuid4().hex)
+"""Set (to this test process's own id) in the environment the tests' children inherit: with
+``pytest -n``, each worker checks only what it started itself."""
+os.environ[RUN_MARKER] = uuid.uuid4().hex
 
 _started: list[int] = []
 """Process group ids of every child started with :func:`spawn`."""

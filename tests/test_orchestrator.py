@@ -1119,6 +1119,34 @@ async def test_a_finishing_tool_completes_despite_cancellation(
     assert "cancelled" in error_of(messages[3]["content"])
 
 
+async def test_an_unconfirmed_turn_cancelled_never_runs_its_finishing_tool(
+    llm: ScriptedLLM, orchestrator: PlaybookOrchestrator
+) -> None:
+    """A preemptive turn undone while its ``on_interrupt: finish`` tool (side effects) waits for
+    the confirmation: the tool never started, so it does not run, and the turn ends at once
+    instead of waiting for a confirmation that cannot come."""
+    llm.script([Reply(tool_calls=[call("commit", "c1", seconds=0.01)])])
+    started = asyncio.Event()
+    orchestrator.on(lambda e: started.set() if e.type == "tool_call_start" else None)
+    confirmed = asyncio.Event()  # never set: the caller went on
+
+    async def consume() -> None:
+        async with orchestrator.turn("commit it", confirmed) as turn:
+            async for _ in turn:
+                pass
+
+    task = asyncio.create_task(consume())
+    await asyncio.wait_for(started.wait(), 3)
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(asyncio.shield(task), 2)
+    messages = orchestrator.conversation.messages
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool"]
+    assert messages[2]["tool_call_id"] == "c1"
+    assert "cancelled" in error_of(messages[2]["content"])
+
+
 @pytest.mark.parametrize("after_tools", [False, True])
 async def test_cancel_during_phase_2_keeps_only_what_was_delivered(
     llm: ScriptedLLM, orchestrator: PlaybookOrchestrator, after_tools: bool
