@@ -124,6 +124,7 @@ class ServerConfig:
             llm: LLMSettings | None = LLMSettings.resolve(args, env)
         except ConfigError:
             llm = None
+        _check_choices(args)
         _check_operations(args)
         username, credential = args.turn_username, args.turn_credential
         ice = tuple(
@@ -141,18 +142,7 @@ class ServerConfig:
             synthesizer=SynthesizerSettings(voice=args.tts_voice),
             remote_stt=_remote_stt(args),
             remote_tts=_remote_tts(args),
-            session=SessionSettings(
-                vad=VadSettings(
-                    aggressiveness=args.vad_aggressiveness,
-                    end_silence_ms=args.end_silence_ms,
-                    pause_ms=args.speculation_pause_ms,
-                ),
-                barge_in_min_ms=args.barge_in_min_ms,
-                barge_in=args.barge_in,
-                endpoint=EndpointSettings(
-                    speculate=not args.no_speculation, preempt_lead_ms=args.preempt_lead_ms
-                ),
-            ),
+            session=_session_settings(args),
             ice_servers=ice,
             max_sessions=args.max_sessions,
             auth_token=args.auth_token or None,
@@ -182,6 +172,44 @@ def _sip_settings(args: argparse.Namespace) -> SipSettings | None:
         allow=_networks("--sip-allow", args.sip_allow),
         rtp_ports=parse_port_range(args.rtp_ports),
     )
+
+
+def _session_settings(args: argparse.Namespace) -> SessionSettings:
+    """The audio flags as session settings; raises ConfigError for values they refuse."""
+    try:
+        return SessionSettings(
+            vad=VadSettings(
+                aggressiveness=args.vad_aggressiveness,
+                end_silence_ms=args.end_silence_ms,
+                pause_ms=args.speculation_pause_ms,
+            ),
+            barge_in_min_ms=args.barge_in_min_ms,
+            barge_in=args.barge_in,
+            endpoint=EndpointSettings(
+                speculate=not args.no_speculation, preempt_lead_ms=args.preempt_lead_ms
+            ),
+        )
+    except ValueError as exc:
+        raise ConfigError(f"audio settings: {exc}") from None
+
+
+CHOICES: dict[str, tuple[Any, ...]] = {
+    "barge_in": get_args(BargeInPolicy),
+    "log_format": ("text", "json"),
+    "vad_aggressiveness": (0, 1, 2, 3),
+    "tts_remote_format": ("pcm", "wav"),
+}
+"""The values each flag with a fixed set takes, from the command line or the environment (whose
+values argparse does not check against ``choices``)."""
+
+
+def _check_choices(args: argparse.Namespace) -> None:
+    for dest, allowed in CHOICES.items():
+        value = getattr(args, dest, allowed[0])
+        if value not in allowed:
+            flag = "--" + dest.replace("_", "-")
+            listed = ", ".join(str(choice) for choice in allowed)
+            raise ConfigError(f"{flag} must be one of {listed}, not {value!r}")
 
 
 def _check_operations(args: argparse.Namespace) -> None:
@@ -398,7 +426,7 @@ def add_serve_arguments(
     )
     ops.add_argument(
         "--log-format",
-        choices=("text", "json"),
+        choices=CHOICES["log_format"],
         default=default("LOG_FORMAT", str, "text"),
         help="json: one JSON object per line, with the call's session id [VOCABLE_LOG_FORMAT]",
     )
@@ -438,14 +466,14 @@ def add_serve_arguments(
     audio.add_argument(
         "--vad-aggressiveness",
         type=int,
-        choices=range(4),
+        choices=CHOICES["vad_aggressiveness"],
         default=default("VAD_AGGRESSIVENESS", int, 2),
     )
     audio.add_argument("--end-silence-ms", type=int, default=default("END_SILENCE_MS", int, 400))
     audio.add_argument("--barge-in-min-ms", type=int, default=default("BARGE_IN_MIN_MS", int, 200))
     audio.add_argument(
         "--barge-in",
-        choices=get_args(BargeInPolicy),
+        choices=CHOICES["barge_in"],
         default=default("BARGE_IN", str, "pause_resume"),
         help="policy of stages that set none [VOCABLE_BARGE_IN; default: pause_resume]",
     )
@@ -523,7 +551,7 @@ def _add_remote_arguments(
     )
     group.add_argument(
         "--tts-remote-format",
-        choices=("pcm", "wav"),
+        choices=CHOICES["tts_remote_format"],
         default=default("TTS_REMOTE_FORMAT", "pcm"),
         help="pcm: raw 24 kHz PCM16 as OpenAI sends it; wav: for servers whose raw audio has "
         "another rate [VOCABLE_TTS_REMOTE_FORMAT; default: pcm]",
@@ -560,8 +588,6 @@ def _remote_tts(args: argparse.Namespace) -> RemoteSynthesizerSettings | None:
     url = _remote_url("--tts-url", args.tts_url)
     if url is None:
         return None
-    if args.tts_remote_format not in ("pcm", "wav"):  # an environment value skips choices=
-        raise ConfigError(f"--tts-remote-format must be pcm or wav, not {args.tts_remote_format!r}")
     return RemoteSynthesizerSettings(
         base_url=url,
         model=args.tts_remote_model,

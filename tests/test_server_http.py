@@ -401,3 +401,32 @@ def test_the_preemption_lead_comes_from_a_flag_or_the_environment() -> None:
     for bad in ("-1", "400"):  # a lead as long as the end-of-turn silence is no preemption rule
         with pytest.raises(ConfigError, match="--preempt-lead-ms must be 0 to 399"):
             ServerConfig.from_args(parser.parse_args(["--preempt-lead-ms", bad]), env={})
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        (
+            {"VOCABLE_BARGE_IN": "Immediate"},
+            "--barge-in must be one of immediate, confirmed, pause_resume, disabled, "
+            "not 'Immediate'",
+        ),
+        ({"VOCABLE_LOG_FORMAT": "xml"}, "--log-format must be one of text, json, not 'xml'"),
+        ({"VOCABLE_VAD_AGGRESSIVENESS": "7"}, "--vad-aggressiveness must be one of 0, 1, 2, 3"),
+        ({"VOCABLE_END_SILENCE_MS": "5"}, "audio settings: end_silence_ms must be at least 20"),
+        ({"VOCABLE_SPECULATION_PAUSE_MS": "-1"}, "audio settings: pause_ms must not be negative"),
+    ],
+)
+def test_environment_values_are_checked_like_flags(env: dict[str, str], message: str) -> None:
+    """A value the flag would refuse is refused from the environment too, in one line: an
+    unknown barge-in policy once left callers unable to interrupt the agent."""
+    import argparse
+
+    from server.config import add_serve_arguments
+    from server.settings import ConfigError
+
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser, env=env)
+    with pytest.raises(ConfigError) as refused:
+        ServerConfig.from_args(parser.parse_args([]), env={})
+    assert str(refused.value).startswith(message), refused.value
