@@ -61,7 +61,7 @@ class OrchestratorOptions:
     phase1_timeout_ms: int = 60_000
     history_limit: int = 50
     fallback_answer: str = DEFAULT_FALLBACK
-    llm_timeout_ms: int = 20_000
+    llm_timeout_ms: int = 10_000
     """The longest the LLM may keep the turn waiting: for a round to start streaming (its
     retries included) or for the round's next chunk. Past it the round fails like an unreachable
     endpoint: an ``error`` event, and the fallback line (after what was already said)."""

@@ -13,7 +13,7 @@ from typing import Any, get_args
 from media import TranscriberSettings, VadSettings
 from media.remote import RemoteSynthesizerSettings, RemoteTranscriberSettings
 from media.tts import SynthesizerSettings
-from playbooks import BargeInPolicy
+from playbooks import BargeInPolicy, OrchestratorOptions
 
 from .arguments import positive_float, positive_int
 from .endpointing import EndpointSettings
@@ -75,7 +75,7 @@ class ServerConfig:
     llm: LLMSettings | None = None
     """None: no endpoint configured; calls still work but the agent cannot answer."""
     llm_retries: int = 3
-    llm_timeout_s: float = 10.0
+    llm_timeout_s: float = OrchestratorOptions().llm_timeout_ms / 1000
     """The longest the LLM may stay silent (before its first token or between chunks) before
     the turn falls back to the spoken apology."""
     transcriber: TranscriberSettings = field(default_factory=TranscriberSettings)
@@ -445,10 +445,10 @@ def add_serve_arguments(
     parser.add_argument(
         "--llm-timeout-s",
         type=float,
-        default=default("LLM_TIMEOUT_S", float, 10.0),
+        default=default("LLM_TIMEOUT_S", float, ServerConfig.llm_timeout_s),
         metavar="S",
         help="longest LLM silence (to the first token, or between chunks) before the agent "
-        "apologizes [VOCABLE_LLM_TIMEOUT_S; default: 10]",
+        "apologizes [VOCABLE_LLM_TIMEOUT_S; default: %(default)g]",
     )
 
     audio = parser.add_argument_group("speech")

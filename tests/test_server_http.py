@@ -430,3 +430,15 @@ def test_environment_values_are_checked_like_flags(env: dict[str, str], message:
     with pytest.raises(ConfigError) as refused:
         ServerConfig.from_args(parser.parse_args([]), env={})
     assert str(refused.value).startswith(message), refused.value
+
+
+def test_the_llm_timeout_has_one_default_for_the_server_and_the_library() -> None:
+    import argparse
+
+    from playbooks import OrchestratorOptions
+    from server.config import add_serve_arguments
+
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser, env={})
+    config = ServerConfig.from_args(parser.parse_args([]), env={})
+    assert config.llm_timeout_s * 1000 == OrchestratorOptions().llm_timeout_ms == 10_000
