@@ -22,6 +22,7 @@ def _server_hops(turn: dict[str, Any]) -> list[float]:
     return [v for v in turn["server"].values() if v is not None]
 
 
+@pytest.mark.timeout(600)  # ~110 s here: a whole harness run (its own guard: 540 s)
 async def test_a_quick_benchmark_run_writes_a_complete_report(tmp_path: Path) -> None:
     process = await spawn(
         sys.executable,
@@ -36,7 +37,7 @@ async def test_a_quick_benchmark_run_writes_a_complete_report(tmp_path: Path) ->
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
-    out, err = await asyncio.wait_for(process.communicate(), timeout=900)
+    out, err = await asyncio.wait_for(process.communicate(), timeout=540)
     assert process.returncode == 0, err.decode()[-3000:]
 
     folder = tmp_path / "smoke"

@@ -40,6 +40,7 @@ def test_every_way_of_calling_and_hanging_up_comes_round_within_24_calls() -> No
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # ~115 s here: 42 calls, most of them spoken
 def test_calls_leave_no_memory_files_threads_or_tasks_behind(tmp_path: Path) -> None:
     result = run_soak(SHORT_PLAN, tmp_path)
 
