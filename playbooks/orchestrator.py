@@ -333,11 +333,11 @@ class Turn:
         self._round_has_text = False
         self._completed = False
         self._finishing: list[asyncio.Task[str]] = []
+        """Tools left to finish after an interruption (see ``Tool.on_interrupt``)."""
         self._acting: set[str] = set()
         """Ids of tool calls whose tool has started (confirmed, when it has side effects)."""
         self._greeted: str | None = None
         """A stage's greeting said at the head of this answer (undone by a retraction)."""
-        """Tools left to finish after an interruption (see ``Tool.on_interrupt``)."""
         self._deltas: AsyncIterator[str | Retraction] | None = None
         self._entered = False
 

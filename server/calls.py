@@ -65,7 +65,7 @@ class WebRTCCall:
         session: Session,
         on_end: Callable[[WebRTCCall, str], None],
         config: ServerConfig,
-        see_off: Callable[[Coroutine[Any, Any, None], str], None] | None = None,
+        see_off: Callable[[Coroutine[Any, Any, None], str], None],
     ) -> None:
         self.id = call_id
         self.pc = pc
@@ -243,7 +243,7 @@ class WebRTCCall:
                     task.cancel()
         finally:  # whatever failed above, the call is forgotten: no leak of a session slot
             self._on_end(self, reason)
-        if self._see_off is not None and not self._channel_open.is_set():
+        if not self._channel_open.is_set():
             self._see_off(self._say_goodbye(), f"goodbye:{self.id}")
         else:
             await self._say_goodbye()

@@ -1087,23 +1087,31 @@ async def test_cancel_during_a_slow_tool_leaves_a_cancelled_result(
     assert llm.last_request["messages"][-1] == {"role": "user", "content": "never mind"}
 
 
-async def test_a_finishing_tool_completes_despite_cancellation(
-    llm: ScriptedLLM, orchestrator: PlaybookOrchestrator
-) -> None:
-    llm.script(
-        [Reply(tool_calls=[call("commit", "c1", seconds=0.4), call("slow", "c2", seconds=30)])]
-    )
+async def _started_tool_call(
+    orchestrator: PlaybookOrchestrator, text: str, confirmed: asyncio.Event | None = None
+) -> asyncio.Task[None]:
+    """A task answering ``text`` in a turn, returned once its first tool call has started."""
     started = asyncio.Event()
     orchestrator.on(lambda e: started.set() if e.type == "tool_call_start" else None)
 
     async def consume() -> None:
-        async with orchestrator.turn("commit it") as turn:
+        async with orchestrator.turn(text, confirmed) as turn:
             async for _ in turn:
                 pass
 
     task = asyncio.create_task(consume())
     await asyncio.wait_for(started.wait(), 3)
     await asyncio.sleep(0.05)
+    return task
+
+
+async def test_a_finishing_tool_completes_despite_cancellation(
+    llm: ScriptedLLM, orchestrator: PlaybookOrchestrator
+) -> None:
+    llm.script(
+        [Reply(tool_calls=[call("commit", "c1", seconds=0.4), call("slow", "c2", seconds=30)])]
+    )
+    task = await _started_tool_call(orchestrator, "commit it")
     loop = asyncio.get_running_loop()
     cancelled_at = loop.time()
     task.cancel()
@@ -1126,18 +1134,8 @@ async def test_an_unconfirmed_turn_cancelled_never_runs_its_finishing_tool(
     the confirmation: the tool never started, so it does not run, and the turn ends at once
     instead of waiting for a confirmation that cannot come."""
     llm.script([Reply(tool_calls=[call("commit", "c1", seconds=0.01)])])
-    started = asyncio.Event()
-    orchestrator.on(lambda e: started.set() if e.type == "tool_call_start" else None)
     confirmed = asyncio.Event()  # never set: the caller went on
-
-    async def consume() -> None:
-        async with orchestrator.turn("commit it", confirmed) as turn:
-            async for _ in turn:
-                pass
-
-    task = asyncio.create_task(consume())
-    await asyncio.wait_for(started.wait(), 3)
-    await asyncio.sleep(0.05)
+    task = await _started_tool_call(orchestrator, "commit it", confirmed)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(asyncio.shield(task), 2)
