@@ -21,7 +21,7 @@ from aiortc import MediaStreamTrack, RTCPeerConnection, RTCSessionDescription
 from media import FRAME_BYTES, FRAME_MS, Speaker, VadSegmenter
 from media.audio import SAMPLE_RATE, pcm_rms_dbfs
 from media.speaker import Playback
-from server.webrtc import OUTPUT_RATE, SpeakerTrack, caller_frames
+from server.transports.tracks import OUTPUT_RATE, SpeakerTrack, caller_frames
 
 __all__ = ["SILENCE_DBFS", "ReceivedFrame", "SpokenUtterance", "WebRTCCaller", "voiced_span_ms"]
 

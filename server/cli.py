@@ -20,12 +20,11 @@ from playbooks import (
     load_playbooks,
 )
 from playbooks.outline import mermaid, outline
-
-from .arguments import non_negative_int, positive_int
-from .chat import run_chat
-from .config import add_serve_arguments
-from .logs import configure_logging
-from .settings import ConfigError, LLMSettings, add_llm_arguments
+from server.chat import run_chat
+from server.config.arguments import non_negative_int, positive_int
+from server.config.llm import ConfigError, LLMSettings, add_llm_arguments
+from server.config.server import add_serve_arguments
+from server.runtime.logs import configure_logging
 
 __all__ = ["main"]
 
@@ -156,8 +155,8 @@ def _playbook(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from .config import ServerConfig
-    from .serve import run_server
+    from server.config.server import ServerConfig
+    from server.serve import run_server
 
     config = ServerConfig.from_args(args)
     if config.otel:

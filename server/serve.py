@@ -31,10 +31,10 @@ from multiprocessing.process import BaseProcess
 
 from aiohttp import web
 
-from .app import CALLS, create_app
-from .config import ServerConfig
-from .logs import configure_logging
-from .siblings import control_socket
+from server.config.server import ServerConfig
+from server.http.app import CALLS, create_app
+from server.http.siblings import control_socket
+from server.runtime.logs import configure_logging
 
 __all__ = ["run_server", "serve"]
 

@@ -22,13 +22,13 @@ from playbooks import (
     load_playbooks,
 )
 from playbooks.loader import LoadedPlaybook
-from server.app import create_app
-from server.config import ServerConfig
-from server.engines import Engines
-from server.events import VoiceEvent
-from server.loopback import LoopbackCall
-from server.session import Session, SessionSettings
-from server.voice import VoicePlaybookOrchestrator
+from server.call.events import VoiceEvent
+from server.call.session import Session, SessionSettings
+from server.call.voice import VoicePlaybookOrchestrator
+from server.config.server import ServerConfig
+from server.http.app import create_app
+from server.runtime.engines import Engines
+from server.transports.loopback import LoopbackCall
 from tests.speech import (
     espeak_wav,
     piper_speech,

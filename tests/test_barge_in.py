@@ -12,7 +12,7 @@ from benchmarks.corpus import load_corpus
 from media import EchoGate, EchoSettings
 from media.audio import pcm_rms_dbfs, silence
 from playbooks import LoadedPlaybook, load_playbook
-from server.session import SessionSettings
+from server.call.session import SessionSettings
 from tests.calls import VoiceCall, start_call, transcriber, word_error_rate
 from tests.conftest import EXAMPLES
 from tests.scripted_llm import ScriptedLLM, answers_by_words

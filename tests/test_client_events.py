@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from server.client_events import CLIENT_ERRORS, client_view
-from server.events import VoiceEvent
+from server.call.events import VoiceEvent
+from server.transports.client_events import CLIENT_ERRORS, client_view
 
 
 @pytest.mark.parametrize("source", sorted(CLIENT_ERRORS))

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
-from server.app import create_app
-from server.config import ServerConfig, add_serve_arguments
+from server.config.server import ServerConfig, add_serve_arguments
+from server.http.app import create_app
 from tests.conftest import REPO
 
 DOCKERFILE = REPO / "Dockerfile"
@@ -105,10 +105,10 @@ def coturn_settings() -> dict[str, list[str]]:
 
 def env_names_read() -> set[str]:
     """The ``VOCABLE_*`` variables the server reads, from its source text: ``default("NAME"...)``
-    and ``listing("NAME")`` in server/config.py build ``VOCABLE_NAME``; server/settings.py names
-    its variables in full."""
-    config = (REPO / "server" / "config.py").read_text()
-    settings = (REPO / "server" / "settings.py").read_text()
+    and ``listing("NAME")`` in server/config/server.py build ``VOCABLE_NAME``;
+    server/config/llm.py names its variables in full."""
+    config = (REPO / "server" / "config" / "server.py").read_text()
+    settings = (REPO / "server" / "config" / "llm.py").read_text()
     built = re.findall(r'\b(?:default|listing)\(\s*"([A-Z0-9_]+)"', config)
     literal = re.findall(r"\bVOCABLE_[A-Z0-9_]+", config + settings)
     return {f"VOCABLE_{name}" for name in built} | set(literal)
@@ -173,7 +173,9 @@ def test_the_manifest_sets_only_variables_the_server_reads() -> None:
     read = env_names_read()
     assert {"VOCABLE_PORT", "VOCABLE_LLM_API_KEY", "VOCABLE_DRAIN_TIMEOUT_S"} <= read  # sanity
     unknown = set(manifest_env()) - read
-    assert not unknown, f"not read by server/config.py or server/settings.py: {sorted(unknown)}"
+    assert not unknown, (
+        f"not read by server/config/server.py or server/config/llm.py: {sorted(unknown)}"
+    )
 
 
 def test_secrets_come_from_a_secret() -> None:

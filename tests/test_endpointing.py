@@ -13,13 +13,13 @@ from media import SpeechPaused, SpeechToText, Transcript
 from media.audio import silence
 from playbooks import load_playbook
 from playbooks.loader import LoadedPlaybook
-from server.endpointing import (
+from server.call.endpointing import (
     EndpointSettings,
     Speculation,
     is_listener_noise,
     sounds_complete,
 )
-from server.session import SessionSettings
+from server.call.session import SessionSettings
 from tests.calls import VoiceCall, piper_speech, start_call, synthesize_ahead, words
 from tests.conftest import EXAMPLES
 from tests.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall

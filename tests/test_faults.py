@@ -29,10 +29,10 @@ from media.audio import silence
 from playbooks import OrchestratorOptions, load_playbook
 from playbooks.loader import LoadedPlaybook
 from playbooks.orchestrator import DEFAULT_FALLBACK
-from server.app import CALLS
-from server.config import ServerConfig
-from server.observability import ServerMetrics
-from server.session import SessionSettings
+from server.call.session import SessionSettings
+from server.config.server import ServerConfig
+from server.http.app import CALLS
+from server.runtime.observability import ServerMetrics
 from tests.calls import (
     VoiceCall,
     piper_speech,

@@ -54,11 +54,11 @@ from playbooks.models import (
     TransitionAction,
 )
 from server import cli
-from server.app import CALLS, SIP, create_app
-from server.config import ServerConfig, SipSettings
-from server.engines import Engines
-from server.session import SessionSettings
-from server.twilio import TwilioCall
+from server.call.session import SessionSettings
+from server.config.server import ServerConfig, SipSettings
+from server.http.app import CALLS, SIP, create_app
+from server.runtime.engines import Engines
+from server.transports.media_streams import TwilioCall
 from tests.calls import synthesizer, transcriber, voice_server
 from tests.conftest import EXAMPLES
 from tests.raw_http import raw_request

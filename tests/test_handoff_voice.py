@@ -13,8 +13,8 @@ import pytest
 from media.audio import silence
 from playbooks import load_playbook
 from playbooks.loader import LoadedPlaybook
-from server.endpointing import EndpointSettings
-from server.session import SessionSettings
+from server.call.endpointing import EndpointSettings
+from server.call.session import SessionSettings
 from tests.calls import VoiceCall, piper_speech, start_call, synthesize_ahead, transcriber, words
 from tests.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
 from tests.test_handoff import NOTE, PLAYBOOK, SUMMARY

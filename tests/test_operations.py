@@ -22,9 +22,9 @@ import aiohttp
 import pytest
 
 from benchmarks.client import WebRTCCaller
-from server.logs import JsonFormatter, bind_session, configure_logging
-from server.ratelimit import RateLimited, RateLimiter, client_address
-from server.siblings import merge_metrics, worker_of
+from server.http.siblings import merge_metrics, worker_of
+from server.runtime.logs import JsonFormatter, bind_session, configure_logging
+from server.runtime.ratelimit import RateLimited, RateLimiter, client_address
 from tests.conftest import REPO
 from tests.processes import spawn, stop_group
 from tests.scripted_llm import ScriptedLLM, answers_by_words

@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.client import WebRTCCaller
-from server.config import ServerConfig
-from server.tracing import STAGES
+from server.config.server import ServerConfig
+from server.runtime.tracing import STAGES
 from tests.calls import piper_speech, synthesize_ahead, voice_server
 from tests.conftest import REPO
 from tests.otlp_collector import OtlpCollector, collector_in_thread

@@ -28,9 +28,9 @@ from media.remote import (
 from media.tts import PIECE_MS, VoiceSettings
 from playbooks import load_playbook
 from playbooks.loader import LoadedPlaybook
-from server.config import ServerConfig, add_serve_arguments
-from server.engines import Engines
-from server.settings import ConfigError
+from server.config.llm import ConfigError
+from server.config.server import ServerConfig, add_serve_arguments
+from server.runtime.engines import Engines
 from tests.audio_api_server import AudioApiServer
 from tests.calls import (
     VoiceCall,

@@ -13,11 +13,11 @@ from aiohttp.test_utils import TestClient, TestServer
 from aiortc import RTCPeerConnection
 
 from playbooks import ChatClient, load_playbooks
-from server.app import MAX_SDP_BYTES, create_app
-from server.auth import bearer_matches
-from server.config import ServerConfig
-from server.engines import Engines
-from server.middleware import errors_as_json, remember_prepared
+from server.config.server import ServerConfig
+from server.http.app import MAX_SDP_BYTES, create_app
+from server.http.auth import bearer_matches
+from server.http.middleware import errors_as_json, remember_prepared
+from server.runtime.engines import Engines
 from tests.calls import synthesizer, transcriber
 from tests.conftest import EXAMPLES
 from tests.raw_http import raw_request
@@ -284,7 +284,7 @@ async def test_unknown_routes_and_methods_are_json_errors(
 def test_config_reads_the_environment() -> None:
     import argparse
 
-    from server.config import add_serve_arguments
+    from server.config.server import add_serve_arguments
 
     parser = argparse.ArgumentParser()
     add_serve_arguments(
@@ -320,8 +320,8 @@ def test_sip_settings_from_flags_and_environment() -> None:
     import argparse
     from ipaddress import ip_network
 
-    from server.config import add_serve_arguments
-    from server.settings import ConfigError
+    from server.config.llm import ConfigError
+    from server.config.server import add_serve_arguments
 
     parser = argparse.ArgumentParser()
     add_serve_arguments(parser, env={"VOCABLE_SIP_ALLOW": "10.0.0.0/8, 192.0.2.7"})
@@ -357,7 +357,7 @@ def test_call_limits_must_be_positive(
 ) -> None:
     import argparse
 
-    from server.config import add_serve_arguments
+    from server.config.server import add_serve_arguments
 
     parser = argparse.ArgumentParser()
     add_serve_arguments(parser, env={})
@@ -370,7 +370,7 @@ def test_call_limits_must_be_positive(
 def test_call_limits_from_the_environment_are_checked_too() -> None:
     import argparse
 
-    from server.config import add_serve_arguments
+    from server.config.server import add_serve_arguments
 
     for name, value in (("MAX_SESSIONS", "0"), ("IDLE_TIMEOUT_S", "-1"), ("MAX_CALL_S", "0")):
         with pytest.raises(SystemExit, match=f"VOCABLE_{name}='{value}': must be"):
@@ -389,8 +389,8 @@ def test_call_limits_from_the_environment_are_checked_too() -> None:
 def test_the_preemption_lead_comes_from_a_flag_or_the_environment() -> None:
     import argparse
 
-    from server.config import add_serve_arguments
-    from server.settings import ConfigError
+    from server.config.llm import ConfigError
+    from server.config.server import add_serve_arguments
 
     parser = argparse.ArgumentParser()
     add_serve_arguments(parser, env={"VOCABLE_PREEMPT_LEAD_MS": "100"})
@@ -422,8 +422,8 @@ def test_environment_values_are_checked_like_flags(env: dict[str, str], message:
     unknown barge-in policy once left callers unable to interrupt the agent."""
     import argparse
 
-    from server.config import add_serve_arguments
-    from server.settings import ConfigError
+    from server.config.llm import ConfigError
+    from server.config.server import add_serve_arguments
 
     parser = argparse.ArgumentParser()
     add_serve_arguments(parser, env=env)
@@ -436,7 +436,7 @@ def test_the_llm_timeout_has_one_default_for_the_server_and_the_library() -> Non
     import argparse
 
     from playbooks import OrchestratorOptions
-    from server.config import add_serve_arguments
+    from server.config.server import add_serve_arguments
 
     parser = argparse.ArgumentParser()
     add_serve_arguments(parser, env={})

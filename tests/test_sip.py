@@ -21,8 +21,8 @@ from aiosipua import SipRequest, parse_sdp
 from media import Resampler
 from media.audio import SAMPLE_RATE, silence
 from media.g711 import pcm_to_ulaw
-from server.app import CALLS, SIP
-from server.config import ServerConfig, SipSettings
+from server.config.server import ServerConfig, SipSettings
+from server.http.app import CALLS, SIP
 from tests.calls import transcriber, voice_server, word_error_rate
 from tests.phone import ANSWER, INTERRUPTION, LONG_ANSWER, phone_audio
 from tests.processes import spawn, stop_group

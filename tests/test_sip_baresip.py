@@ -1,4 +1,5 @@
-"""SIP calls from baresip, a real SIP phone, into the native endpoint (``server/sip.py``).
+"""SIP calls from baresip, a real SIP phone, into the native SIP endpoint
+(``server/transports/sip.py``).
 
 baresip dials over UDP on 127.0.0.1, speaks a WAV file as the caller (``aufile``; it hangs up
 when the file ends) and records what it sends and what it hears (``sndfile``); its configuration
@@ -21,9 +22,9 @@ from aiohttp.test_utils import TestServer
 
 from media import Resampler
 from media.audio import SAMPLE_RATE, pcm_rms_dbfs, silence
-from server.app import CALLS, SIP
-from server.config import ServerConfig, SipSettings
-from server.sip import SipCall
+from server.config.server import ServerConfig, SipSettings
+from server.http.app import CALLS, SIP
+from server.transports.sip import SipCall
 from tests.calls import transcriber, voice_server, word_error_rate, words
 from tests.phone import ANSWER, INTERRUPTION, LONG_ANSWER, PARCEL, phone_audio
 from tests.processes import spawn, stop_group

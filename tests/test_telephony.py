@@ -21,11 +21,11 @@ from aiohttp.test_utils import TestServer
 from media import Resampler
 from media.audio import SAMPLE_RATE, pcm_rms_dbfs, silence
 from media.g711 import pcm_to_ulaw, ulaw_to_pcm
-from server.app import AUDIOSOCKET, CALLS
-from server.audiosocket import DTMF, HANGUP, SLIN_8K, UUID, frame_message, read_message
-from server.config import ServerConfig
-from server.session import SessionSettings
-from server.twilio import MAX_MESSAGE_BYTES, TwilioCall
+from server.call.session import SessionSettings
+from server.config.server import ServerConfig
+from server.http.app import AUDIOSOCKET, CALLS
+from server.transports.audiosocket import DTMF, HANGUP, SLIN_8K, UUID, frame_message, read_message
+from server.transports.media_streams import MAX_MESSAGE_BYTES, TwilioCall
 from tests.calls import transcriber, voice_server, word_error_rate
 from tests.phone import ANSWER, INTERRUPTION, LONG_ANSWER, PARCEL, phone_audio
 from tests.scripted_llm import ScriptedLLM, answers_by_words
@@ -329,7 +329,7 @@ async def test_an_audiosocket_call_is_hung_up_at_the_call_limits(
     after_s: float,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="server.audiosocket")
+    caplog.set_level(logging.INFO, logger="server.transports.audiosocket")
     llm.script(_replies)
     config = replace(config, audiosocket=("127.0.0.1", 0))
     async with voice_server(llm.base_url, config) as server:

@@ -10,9 +10,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from server.events import VoiceEvent
-from server.logs import bind_session
-from server.tracing import STAGES, TurnTracer
+from server.call.events import VoiceEvent
+from server.runtime.logs import bind_session
+from server.runtime.tracing import STAGES, TurnTracer
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from media import Synthesizer, Transcriber
 from media.audio import silence
 from playbooks import load_playbook
 from playbooks.loader import LoadedPlaybook
-from server.session import SessionSettings
+from server.call.session import SessionSettings
 from tests.calls import (
     VoiceCall,
     espeak_speech,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from server.events import VoiceEvent
-from server.watchdog import CallClock
+from server.call.clock import CallClock
+from server.call.events import VoiceEvent
 
 
 def test_idle_counts_from_the_last_caller_speech_and_waits_for_a_quiet_agent() -> None:

@@ -12,12 +12,12 @@ from aiortc import RTCPeerConnection
 from aiortc.rtp import RtpPacket
 
 from benchmarks.client import WebRTCCaller
-from server.app import CALLS
-from server.client_events import CLIENT_ERRORS
-from server.config import ServerConfig
-from server.registry import NO_LLM_LINE
-from server.session import SessionSettings
-from server.webrtc import hear_promptly
+from server.call.session import SessionSettings
+from server.config.server import ServerConfig
+from server.http.app import CALLS
+from server.runtime.registry import NO_LLM_LINE
+from server.transports.client_events import CLIENT_ERRORS
+from server.transports.tracks import hear_promptly
 from tests.calls import (
     piper_speech,
     synthesize_ahead,

@@ -30,12 +30,12 @@ from aiohttp import WSMsgType, web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from media import Speaker
+from server.call.clock import CallClock
+from server.call.events import VoiceEvent
+from server.call.session import Session
+from server.runtime.registry import CallRegistry
 
-from .events import VoiceEvent
-from .registry import CallRegistry
-from .session import Session
 from .telephony import CallerAudio, CallerGap, Encoding, FramePacer, encode
-from .watchdog import CallClock
 
 __all__ = ["MAX_MESSAGE_BYTES", "BadStart", "TwilioCall", "close_reason", "serve_media_stream"]
 

@@ -14,20 +14,26 @@ from collections.abc import AsyncIterator, Callable
 import aiohttp
 from aiohttp import WSCloseCode, web
 
-from .audiosocket import AudioSocketServer
+from server.call.events import VoiceEvent
+from server.config.server import ServerConfig
+from server.runtime.engines import Engines
+from server.runtime.observability import ServerMetrics, process_snapshot
+from server.runtime.ratelimit import RateLimited, client_address
+from server.runtime.registry import CallRegistry, OverCapacity, UnknownPlaybook
+from server.runtime.tracing import TurnTracer, otlp_provider
+from server.transports.audiosocket import AudioSocketServer
+from server.transports.media_streams import (
+    MAX_MESSAGE_BYTES,
+    BadStart,
+    close_reason,
+    serve_media_stream,
+)
+from server.transports.sip import SipServer
+from server.transports.webrtc import BadOffer, open_webrtc_call
+
 from .auth import require_token
-from .calls import BadOffer, open_webrtc_call
-from .config import ServerConfig
-from .engines import Engines
-from .events import VoiceEvent
 from .middleware import cors, errors_as_json, json_error, remember_prepared
-from .observability import ServerMetrics, process_snapshot
-from .ratelimit import RateLimited, client_address
-from .registry import CallRegistry, OverCapacity, UnknownPlaybook
 from .siblings import Siblings, merge_metrics, worker_of
-from .sip import SipServer
-from .tracing import TurnTracer, otlp_provider
-from .twilio import MAX_MESSAGE_BYTES, BadStart, close_reason, serve_media_stream
 
 __all__ = ["AUDIOSOCKET", "CALLS", "CONFIG", "ENGINES", "METRICS", "create_app"]
 

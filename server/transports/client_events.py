@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .events import VoiceEvent
+from server.call.events import VoiceEvent
 
 __all__ = ["CLIENT_ERRORS", "client_view"]
 

@@ -14,11 +14,11 @@ from media import TranscriberSettings, VadSettings
 from media.remote import RemoteSynthesizerSettings, RemoteTranscriberSettings
 from media.tts import SynthesizerSettings
 from playbooks import BargeInPolicy, OrchestratorOptions
+from server.call.endpointing import EndpointSettings
+from server.call.session import SessionSettings
 
 from .arguments import positive_float, positive_int
-from .endpointing import EndpointSettings
-from .session import SessionSettings
-from .settings import ConfigError, LLMSettings, add_llm_arguments
+from .llm import ConfigError, LLMSettings, add_llm_arguments
 
 __all__ = [
     "EXAMPLES",
@@ -30,7 +30,7 @@ __all__ = [
     "parse_port_range",
 ]
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "playbooks" / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "playbooks" / "examples"
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,7 @@ class ServerConfig:
     log_format: str = "text"
     otel: bool = False
     """Export a trace per turn over OTLP (the ``otel`` extra; ``OTEL_EXPORTER_OTLP_*``)."""
-    web_client_dir: Path = Path(__file__).resolve().parent.parent / "web-client"
+    web_client_dir: Path = Path(__file__).resolve().parents[2] / "web-client"
 
     @classmethod
     def from_args(

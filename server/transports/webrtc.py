@@ -26,14 +26,14 @@ from aiortc import (
 )
 
 from media import Speaker
+from server.call.clock import CallClock
+from server.call.events import VoiceEvent
+from server.call.session import Session
+from server.config.server import ServerConfig
+from server.runtime.registry import CallRegistry
 
 from .client_events import client_view
-from .config import ServerConfig
-from .events import VoiceEvent
-from .registry import CallRegistry
-from .session import Session
-from .watchdog import CallClock
-from .webrtc import OUTPUT_RATE, SpeakerTrack, caller_frames, hear_promptly
+from .tracks import OUTPUT_RATE, SpeakerTrack, caller_frames, hear_promptly
 
 __all__ = ["BadOffer", "WebRTCCall", "open_webrtc_call"]
 

@@ -32,7 +32,7 @@ from playbooks import BargeInPolicy
 from playbooks.orchestrator import Snapshot
 
 from .endpointing import EndpointSettings, Speculation, is_listener_noise
-from .metrics import TurnTimeline
+from .timeline import TurnTimeline
 from .voice import VoicePlaybookOrchestrator
 
 __all__ = ["Session", "SessionSettings", "SessionState"]

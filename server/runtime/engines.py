@@ -10,8 +10,7 @@ from media import SpeechToText, Synthesizer, TextToSpeech, Transcriber
 from media.remote import RemoteSynthesizer, RemoteTranscriber
 from playbooks import ChatClient, LoadedPlaybook, RetryPolicy, load_playbooks
 from playbooks.identity import voice_models
-
-from .config import ServerConfig
+from server.config.server import ServerConfig
 
 __all__ = ["Engines"]
 

@@ -40,7 +40,7 @@ from playbooks import BargeInPolicy, OrchestratorEvent, PlaybookOrchestrator, Re
 from playbooks.models import Voice
 
 from .events import VoiceEvent, VoiceEventHandler, VoiceEventType
-from .metrics import TurnTimeline
+from .timeline import TurnTimeline
 
 __all__ = ["SpokenVoice", "VoicePlaybookOrchestrator"]
 

@@ -16,7 +16,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from .config import ServerConfig
+from server.config.server import ServerConfig
 
 __all__ = ["Siblings", "control_socket", "merge_metrics", "worker_of"]
 

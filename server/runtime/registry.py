@@ -17,14 +17,14 @@ from typing import Any, Protocol
 
 from media import Speaker
 from playbooks import OrchestratorOptions, PlaybookOrchestrator
+from server.call.events import VoiceEvent
+from server.call.session import Session
+from server.call.voice import VoicePlaybookOrchestrator
+from server.config.server import ServerConfig
 
-from .config import ServerConfig
 from .engines import Engines
-from .events import VoiceEvent
 from .logs import bind_session
 from .ratelimit import RateLimiter
-from .session import Session
-from .voice import VoicePlaybookOrchestrator
 
 __all__ = ["NO_LLM_LINE", "Call", "CallRegistry", "OverCapacity", "UnknownPlaybook"]
 

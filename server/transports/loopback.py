@@ -17,8 +17,7 @@ import numpy as np
 
 from media import FRAME_BYTES, FRAME_MS, FrameSplitter
 from media.audio import SAMPLE_RATE
-
-from .session import Session
+from server.call.session import Session
 
 __all__ = ["LoopbackCall"]
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from .events import VoiceEvent
+from server.call.events import VoiceEvent
+
 from .logs import current_session
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from .events import VoiceEvent
+from server.call.events import VoiceEvent
 
 __all__ = ["ServerMetrics", "process_snapshot"]
 

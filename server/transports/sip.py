@@ -50,14 +50,14 @@ from aiosipua.rtp_bridge import CallSession
 from aiosipua.transport import SipTransport, TcpSipTransport, UdpSipTransport
 
 from media import Speaker
+from server.call.clock import CallClock
+from server.call.events import VoiceEvent
+from server.call.session import Session
+from server.config.server import SipSettings
+from server.runtime.ratelimit import RateLimited
+from server.runtime.registry import CallRegistry, OverCapacity
 
-from .config import SipSettings
-from .events import VoiceEvent
-from .ratelimit import RateLimited
-from .registry import CallRegistry, OverCapacity
-from .session import Session
 from .telephony import CallerAudio, CallerGap, Encoding, FramePacer, encode
-from .watchdog import CallClock
 
 __all__ = ["SipCall", "SipServer"]
 

@@ -18,12 +18,12 @@ import time
 import uuid
 
 from media import Speaker
+from server.call.clock import CallClock
+from server.call.events import VoiceEvent
+from server.call.session import Session
+from server.runtime.registry import CallRegistry, OverCapacity
 
-from .events import VoiceEvent
-from .registry import CallRegistry, OverCapacity
-from .session import Session
 from .telephony import CallerAudio, CallerGap, FramePacer
-from .watchdog import CallClock
 
 __all__ = ["AudioSocketCall", "AudioSocketServer", "frame_message", "read_message"]
 
