@@ -165,6 +165,10 @@ def _serve(args: argparse.Namespace) -> int:
             import opentelemetry.sdk  # noqa: F401
         except ImportError:
             raise ConfigError("--otel needs the otel extra: pip install 'vocable[otel]'") from None
+    if config.sip is not None:
+        from server.transports.sip_compat import check_sip_stack
+
+        check_sip_stack()  # an untested aiosipua stops here, before the models load
     load_playbooks(config.playbook_path)  # an invalid playbook stops here, with its one line
     if config.llm is None:
         print(

@@ -44,6 +44,8 @@ class UnknownPlaybook(LookupError):
 
 
 class Call(Protocol):
+    """What the registry needs of a call (``server.transports.base.TransportCall`` is one)."""
+
     id: str
     session: Session
     ended: asyncio.Event
@@ -128,7 +130,8 @@ class CallRegistry:
         self.calls[call.id] = call
 
     def release(self, call: Call, reason: str) -> None:
-        """Forget an ended call (its transport calls this once everything is freed)."""
+        """Forget an ended call: its slot is free. A transport call's hang-up calls this once,
+        even when closing its session failed (``server/transports/base.py``)."""
         self.calls.pop(call.id, None)
         self._released.set()
         with contextlib.suppress(Exception):

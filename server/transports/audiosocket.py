@@ -18,11 +18,9 @@ import time
 import uuid
 
 from media import Speaker
-from server.call.clock import CallClock
-from server.call.events import VoiceEvent
-from server.call.session import Session
 from server.runtime.registry import CallRegistry, OverCapacity
 
+from .base import TransportCall
 from .telephony import CallerAudio, CallerGap, FramePacer
 
 __all__ = ["AudioSocketCall", "AudioSocketServer", "frame_message", "read_message"]
@@ -47,10 +45,10 @@ async def read_message(reader: asyncio.StreamReader) -> tuple[int, bytes]:
     return header[0], payload
 
 
-class AudioSocketCall:
+class AudioSocketCall(TransportCall):
     """One AudioSocket connection whose channel UUID and first audio have arrived."""
 
-    session: Session
+    transport = "AudioSocket"
 
     def __init__(
         self,
@@ -60,29 +58,18 @@ class AudioSocketCall:
         channel: uuid.UUID,
         kind: int,
     ) -> None:
-        self.registry = registry
+        super().__init__(registry, call_id)
         self.writer = writer
-        self.id = call_id
         self.channel = channel
         self.kind = kind
-        self.ended = asyncio.Event()
-        self.clock = CallClock(registry.config.max_call_s, registry.config.idle_timeout_s)
-        self._closed = False
         self._audio = CallerAudio("slin", RATES[kind])
-        self._watchdog: asyncio.Task[None] | None = None
-
-    def emit(self, event: VoiceEvent) -> None:
-        self.clock.observe(event)
 
     async def run(self, reader: asyncio.StreamReader, first_audio: bytes) -> None:
         """Serve the call until it ends, whoever ends it; returns once it has ended."""
         self._gap = CallerGap(self.session.feed)
         pacer = FramePacer(self.session.voice.speaker, self._send_audio, on_tick=self._gap.tick)
-        pacing = asyncio.create_task(pacer.run(), name=f"audiosocket-pacer:{self.id}")
-        self._watchdog = asyncio.create_task(
-            self.clock.watch(lambda: self.session.busy, self.hangup),
-            name=f"audiosocket-watchdog:{self.id}",
-        )
+        self.spawn(pacer.run(), "audiosocket-pacer")
+        self.watch()
         reason = "caller hung up"
         try:
             self.session.start()
@@ -104,9 +91,6 @@ class AudioSocketCall:
         except TimeoutError:
             reason = "no audio from the peer"
         finally:
-            pacing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await pacing
             await self.hangup(reason)
             await self.ended.wait()  # the watchdog may be hanging up: let it finish
 
@@ -121,25 +105,13 @@ class AudioSocketCall:
             self.writer.write(frame_message(self.kind, pcm))
             await self.writer.drain()
 
-    async def hangup(self, reason: str) -> None:
-        """End the call (idempotent): a hang-up message to the peer, then the connection
-        closed."""
-        if self._closed:
-            return
-        self._closed = True
-        log.info("AudioSocket call %s (channel %s) ended: %s", self.id, self.channel, reason)
-        if self._watchdog is not None and self._watchdog is not asyncio.current_task():
-            self._watchdog.cancel()
-        try:
-            await self.session.close()
-            self.registry.release(self, reason)
-            with contextlib.suppress(ConnectionError, RuntimeError):
-                if not self.writer.is_closing():
-                    self.writer.write(frame_message(HANGUP))
-                    await self.writer.drain()
-                self.writer.close()
-        finally:
-            self.ended.set()
+    async def close_transport(self, reason: str) -> None:
+        """A hang-up message to the peer, then the connection closed."""
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            if not self.writer.is_closing():
+                self.writer.write(frame_message(HANGUP))
+                await self.writer.drain()
+            self.writer.close()
 
 
 class AudioSocketServer:
@@ -203,4 +175,5 @@ class AudioSocketServer:
         playbook = self.registry.playbook_id(None)
         call.session = self.registry.new_session(call_id, playbook, Speaker(RATES[kind]), call.emit)
         self.registry.admit(call)
+        log.info("AudioSocket call %s: channel %s", call_id, channel)
         return call, payload

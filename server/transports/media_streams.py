@@ -30,11 +30,10 @@ from aiohttp import WSMsgType, web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from media import Speaker
-from server.call.clock import CallClock
 from server.call.events import VoiceEvent
-from server.call.session import Session
 from server.runtime.registry import CallRegistry
 
+from .base import TransportCall
 from .telephony import CallerAudio, CallerGap, Encoding, FramePacer, encode
 
 __all__ = ["MAX_MESSAGE_BYTES", "BadStart", "TwilioCall", "close_reason", "serve_media_stream"]
@@ -122,10 +121,10 @@ async def serve_media_stream(
     await call.run()
 
 
-class TwilioCall:
+class TwilioCall(TransportCall):
     """One media stream whose ``start`` has arrived."""
 
-    session: Session
+    transport = "media stream"
 
     def __init__(
         self,
@@ -136,60 +135,35 @@ class TwilioCall:
         encoding: Encoding,
         rate: int,
     ) -> None:
+        super().__init__(registry, call_id)
         self.ws = ws
-        self.registry = registry
-        self.id = call_id
         self.stream_sid = stream_sid
-        self.ended = asyncio.Event()
-        self.clock = CallClock(registry.config.max_call_s, registry.config.idle_timeout_s)
         self.marks_sent: list[str] = []
         self.marks_played: list[str] = []
         self._encoding = encoding
         self._audio = CallerAudio(encoding, rate)
         self._send_lock = asyncio.Lock()
-        self._sending: set[asyncio.Task[None]] = set()
-        self._watchdog: asyncio.Task[None] | None = None
-        self._closed = False
 
     async def run(self) -> None:
         """Serve the stream until the phone stops it or the call is hung up; returns once the
         call has ended."""
         gap = self._gap = CallerGap(self.session.feed)
         pacer = FramePacer(self.session.voice.speaker, self._send_media, on_tick=gap.tick)
-        pacing = asyncio.create_task(pacer.run(), name=f"twilio-pacer:{self.id}")
-        self._watchdog = asyncio.create_task(
-            self.clock.watch(lambda: self.session.busy, self.hangup),
-            name=f"twilio-watchdog:{self.id}",
-        )
+        self.spawn(pacer.run(), "twilio-pacer")
+        self.watch()
         try:
             self.session.start()
             await self._receive()
         finally:
-            pacing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await pacing
             await self.hangup("stream ended")
             await self.ended.wait()  # the watchdog may be hanging up: let it finish
 
-    async def hangup(self, reason: str) -> None:
-        """End the call (idempotent); the socket is closed (1000, ``reason``), which ends the
-        stream at the phone."""
-        if self._closed:
-            return
-        self._closed = True
-        log.info("media stream call %s ended: %s", self.id, reason)
-        if self._watchdog is not None and self._watchdog is not asyncio.current_task():
-            self._watchdog.cancel()
-        try:
-            await self.session.close()
-            self.registry.release(self, reason)
-            if not self.ws.closed:
-                await self.ws.close(message=close_reason(reason))
-        finally:
-            self.ended.set()
+    async def close_transport(self, reason: str) -> None:
+        """The socket closed (1000, ``reason``), which ends the stream at the phone."""
+        if not self.ws.closed:
+            await self.ws.close(message=close_reason(reason))
 
-    def emit(self, event: VoiceEvent) -> None:
-        self.clock.observe(event)
+    def on_event(self, event: VoiceEvent) -> None:
         if event.type == "agent_sentence":
             name = f"sentence-{len(self.marks_sent) + 1}"
             self.marks_sent.append(name)
@@ -240,9 +214,7 @@ class TwilioCall:
         )
 
     def _spawn_send(self, message: dict[str, Any]) -> None:
-        task = asyncio.get_running_loop().create_task(self._send(message))
-        self._sending.add(task)
-        task.add_done_callback(self._sending.discard)
+        self.spawn(self._send(message), "twilio-send")
 
     async def _send(self, message: dict[str, Any]) -> None:
         async with self._send_lock:  # media and control messages keep their order (FIFO lock)

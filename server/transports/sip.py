@@ -31,9 +31,7 @@ import re
 import secrets
 import socket
 from collections.abc import Callable, Mapping
-from typing import Any
 
-from aiortp.port_allocator import PortAllocator
 from aiosipua import (
     DialogState,
     IncomingCall,
@@ -47,16 +45,22 @@ from aiosipua import (
 )
 from aiosipua.headers import parse_via, stringify_via
 from aiosipua.rtp_bridge import CallSession
-from aiosipua.transport import SipTransport, TcpSipTransport, UdpSipTransport
+from aiosipua.transport import SipTransport, TcpSipTransport
 
 from media import Speaker
-from server.call.clock import CallClock
-from server.call.events import VoiceEvent
-from server.call.session import Session
 from server.config.server import SipSettings
 from server.runtime.ratelimit import RateLimited
 from server.runtime.registry import CallRegistry, OverCapacity
 
+from .base import TransportCall
+from .rtp_ports import NoFreePort, RtpPortLease, RtpPorts
+from .sip_compat import (
+    MessageHandler,
+    UdpTransport,
+    check_sip_stack,
+    intercept_messages,
+    respond_and_end,
+)
 from .telephony import CallerAudio, CallerGap, Encoding, FramePacer, encode
 
 __all__ = ["SipCall", "SipServer"]
@@ -76,10 +80,10 @@ _LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 """One label of a host name (RFC 1123)."""
 
 
-class SipCall:
+class SipCall(TransportCall):
     """One answered SIP call: RTP both ways between the peer and a :class:`Session`."""
 
-    session: Session
+    transport = "SIP"
 
     def __init__(
         self,
@@ -88,37 +92,34 @@ class SipCall:
         media: CallSession,
         call_id: str,
         settings: SipSettings,
+        rtp_port: RtpPortLease,
         on_end: Callable[[SipCall], None],
     ) -> None:
-        self.registry = registry
+        super().__init__(registry, call_id)
         self.invite = invite
         self.media = media
-        self.id = call_id
         self.settings = settings
+        self.rtp_port = rtp_port
+        """The call's RTP port pair, given back once its socket is closed."""
         self.encoding = _CODECS[media.chosen_payload_type]
-        self.ended = asyncio.Event()
-        self.clock = CallClock(registry.config.max_call_s, registry.config.idle_timeout_s)
         self.answer = media.sdp_answer
         """The SDP answer in force (a re-INVITE replaces it)."""
         self.sending = _direction(self.answer) in _SENDING_DIRECTIONS
         self._audio = CallerAudio("slin", PHONE_RATE)
         self._timestamp = secrets.randbelow(1 << 32)
-        self._tasks: list[asyncio.Task[None]] = []
         self._on_end = on_end
-        self._ended = False
+        self.playbook_id = ""
+        self._by_peer = False
         self._heard_caller = False
 
     @property
     def sip_call_id(self) -> str:
         return self.invite.call_id
 
-    def emit(self, event: VoiceEvent) -> None:
-        self.clock.observe(event)
-
     async def start(self) -> None:
         """Bind RTP, answer with 200 OK and start the agent (greeting first)."""
         await self.media.start()
-        if self._ended:  # cancelled while binding
+        if self.hung_up:  # cancelled while binding
             return
         gap = self._gap = CallerGap(self.session.feed)
         """When the caller was last heard (audio or a digit); silence stands in after a gap."""
@@ -128,13 +129,8 @@ class SipCall:
         pacer = FramePacer(
             self.session.voice.speaker, self._send, when_idle="silence", on_tick=gap.tick
         )
-        self._tasks = [
-            asyncio.create_task(pacer.run(), name=f"sip-pacer:{self.id}"),
-            asyncio.create_task(
-                self.clock.watch(lambda: self.session.busy, self.hangup, self._media_silent),
-                name=f"sip-watchdog:{self.id}",
-            ),
-        ]
+        self.spawn(pacer.run(), "sip-pacer")
+        self.watch(self._media_silent)
         self.session.start()
 
     def _on_audio(self, pcm: bytes, _timestamp: int) -> None:
@@ -192,23 +188,22 @@ class SipCall:
 
     async def hangup(self, reason: str, *, by_peer: bool = False) -> None:
         """End the call (our BYE unless the peer ended it) and free everything. Idempotent."""
-        if self._ended:
-            return
-        self._ended = True
-        log.info("SIP call %s ended: %s", self.id, reason)
-        if not by_peer:
-            with contextlib.suppress(Exception):
-                self.invite.hangup()
-        current = asyncio.current_task()
-        for task in self._tasks:
-            if task is not current:
-                task.cancel()
-        await self.session.close()
-        with contextlib.suppress(Exception):
-            await self.media.close()
-        self.registry.release(self, reason)
-        self._on_end(self)
-        self.ended.set()
+        if not self.hung_up:
+            self._by_peer = by_peer
+        await super().hangup(reason)
+
+    def ending(self, reason: str) -> None:
+        if not self._by_peer:
+            self.invite.hangup()
+
+    async def close_transport(self, reason: str) -> None:
+        await self.media.close()
+
+    def release_resources(self) -> None:
+        try:
+            self.rtp_port.release()
+        finally:
+            self._on_end(self)
 
 
 class SipServer:
@@ -221,17 +216,21 @@ class SipServer:
         self.port = settings.port
         self.calls: dict[str, SipCall] = {}
         """Live calls by SIP Call-ID."""
-        self._ports = PortAllocator(settings.rtp_ports)
+        self.rtp_ports = RtpPorts(settings.rtp_ports)
+        """The RTP port pairs calls lease."""
         self._agents: list[SipUAS] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._refused: set[str] = set()
 
     async def start(self) -> None:
+        """Listen; raises SipStackMismatch when the installed aiosipua is not a tested one,
+        OSError when the port is taken."""
+        check_sip_stack()
         host = self.settings.host
         if self.port == 0:
             self.port = _free_port(host)
         for transport in (
-            _UdpTransport(local_addr=(host, self.port)),
+            UdpTransport((host, self.port), _sendable),
             TcpSipTransport(local_addr=(host, self.port)),
         ):
             agent = SipUAS(transport, user_agent=USER_AGENT, advertised_addr=self._advertised())
@@ -241,7 +240,7 @@ class SipServer:
             agent.on_cancel = self._on_cancel
             agent.on_ack_timeout = self._on_ack_timeout
             await agent.start()
-            _guard(transport, self._allowed)
+            intercept_messages(transport, functools.partial(_guard, transport, self._allowed))
             self._agents.append(agent)
         if not self.settings.allow and not ipaddress.ip_address(_host_ip(host)).is_loopback:
             log.warning("SIP on %s:%d answers any source; set --sip-allow", host, self.port)
@@ -315,50 +314,17 @@ class SipServer:
             invite.reject(488, "Not Acceptable Here")
             return
         try:
-            rtp_port, _ = await self._ports.allocate()
-        except RuntimeError:
-            log.error("SIP call refused: no free RTP port in %s", self.settings.rtp_ports)
+            rtp_port = self.rtp_ports.lease()
+        except NoFreePort as exc:
+            log.error("SIP call refused: %s", exc)
             _refuse(invite, RETRY_AFTER_S)
             return
-        try:
-            media = CallSession(
-                local_ip=self.settings.host,
-                rtp_port=rtp_port,
-                offer=offer,
-                advertised_ip=self._media_ip(invite.source_addr),
-                supported_codecs=list(_CODECS),
-                dtmf_payload_type=_offered_dtmf_type(offer),
-                symmetric_rtp=True,
-            )
-        except (SdpNegotiationError, ValueError) as exc:
-            await self._ports.release(rtp_port)
-            log.warning("SIP call from %s refused: %s", invite.caller, exc)
-            invite.reject(488, "Not Acceptable Here")
-            return
-        if invite.dialog.state is DialogState.TERMINATED:  # cancelled while we prepared
-            await self._ports.release(rtp_port)
-            return
-
-        async def released(call: SipCall) -> None:
-            await self._ports.release(rtp_port)
-
-        def on_end(call: SipCall) -> None:
-            self.calls.pop(call.sip_call_id, None)
-            task = asyncio.create_task(released(call))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-
-        call = SipCall(registry, invite, media, call_id, self.settings, on_end)
-        playbook = _requested_playbook(invite, registry.engines.playbooks)
-        call.session = registry.new_session(
-            call_id, registry.playbook_id(playbook), Speaker(PHONE_RATE), call.emit
-        )
-        try:
-            registry.admit(call)
-        except OverCapacity:
-            await self._ports.release(rtp_port)
-            _refuse(invite, RETRY_AFTER_S)
-            return
+        with contextlib.ExitStack() as unless_answered:
+            unless_answered.callback(rtp_port.release)  # every way out but a started call
+            call = self._new_call(invite, call_id, offer, rtp_port)
+            if call is None:
+                return
+            unless_answered.pop_all()  # the call owns the port now, and gives it back
         self.calls[invite.call_id] = call
         invite.ringing()
         try:
@@ -374,8 +340,44 @@ class SipServer:
             call_id,
             invite.caller,
             call.encoding,
-            registry.playbook_id(playbook),
+            call.playbook_id,
         )
+
+    def _new_call(
+        self, invite: IncomingCall, call_id: str, offer: SdpMessage, rtp_port: RtpPortLease
+    ) -> SipCall | None:
+        """The admitted call on ``rtp_port``; None when the INVITE was refused (488 for media
+        we cannot use, 503 at capacity) or cancelled meanwhile."""
+        registry = self.registry
+        try:
+            media = CallSession(
+                local_ip=self.settings.host,
+                rtp_port=rtp_port.port,
+                offer=offer,
+                advertised_ip=self._media_ip(invite.source_addr),
+                supported_codecs=list(_CODECS),
+                dtmf_payload_type=_offered_dtmf_type(offer),
+                symmetric_rtp=True,
+            )
+        except (SdpNegotiationError, ValueError) as exc:
+            log.warning("SIP call from %s refused: %s", invite.caller, exc)
+            invite.reject(488, "Not Acceptable Here")
+            return None
+        if invite.dialog.state is DialogState.TERMINATED:  # cancelled while we prepared
+            return None
+        call = SipCall(registry, invite, media, call_id, self.settings, rtp_port, self._forget)
+        playbook = registry.playbook_id(_requested_playbook(invite, registry.engines.playbooks))
+        call.playbook_id = playbook
+        call.session = registry.new_session(call_id, playbook, Speaker(PHONE_RATE), call.emit)
+        try:
+            registry.admit(call)
+        except OverCapacity:
+            _refuse(invite, RETRY_AFTER_S)
+            return None
+        return call
+
+    def _forget(self, call: SipCall) -> None:
+        self.calls.pop(call.sip_call_id, None)
 
     def _media_ip(self, peer: tuple[str, int]) -> str | None:
         """The address to put in SDP: the advertised one, else the bind address, else the local
@@ -420,34 +422,9 @@ class SipServer:
 # -- helpers -----------------------------------------------------------------------------------
 
 
-class _UdpTransport(UdpSipTransport):
-    """aiosipua's UDP transport with a protocol that accepts Python 3.11's selector datagram
-    transport (which is not registered as an ``asyncio.DatagramTransport`` there, so aiosipua's
-    own ``connection_made`` assertion fails and logs an error for every start)."""
-
-    async def start(self) -> None:
-        owner = self
-
-        class Protocol(asyncio.DatagramProtocol):
-            def datagram_received(self, data: bytes, addr: tuple[str | Any, int]) -> None:
-                owner._dispatch(data, (str(addr[0]), int(addr[1])))
-
-            def error_received(self, exc: Exception) -> None:
-                log.debug("SIP UDP error: %s", exc)
-
-        loop = asyncio.get_running_loop()
-        transport, _ = await loop.create_datagram_endpoint(Protocol, local_addr=self.local_addr)
-        self._udp_transport = transport
-
-    def send(self, message: SipRequest | SipResponse, addr: tuple[str, int]) -> None:
-        """Send, unless ``addr`` (from a peer's Via or Contact) is no address at all: asyncio's
-        datagram transport closes for good on a port like 99999 or a host with a NUL, and the
-        endpoint would answer nothing any more."""
-        host, port = addr
-        if not (isinstance(port, int) and 0 < port < 65536 and _sendable_host(host)):
-            log.warning("SIP message to %r port %r dropped: not an address", host, port)
-            return
-        super().send(message, addr)
+def _sendable(host: str, port: int) -> bool:
+    """Whether ``(host, port)`` is an address a datagram may be sent to."""
+    return isinstance(port, int) and 0 < port < 65536 and _sendable_host(host)
 
 
 def _stamp_source(request: SipRequest, addr: tuple[str, int]) -> None:
@@ -465,18 +442,16 @@ def _stamp_source(request: SipRequest, addr: tuple[str, int]) -> None:
 
 def _refuse(invite: IncomingCall, retry_after_s: float) -> None:
     """503 with Retry-After (RFC 3261 21.5.4): over capacity, shutting down, or rate limited."""
-    invite._send_response(  # aiosipua's reject() takes no extra headers
-        503, "Service Unavailable", extra_headers={"Retry-After": f"{retry_after_s:.0f}"}
-    )
-    invite.dialog.terminate()
+    respond_and_end(invite, 503, "Service Unavailable", {"Retry-After": f"{retry_after_s:.0f}"})
 
 
-def _guard(transport: SipTransport, allowed: Callable[[tuple[str, int]], bool]) -> None:
-    """Drop every message from a source ``allowed`` refuses before the UAS sees it. Over TCP,
-    also make replies go back on the connection each request came in on (RFC 3261 §18.2.2):
-    aiosipua routes replies by the top Via, whose sent-by port has no connection."""
-    handler = transport.on_message
-    assert handler is not None
+def _guard(
+    transport: SipTransport, allowed: Callable[[tuple[str, int]], bool], handler: MessageHandler
+) -> MessageHandler:
+    """``handler`` behind a filter: drop every message from a source ``allowed`` refuses, and
+    answer 400 to a malformed request. Over TCP, also make replies go back on the connection
+    each request came in on (RFC 3261 §18.2.2): aiosipua routes replies by the top Via, whose
+    sent-by port has no connection."""
     reliable = transport.reliable
 
     def filtered(message: SipRequest | SipResponse, addr: tuple[str, int]) -> None:
@@ -496,7 +471,7 @@ def _guard(transport: SipTransport, allowed: Callable[[tuple[str, int]], bool]) 
                 problem = str(exc)
         _bad_request(transport, message, addr, problem)
 
-    transport.on_message = filtered
+    return filtered
 
 
 def _malformed(request: SipRequest) -> str | None:

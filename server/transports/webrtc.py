@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Callable, Coroutine
 from typing import Any
 
 from aiortc import (
@@ -26,12 +25,10 @@ from aiortc import (
 )
 
 from media import Speaker
-from server.call.clock import CallClock
 from server.call.events import VoiceEvent
-from server.call.session import Session
-from server.config.server import ServerConfig
 from server.runtime.registry import CallRegistry
 
+from .base import TransportCall
 from .client_events import client_view
 from .tracks import OUTPUT_RATE, SpeakerTrack, caller_frames, hear_promptly
 
@@ -55,32 +52,17 @@ class BadOffer(ValueError):
     """The SDP offer cannot be used; the message says why."""
 
 
-class WebRTCCall:
-    """One browser call. Create through :meth:`CallRegistry.open`."""
+class WebRTCCall(TransportCall):
+    """One browser call. Create through :func:`open_webrtc_call`."""
 
-    def __init__(
-        self,
-        call_id: str,
-        pc: RTCPeerConnection,
-        session: Session,
-        on_end: Callable[[WebRTCCall, str], None],
-        config: ServerConfig,
-        see_off: Callable[[Coroutine[Any, Any, None], str], None],
-    ) -> None:
-        self.id = call_id
+    transport = "WebRTC"
+
+    def __init__(self, registry: CallRegistry, call_id: str, pc: RTCPeerConnection) -> None:
+        super().__init__(registry, call_id)
         self.pc = pc
-        self.session = session
-        self.config = config
-        self.clock = CallClock(config.max_call_s, config.idle_timeout_s)
-        self._on_end = on_end
-        self._see_off = see_off
         self._channel: RTCDataChannel | None = None
         self._outbox: list[str] = []
         self._caller: MediaStreamTrack | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._ended = False
-        self.ended = asyncio.Event()
-        """Set once the call has ended and everything it held is freed."""
         self._listening = False
         self._connected = asyncio.Event()
         self._channel_open = asyncio.Event()
@@ -110,7 +92,7 @@ class WebRTCCall:
             raise
         except Exception as exc:  # an offer aiortc took but cannot answer (e.g. a lost a=mid)
             raise BadOffer(f"cannot answer this SDP offer: {_reason(exc)}") from exc
-        self._spawn(self._connect_deadline(), "connect-deadline")
+        self.spawn(self._connect_deadline(), "connect-deadline")
         return str(self.pc.localDescription.sdp)
 
     async def _connect_deadline(self) -> None:
@@ -121,8 +103,7 @@ class WebRTCCall:
 
     # -- events to the client ----------------------------------------------------------------
 
-    def emit(self, event: VoiceEvent) -> None:
-        self.clock.observe(event)
+    def on_event(self, event: VoiceEvent) -> None:
         self._send(client_view(event))
 
     def _send(self, payload: dict[str, Any]) -> None:
@@ -162,14 +143,14 @@ class WebRTCCall:
         if (
             state == "connected"
             and not self._listening
-            and not self._ended
+            and not self.hung_up
             and self._caller is not None
         ):
             self._listening = True
-            self._spawn(self._listen(self._caller), "listen")
-            self._spawn(self.clock.watch(lambda: self.session.busy, self.hangup), "watchdog")
+            self.spawn(self._listen(self._caller), "listen")
+            self.watch()
         elif state in ("failed", "closed"):
-            if state == "failed" and self.session.busy and not self._ended:
+            if state == "failed" and self.session.busy and not self.hung_up:
                 self.session.voice.emit(
                     "error", source="transport", message="the connection failed mid-turn"
                 )
@@ -197,7 +178,7 @@ class WebRTCCall:
             return "expected a JSON object with a type"
         self.clock.touch()
         if kind == "hangup":
-            self._spawn(self.hangup("caller hung up"), "hangup")
+            self.spawn(self.hangup("caller hung up"), "hangup")
         elif kind == "text":
             text = data.get("text")
             if not isinstance(text, str) or not text.strip():
@@ -218,42 +199,20 @@ class WebRTCCall:
         await self.session.run(caller_frames(track))
         await self.hangup("caller audio ended")
 
-    def _spawn(self, work: Any, name: str) -> None:
-        task = asyncio.create_task(work, name=f"{name}:{self.id}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def ending(self, reason: str) -> None:
+        with contextlib.suppress(Exception):  # the channel may be failing with the call
+            self._send({"type": "hangup", "reason": reason})
 
-    async def hangup(self, reason: str) -> None:
-        """End the call: the session stops and the call's slot is released before this returns.
-        Then the caller is told why and the peer connection closed; when the events channel is
-        still opening (a hang-up right after the offer), that waits in the background, up to
-        HANGUP_NOTICE_TIMEOUT_S, for the channel to carry the ``hangup`` event. ``ended`` is set
-        once the connection is closed. Idempotent."""
-        if self._ended:
-            return
-        self._ended = True
-        log.info("call %s ended: %s", self.id, reason)
-        try:
-            with contextlib.suppress(Exception):  # the channel may be failing with the call
-                self._send({"type": "hangup", "reason": reason})
-            await self.session.close()
-            current = asyncio.current_task()
-            for task in list(self._tasks):
-                if task is not current:
-                    task.cancel()
-        finally:  # whatever failed above, the call is forgotten: no leak of a session slot
-            self._on_end(self, reason)
-        if not self._channel_open.is_set():
-            self._see_off(self._say_goodbye(), f"goodbye:{self.id}")
-        else:
-            await self._say_goodbye()
+    @property
+    def close_in_background(self) -> bool:
+        """A hang-up right after the offer waits, in the background, up to
+        HANGUP_NOTICE_TIMEOUT_S for the events channel to open and carry the ``hangup``
+        event, so the client learns why its call ended instead of seeing it drop."""
+        return not self._channel_open.is_set()
 
-    async def _say_goodbye(self) -> None:
-        try:
-            await self._deliver_events()
-            await _close_peer(self.pc, self.id)
-        finally:
-            self.ended.set()
+    async def close_transport(self, reason: str) -> None:
+        await self._deliver_events()
+        await _close_peer(self.pc, self.id)
 
     async def _deliver_events(self) -> None:
         """Wait (up to HANGUP_NOTICE_TIMEOUT_S) until the events sent so far have left: the
@@ -311,10 +270,8 @@ async def open_webrtc_call(
             iceServers=[RTCIceServer(s.urls, s.username, s.credential) for s in config.ice_servers]
         )
     )
-    session = registry.new_session(
-        call_id, playbook_id, Speaker(OUTPUT_RATE), lambda event: call.emit(event)
-    )
-    call = WebRTCCall(call_id, pc, session, registry.release, config, registry.see_off)
+    call = WebRTCCall(registry, call_id, pc)
+    call.session = registry.new_session(call_id, playbook_id, Speaker(OUTPUT_RATE), call.emit)
     registry.admit(call)
     try:
         await call.accept(offer_sdp)

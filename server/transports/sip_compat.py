@@ -1,0 +1,153 @@
+"""Everything the SIP endpoint does with aiosipua beyond its public API, in one place, and the
+start-up check that it still holds.
+
+aiosipua 0.7 has no public way to send a final response with extra headers (a 503 needs
+``Retry-After``), to see a message before the user agent does (``--sip-allow``, the 400s for
+malformed requests, replies on the TCP connection a request came in on), or to use its UDP
+transport on Python 3.11's selector datagram transport. Those three needs use private members,
+listed in :data:`PRIVATE_MEMBERS`; :func:`check_sip_stack` runs when the SIP endpoint starts and
+refuses, in one line, an aiosipua outside the tested versions or without those members, rather
+than letting calls fail one by one. pyproject.toml pins the same range.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+import logging
+import re
+from collections.abc import Callable
+from importlib import metadata
+from typing import Any
+
+from aiosipua import IncomingCall, SipRequest, SipResponse
+from aiosipua.transport import SipTransport, UdpSipTransport
+
+from server.config.llm import ConfigError
+
+__all__ = [
+    "TESTED_VERSIONS",
+    "MessageHandler",
+    "SipStackMismatch",
+    "UdpTransport",
+    "check_sip_stack",
+    "intercept_messages",
+    "respond_and_end",
+]
+
+log = logging.getLogger(__name__)
+
+TESTED_VERSIONS = ((0, 7, 1), (0, 8, 0))
+"""aiosipua versions the endpoint is tested with: from the first, up to (not including) the
+second."""
+
+_RELEASE = re.compile(r"(\d+)(?:\.(\d+))?(?:\.(\d+))?")
+
+MessageHandler = Callable[[SipRequest | SipResponse, tuple[str, int]], None]
+
+
+class SipStackMismatch(ConfigError):
+    """The installed aiosipua is not one the SIP endpoint was tested with."""
+
+
+def _private_members() -> dict[str, bool]:
+    """Each private member relied on, and whether this aiosipua has it."""
+    send_response = getattr(IncomingCall, "_send_response", None)
+    return {
+        "SipTransport._dispatch": callable(getattr(SipTransport, "_dispatch", None)),
+        "UdpSipTransport._udp_transport": "_udp_transport"
+        in {field.name for field in dataclasses.fields(UdpSipTransport)},
+        "IncomingCall._send_response(extra_headers=)": callable(send_response)
+        and "extra_headers" in inspect.signature(send_response).parameters,
+    }
+
+
+PRIVATE_MEMBERS = tuple(_private_members())
+
+
+def check_sip_stack(version: str | None = None) -> None:
+    """Raise SipStackMismatch, naming the installed version and what is wrong, unless aiosipua
+    (``version``, default: the installed one) is a tested version with every private member
+    the endpoint uses."""
+    version = version or metadata.version("aiosipua")
+    low, high = TESTED_VERSIONS
+    tested = f"{_dotted(low)} up to (not including) {_dotted(high)}"
+    if not low <= _release(version) < high:
+        raise SipStackMismatch(
+            f"the SIP endpoint is tested with aiosipua {tested}, not {version}: "
+            f"pip install 'aiosipua>={_dotted(low)},<{_dotted(high)}'"
+        )
+    missing = [name for name, present in _private_members().items() if not present]
+    if missing:
+        raise SipStackMismatch(
+            f"aiosipua {version} lacks what the SIP endpoint uses ({', '.join(missing)}): "
+            f"pip install 'aiosipua>={_dotted(low)},<{_dotted(high)}'"
+        )
+
+
+def respond_and_end(
+    invite: IncomingCall, status: int, reason: str, headers: dict[str, str]
+) -> None:
+    """Answer an INVITE with a final response carrying ``headers`` (``reject()`` takes none),
+    and end its dialog."""
+    invite._send_response(status, reason, extra_headers=headers)
+    invite.dialog.terminate()
+
+
+def intercept_messages(
+    transport: SipTransport, wrap: Callable[[MessageHandler], MessageHandler]
+) -> None:
+    """Put ``wrap(handler)`` in front of the handler the started user agent installed on
+    ``transport``, so every message passes through it first."""
+    handler = transport.on_message
+    if handler is None:
+        raise SipStackMismatch("aiosipua's user agent installed no message handler")
+    transport.on_message = wrap(handler)
+
+
+class UdpTransport(UdpSipTransport):
+    """aiosipua's UDP transport with a protocol that accepts Python 3.11's selector datagram
+    transport (which is not registered as an ``asyncio.DatagramTransport`` there, so aiosipua's
+    own ``connection_made`` assertion fails and logs an error for every start)."""
+
+    def __init__(self, local_addr: tuple[str, int], sendable: Callable[[str, int], bool]) -> None:
+        super().__init__(local_addr=local_addr)
+        self._sendable = sendable
+
+    async def start(self) -> None:
+        owner = self
+
+        class Protocol(asyncio.DatagramProtocol):
+            def datagram_received(self, data: bytes, addr: tuple[str | Any, int]) -> None:
+                owner._dispatch(data, (str(addr[0]), int(addr[1])))
+
+            def error_received(self, exc: Exception) -> None:
+                log.debug("SIP UDP error: %s", exc)
+
+        loop = asyncio.get_running_loop()
+        transport, _ = await loop.create_datagram_endpoint(Protocol, local_addr=self.local_addr)
+        self._udp_transport = transport
+
+    def send(self, message: SipRequest | SipResponse, addr: tuple[str, int]) -> None:
+        """Send, unless ``addr`` (from a peer's Via or Contact) is no address at all: asyncio's
+        datagram transport closes for good on a port like 99999 or a host with a NUL, and the
+        endpoint would answer nothing any more."""
+        host, port = addr
+        if not self._sendable(host, port):
+            log.warning("SIP message to %r port %r dropped: not an address", host, port)
+            return
+        super().send(message, addr)
+
+
+def _release(version: str) -> tuple[int, int, int]:
+    """The release numbers of ``version`` (``0.7.1rc1`` -> (0, 7, 1), ``0.8`` -> (0, 8, 0))."""
+    match = _RELEASE.match(version)
+    if match is None:
+        return (0, 0, 0)
+    major, minor, patch = (int(n) if n else 0 for n in match.groups())
+    return (major, minor, patch)
+
+
+def _dotted(version: tuple[int, ...]) -> str:
+    return ".".join(str(n) for n in version)

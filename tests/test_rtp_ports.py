@@ -1,0 +1,45 @@
+"""RTP port pairs for SIP calls, leased and given back (``server/transports/rtp_ports.py``)."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from server.transports.rtp_ports import NoFreePort, RtpPorts
+
+
+def _free_pair_base() -> int:
+    """An even port whose pair (it and the next) is free right now, in the ephemeral range."""
+    for port in range(40000, 41000, 2):
+        ports = RtpPorts((port, port + 2))
+        try:
+            ports.lease().release()
+        except NoFreePort:
+            continue
+        return port
+    raise AssertionError("no free port pair to test with")
+
+
+def test_a_lease_is_an_even_pair_and_is_given_back_once() -> None:
+    base = _free_pair_base()
+    ports = RtpPorts((base - 1, base + 2))  # an odd low end starts at the next even port
+    lease = ports.lease()
+    assert lease.port == base
+    assert ports.leased == {base}
+    with pytest.raises(NoFreePort, match=f"{base}-{base + 1}"):
+        ports.lease()
+    lease.release()
+    lease.release()
+    assert ports.leased == set()
+    assert lease.released
+    assert ports.lease().port == base
+
+
+def test_a_pair_another_program_holds_is_skipped() -> None:
+    base = _free_pair_base()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as taken:
+        taken.bind(("", base + 1))  # only the RTCP half
+        ports = RtpPorts((base, base + 2))
+        with pytest.raises(NoFreePort):
+            ports.lease()
