@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
+from server.config.llm import ENV_NAMES as LLM_ENV_NAMES
+from server.config.options import OPTIONS
 from server.config.server import ServerConfig, add_serve_arguments
 from server.http.app import create_app
 from tests.conftest import REPO
@@ -104,14 +106,11 @@ def coturn_settings() -> dict[str, list[str]]:
 
 
 def env_names_read() -> set[str]:
-    """The ``VOCABLE_*`` variables the server reads, from its source text: ``default("NAME"...)``
-    and ``listing("NAME")`` in server/config/server.py build ``VOCABLE_NAME``;
-    server/config/llm.py names its variables in full."""
-    config = (REPO / "server" / "config" / "server.py").read_text()
-    settings = (REPO / "server" / "config" / "llm.py").read_text()
-    built = re.findall(r'\b(?:default|listing)\(\s*"([A-Z0-9_]+)"', config)
-    literal = re.findall(r"\bVOCABLE_[A-Z0-9_]+", config + settings)
-    return {f"VOCABLE_{name}" for name in built} | set(literal)
+    """The ``VOCABLE_*`` variables the server reads: one per ``vocable serve`` option (the model
+    the parser is built from), and the LLM endpoint's."""
+    serve = {option.env for option in OPTIONS}
+    llm = {name for names in LLM_ENV_NAMES.values() for name in names}
+    return {name for name in serve | llm if name.startswith("VOCABLE_")}
 
 
 def serve_parser(env: dict[str, str]) -> argparse.ArgumentParser:

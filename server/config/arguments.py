@@ -1,11 +1,12 @@
-"""Argument types for numeric flags: each parses its text or raises ``ArgumentTypeError`` with a
-message saying what is wanted (argparse prints it as ``argument --flag: MESSAGE``)."""
+"""Argument types for numeric flags of ``vocable chat`` (``serve``'s are checked by its model):
+each parses its text or raises ``ArgumentTypeError`` with a message saying what is wanted
+(argparse prints it as ``argument --flag: MESSAGE``)."""
 
 from __future__ import annotations
 
 import argparse
 
-__all__ = ["non_negative_int", "positive_float", "positive_int"]
+__all__ = ["non_negative_int", "positive_int"]
 
 
 def _integer(text: str) -> int:
@@ -26,15 +27,4 @@ def non_negative_int(text: str) -> int:
     value = _integer(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be at least 0, not {value}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    """A number above zero (``inf`` allowed, ``nan`` not)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a number above 0, not {text}")
     return value
