@@ -3,7 +3,14 @@
 Knows text, LLMs and tools; nothing about audio or HTTP.
 """
 
-from .engine import IntentResult, PlaybookEngine, TransitionContext, TransitionRecord, TurnFacts
+from .engine import (
+    EngineSnapshot,
+    IntentResult,
+    PlaybookEngine,
+    TransitionContext,
+    TransitionRecord,
+    TurnFacts,
+)
 from .events import EventBus, OrchestratorEvent, Retraction
 from .history import Conversation
 from .llm import ChatClient, ChatRequest, LLMError, RetryPolicy, ToolCallRequest
@@ -15,14 +22,16 @@ from .loader import (
     load_playbooks,
 )
 from .models import BargeInPolicy, LLMConfig, Playbook, Stage, Transition, TransitionAction
-from .orchestrator import OrchestratorOptions, PlaybookOrchestrator, Turn
+from .orchestrator import OrchestratorOptions, PlaybookOrchestrator, Snapshot
 from .tools import Tool, ToolError, tool
+from .turn import Turn, TurnHost
 
 __all__ = [
     "BargeInPolicy",
     "ChatClient",
     "ChatRequest",
     "Conversation",
+    "EngineSnapshot",
     "EventBus",
     "IntentResult",
     "LLMConfig",
@@ -36,6 +45,7 @@ __all__ = [
     "PlaybookOrchestrator",
     "Retraction",
     "RetryPolicy",
+    "Snapshot",
     "Stage",
     "Tool",
     "ToolCallRequest",
@@ -46,6 +56,7 @@ __all__ = [
     "TransitionRecord",
     "Turn",
     "TurnFacts",
+    "TurnHost",
     "check_playbook",
     "load_playbook",
     "load_playbooks",

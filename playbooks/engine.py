@@ -6,13 +6,14 @@ and applies the history side effects of the transitions it returns.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import logging
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, Literal
 
 from .delegation import delegate_tool_schema
 from .identity import (
@@ -30,6 +31,7 @@ from .tools import Tool
 __all__ = [
     "LOOP_CONDITIONS",
     "TRANSITION_TOOL",
+    "EngineSnapshot",
     "IntentClassifier",
     "IntentResult",
     "PlaybookEngine",
@@ -91,8 +93,34 @@ class TransitionRecord:
     reason: str | None = None
 
 
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """The engine's conversation state at one moment (:meth:`PlaybookEngine.snapshot`). Its
+    fields name the engine attributes a restore puts back: :attr:`PlaybookEngine.UNDONE`."""
+
+    stage: Stage
+    turns_in_stage: int
+    entered_at: float
+    context: dict[str, Any]
+    history: list[TransitionRecord]
+    entry_note: str | None
+    handoff: str | None
+    language: str | None
+
+
 class PlaybookEngine:
-    """Tracks the stage of one conversation. ``clock`` returns seconds (monotonic)."""
+    """Tracks the stage of one conversation. ``clock`` returns seconds (monotonic).
+
+    Every attribute is either conversation state (:attr:`UNDONE`, which :meth:`snapshot` and
+    :meth:`restore` cover) or fixed for the engine's life (:attr:`FIXED`); a new attribute must
+    join one of them (a test checks it).
+    """
+
+    UNDONE: ClassVar[tuple[str, ...]] = tuple(f.name for f in fields(EngineSnapshot))
+    """The conversation state; declared by :class:`EngineSnapshot`'s fields."""
+    FIXED: ClassVar[tuple[str, ...]] = ("playbook", "clock", "on_language", "_builtins")
+    """What an undo leaves alone: the playbook, the clock, the callback, and what derives
+    from them."""
 
     def __init__(
         self, playbook: LoadedPlaybook, clock: Callable[[], float] = time.monotonic
@@ -113,6 +141,25 @@ class PlaybookEngine:
         self.on_language: Callable[[str], None] | None = None
         """Called after ``set_language`` changed the language."""
         self._builtins = {LANGUAGE_TOOL: language_tool(playbook.spec, self.set_language)}
+
+    # -- undo --------------------------------------------------------------------------------
+
+    def snapshot(self) -> EngineSnapshot:
+        """The conversation state, detached: later changes to the engine do not reach it."""
+        return EngineSnapshot(**self._detached({name: getattr(self, name) for name in self.UNDONE}))
+
+    def restore(self, snapshot: EngineSnapshot) -> None:
+        """Put the conversation state back to ``snapshot``, which stays detached (reusable).
+        Calls no callback: announcing what changed is the caller's business."""
+        state = self._detached({name: getattr(snapshot, name) for name in self.UNDONE})
+        for name, value in state.items():
+            setattr(self, name, value)
+
+    def _detached(self, state: dict[str, Any]) -> dict[str, Any]:
+        """A deep copy of ``state``, sharing the playbook's stages: they are immutable, and
+        compared by identity (a restore announces a stage that changed)."""
+        shared: dict[int, Any] = {id(stage): stage for stage in self.playbook.spec.stages}
+        return copy.deepcopy(state, shared)
 
     # -- what the current stage offers -------------------------------------------------------
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -10,6 +12,7 @@ from typing import Any
 import pytest
 
 from playbooks import (
+    EngineSnapshot,
     IntentResult,
     LoadedPlaybook,
     Playbook,
@@ -995,3 +998,68 @@ async def test_intents_are_classified_again_when_a_transition_brings_new_ones() 
         ("book it, then cancel", ["book"]),
         ("book it, then cancel", ["cancel"]),
     ]
+
+
+# -- snapshot and restore --------------------------------------------------------------------------
+
+
+def test_every_engine_attribute_is_declared_undone_or_fixed() -> None:
+    """A new engine attribute must say whether an undo puts it back (``UNDONE``, which the
+    snapshot's fields declare) or leaves it alone (``FIXED``): none escapes an undo silently."""
+    engine = engine_for([transition("to_b", keyword("x"), "b")])
+    engine.on_language = lambda code: None
+    engine.apply(engine.playbook.spec.transitions[0], data={"k": 1}, summary="notes")
+    engine.set_language("de")
+    undone, fixed = set(PlaybookEngine.UNDONE), set(PlaybookEngine.FIXED)
+    assert not undone & fixed
+    assert set(vars(engine)) == undone | fixed
+    assert undone == {f.name for f in dataclasses.fields(EngineSnapshot)}
+
+
+def test_restore_puts_back_every_undone_attribute() -> None:
+    clock = FakeClock(10.0)
+    engine = engine_for(
+        [transition("to_b", LLM_DECISION, "b", action={"transition_message": "hello b"})],
+        clock=clock,
+    )
+    engine.context["order"] = "A1"
+    engine.complete_turn()
+    stage_a = engine.stage
+    before = {name: copy.copy(getattr(engine, name)) for name in PlaybookEngine.UNDONE}
+    snapshot = engine.snapshot()
+    languages: list[str] = []
+    engine.on_language = languages.append
+
+    clock.advance(5)
+    engine.complete_turn()
+    engine.apply(engine.playbook.spec.transitions[0], data={"status": "late"}, summary="notes")
+    engine.set_language("de")
+    changed = {n for n in PlaybookEngine.UNDONE if getattr(engine, n) != before[n]}
+    assert changed == set(PlaybookEngine.UNDONE)  # the test covers every attribute
+
+    engine.restore(snapshot)
+
+    assert {name: getattr(engine, name) for name in PlaybookEngine.UNDONE} == before
+    assert engine.stage is stage_a  # the playbook's own stage, not a copy
+    assert languages == ["de"]  # restoring announces nothing: that is the caller's business
+
+
+def test_a_snapshot_shares_nothing_mutable_with_the_engine() -> None:
+    """Changes after the snapshot, or after a restore, do not reach the snapshot; it can be
+    restored again."""
+    engine = engine_for([transition("to_b", keyword("x"), "b")])
+    engine.context["order"] = {"id": "A1", "items": ["book"]}
+    snapshot = engine.snapshot()
+
+    engine.context["order"]["items"].append("pen")
+    engine.apply(engine.playbook.spec.transitions[0])
+    assert snapshot.context == {"order": {"id": "A1", "items": ["book"]}}
+    assert snapshot.history == []
+
+    engine.restore(snapshot)
+    engine.context["order"]["items"].append("lamp")
+    engine.history.append(engine.apply(engine.playbook.spec.transitions[0]))
+    engine.restore(snapshot)
+    assert engine.context == {"order": {"id": "A1", "items": ["book"]}}
+    assert engine.history == []
+    assert engine.stage.id == "a"

@@ -7,7 +7,9 @@ a playbook's tools module. Only the retry delays are injected (recorded, not sle
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import copy
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -1481,3 +1483,70 @@ async def test_history_trimming_never_sends_an_orphan_tool_message(
     # the turn in progress is never trimmed away: each request still holds its question
     for body in llm.requests:
         assert any(m["role"] == "user" for m in body["messages"])
+
+
+# -- undo and the turn's contract ------------------------------------------------------------------
+
+
+async def test_restore_undoes_a_turn_that_moved_stage_and_context(
+    llm: ScriptedLLM, orchestrator: PlaybookOrchestrator
+) -> None:
+    """The conversation and every piece of engine state the turn changed go back; the snapshot
+    stays as taken, so it can be restored twice."""
+    move = call("playbook_transition", "c1", target_stage="other", reason="r", data={"k": "v"})
+    llm.script(
+        [
+            Reply(content="Hi."),
+            Reply(tool_calls=[move]),
+            Reply(content="Moved."),
+            Reply(content="Again."),
+        ]
+    )
+    await orchestrator.respond("hello")
+    engine = orchestrator.engine
+    snapshot = orchestrator.snapshot()
+    kept = copy.deepcopy(snapshot)
+    events = record(orchestrator)
+
+    await orchestrator.respond("move on")
+    assert engine.stage.id == "other"
+    assert engine.context == {"k": "v"}
+    orchestrator.conversation.messages[0]["content"] = "changed in place"
+
+    orchestrator.restore(snapshot)
+
+    assert engine.snapshot() == snapshot.engine
+    assert orchestrator.conversation.messages == [
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": "Hi."},
+    ]
+    assert [e.data for e in events if e.type == "stage_entered"] == [
+        {"stage": {"id": "other", "name": "Other"}},
+        {"stage": {"id": "main", "name": "Main"}, "restored": True},
+    ]
+
+    assert await orchestrator.respond("and now?") == "Again."
+    orchestrator.conversation.messages[0]["content"] = "changed again"
+    engine.context["later"] = True
+    orchestrator.restore(snapshot)
+    assert orchestrator.snapshot() == snapshot == kept
+
+
+PRIVATE_ACCESS_FREE = ("orchestrator.py", "turn.py", "tool_calls.py")
+
+
+@pytest.mark.parametrize("module", PRIVATE_ACCESS_FREE)
+def test_the_orchestrator_and_its_turns_use_only_each_others_public_surface(module: str) -> None:
+    """``self._x`` is a class's own business; ``other._x`` (as ruff's SLF001 reads it) would tie
+    a turn to the orchestrator's internals, which :class:`playbooks.turn.TurnHost` names."""
+    path = Path(__file__).resolve().parent.parent / "playbooks" / module
+    tree = ast.parse(path.read_text(), str(path))
+    reached = [
+        f"{module}:{node.lineno}: {ast.unparse(node)}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and node.attr.startswith("_")
+        and not node.attr.startswith("__")
+        and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+    ]
+    assert reached == []
