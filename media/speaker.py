@@ -4,6 +4,11 @@
 resolves when its last frame has left, or when ``clear()`` drops it (then it says how much was
 played). Transports call ``pull()`` on their own 20 ms clock and get silence when nothing is queued.
 All methods run on the event loop thread.
+
+Two things keep queued audio waiting, and they are kept apart: a *hold* (``hold()``/``release()``)
+for an answer prepared before it may play, and a *pause* (``pause()``/``resume()``) of an answer
+the caller talked over. They differ in what goes downstream: a pause tells the transport to drop
+what it buffered of our audio, a hold does not (that audio belongs to an earlier answer).
 """
 
 from __future__ import annotations
@@ -100,12 +105,16 @@ class Speaker:
         self._silence = bytes(self.frame_bytes)
         self.frames_out = 0
         self.paused = False
-        """While paused, ``pull()`` gives silence and queued audio waits where it stopped."""
+        """Paused by :meth:`pause` (the caller talked over the answer): ``pull()`` gives silence
+        and queued audio waits where it stopped."""
+        self.held = False
+        """Held by :meth:`hold` (an answer prepared before it may play): ``pull()`` gives silence
+        and queued audio waits until :meth:`release`."""
         self.levels: deque[float] = deque(maxlen=max(1, LEVEL_HISTORY_MS // frame_ms))
         """dBFS of the most recent frames sent (newest last), for echo suppression."""
         self.on_clear: list[Callable[[], None]] = []
-        """Transport hooks run by ``clear()`` and ``pause()`` when audio went out since they last
-        ran, e.g. a media WebSocket's ``clear`` message."""
+        """Transport hooks run by ``clear()``, ``drop()`` and ``pause()`` when audio went out
+        since they last ran, e.g. a media WebSocket's ``clear`` message."""
         self._sent_since_flush = False
 
     @property
@@ -128,29 +137,35 @@ class Speaker:
         return playback
 
     def pause(self) -> None:
-        """Hold the queued audio: silence goes out until :meth:`resume` (or ``clear()``). The
-        ``on_clear`` hooks run if audio went out since they last ran, so transports drop what
-        they buffered downstream (and say nothing when there is nothing to drop)."""
+        """Stop mid-answer: silence goes out until :meth:`resume` (or ``clear()``), and queued
+        audio waits where it stopped. The ``on_clear`` hooks run if audio went out since they
+        last ran, so transports drop what they buffered downstream (and say nothing when there
+        is nothing to drop)."""
         if self.paused:
             return
         self.paused = True
         self._flush_downstream()
 
+    def resume(self) -> None:
+        """Play on from the sample where :meth:`pause` stopped (a hold stays)."""
+        self.paused = False
+
     def hold(self) -> None:
-        """Pause for audio still to come (an answer prepared before it may play): like
-        :meth:`pause`, but nothing downstream is dropped, since what went out before belongs to
-        an earlier turn, and a later ``clear()`` leaves it alone too."""
-        self.paused = True
+        """Keep audio still to come (an answer prepared before it may play) until
+        :meth:`release` (or ``clear()``). Unlike :meth:`pause`, nothing downstream is dropped,
+        since what went out before belongs to an earlier answer, and a later ``clear()`` leaves
+        it alone too."""
+        self.held = True
         self._sent_since_flush = False
 
-    def resume(self) -> None:
-        """Play on from the sample where :meth:`pause` stopped."""
-        self.paused = False
+    def release(self) -> None:
+        """Let held audio play (a pause stays)."""
+        self.held = False
 
     def pull(self) -> bytes:
         """The next frame: queued audio, padded with silence at the end, or silence (also while
-        paused)."""
-        if not self._queue or self.paused:
+        paused or held)."""
+        if not self._queue or self.paused or self.held:
             self.levels.append(SILENT_DBFS)
             return self._silence
         frame = bytearray()
@@ -170,12 +185,18 @@ class Speaker:
         return out
 
     def clear(self) -> list[PlaybackResult]:
-        """Drop everything queued at once; every pending handle resolves as not completed with
-        how much of it was played, and the ``on_clear`` hooks run if audio went out since they
-        last ran. Returns those results in queue order."""
+        """Drop everything queued at once and lift any hold or pause: the speaker is idle. Every
+        pending handle resolves as not completed with how much of it was played, and the
+        ``on_clear`` hooks run if audio went out since they last ran. Returns those results in
+        queue order."""
+        self.paused = self.held = False
+        return self.drop()
+
+    def drop(self) -> list[PlaybackResult]:
+        """Drop everything queued, like :meth:`clear`, but leave a hold or a pause in place: the
+        answer goes on, and what it queues next waits as its audio did."""
         dropped = list(self._queue)
         self._queue.clear()
-        self.paused = False
         self._resamplers.clear()  # their filter tails belong to the dropped audio
         for playback in dropped:
             playback._finish(completed=False)

@@ -256,3 +256,49 @@ async def test_empty_audio_resolves_at_once_without_queueing() -> None:
     assert not speaker.busy
     assert is_silence(speaker.pull())
     assert speaker.frames_out == 0
+
+
+async def test_a_hold_and_a_pause_are_kept_apart() -> None:
+    """An answer prepared ahead is held; an answer the caller talked over is paused. Each is
+    lifted by its own call, and audio plays only when neither stands."""
+    speaker = Speaker(16_000)
+    hooks: list[str] = []
+    speaker.on_clear.append(lambda: hooks.append("flush"))
+    speaker.push(ramp(1), 16_000)
+    assert not is_silence(speaker.pull())  # an earlier answer's audio went out
+    speaker.hold()
+    assert speaker.held
+    assert not speaker.paused
+    speaker.push(ramp(3), 16_000)
+    assert is_silence(speaker.pull())
+    speaker.resume()  # no pause to lift: the hold stays
+    assert is_silence(speaker.pull())
+    speaker.release()
+    assert not is_silence(speaker.pull())
+    speaker.pause()
+    assert speaker.paused
+    assert not speaker.held
+    assert hooks == ["flush"]  # a pause drops what went downstream; the hold did not
+    speaker.release()  # no hold to lift: the pause stays
+    assert is_silence(speaker.pull())
+    speaker.resume()
+    assert not is_silence(speaker.pull())
+
+
+@pytest.mark.parametrize("silenced", ["hold", "pause"])
+async def test_drop_keeps_a_hold_or_pause_and_clear_lifts_it(silenced: str) -> None:
+    speaker = Speaker(16_000)
+    getattr(speaker, silenced)()
+    first = speaker.push(ramp(3), 16_000)
+    (result,) = speaker.drop()  # text retracted mid-answer: its audio goes, the answer stays
+    assert result == PlaybackResult(False, 0.0, 60.0)
+    assert (await first.finished()).completed is False
+    assert speaker.held is (silenced == "hold")
+    assert speaker.paused is (silenced == "pause")
+    speaker.push(ramp(2), 16_000)
+    assert is_silence(speaker.pull())  # what it says next waits as well
+    speaker.clear()
+    assert not speaker.held
+    assert not speaker.paused
+    speaker.push(ramp(1), 16_000)
+    assert not is_silence(speaker.pull())

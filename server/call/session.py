@@ -1,15 +1,52 @@
 """One call: caller frames -> VAD -> turns, the speaker, and barge-in.
 
-A session owns its listen loop (fed by the transport), at most one turn task, and the speaker the
-transport pulls from. Caller speech lasting ``barge_in_min_ms`` while the agent thinks or speaks
-interrupts it: the speaker is cleared first (that silence is what the caller notices), then the turn
-task is cancelled and awaited. The caller's utterance then becomes the next turn.
+A session owns its listen loop (fed by the transport), one answer at a time (the greeting, a
+spoken or typed turn, a preemptive answer: an :class:`~.answer.Answer` handle around its task),
+and the speaker the transport pulls from. Caller speech while the agent thinks or speaks pauses
+or interrupts it (the stage's barge-in policy): the speaker is cleared first (that silence is
+what the caller notices), then the turn task is cancelled and awaited. The caller's utterance
+then becomes the next turn.
+
+What the call is doing is one :class:`Phase`, changed in one place (``Session._enter``);
+``state`` is what clients see of it in ``state`` events:
+
+=========  ==========================================================  ==========================
+phase      the agent                                                   ``state``
+=========  ==========================================================  ==========================
+LISTENING  has no answer under way                                     listening
+PREPARING  answers words heard before the end of the caller's turn,    thinking (listening once
+           its audio held until the end of the turn confirms them      its task has ended)
+THINKING   answers; nothing of the answer is queued                    thinking
+SPEAKING   answers; its audio is queued or playing                     speaking
+PAUSED     stopped mid-answer by a caller sound, waiting for the       speaking if audio is
+           words to decide (``pause_resume``)                          queued, else thinking
+CLOSED     the call is over                                            closed
+=========  ==========================================================  ==========================
+
+Moves::
+
+    LISTENING -> THINKING             an answer starts (greeting, spoken or typed turn, keypad)
+    LISTENING -> PREPARING            the words are known and the turn ends soon (preempt)
+    PREPARING -> THINKING | SPEAKING  the turn ends on those words (-> LISTENING: it said nothing)
+    PREPARING -> LISTENING            undone: the caller goes on, other words, typed text
+    THINKING <-> SPEAKING             audio queued / all of it played
+    THINKING | SPEAKING -> PAUSED     the caller starts speaking (``pause_resume``)
+    PAUSED -> THINKING | SPEAKING     resumed: the words were a backchannel or noise
+    THINKING | SPEAKING | PAUSED      a barge-in (the policy's, 700 ms voiced over a pause, words
+        -> LISTENING                  over a pause), typed text, or the answer ended
+    any -> CLOSED                     ``close()``
+
+Any other move is a bug: it is logged as an error, with the stack, and made anyway (the phase
+follows what the code did; a call is not dropped over its bookkeeping). Not part of the phase:
+``busy`` (the turn task runs; a task cut short stays busy while it settles its history), which
+utterance already cut the agent off, and the speculative transcription under way.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 import time
 from collections.abc import AsyncIterable, Callable, Coroutine
@@ -29,18 +66,45 @@ from media import (
     VadSettings,
 )
 from playbooks import BargeInPolicy
-from playbooks.orchestrator import Snapshot
 
+from .answer import Answer, AnswerKind, AnswerState, Preemption
 from .endpointing import EndpointSettings, Speculation, is_listener_noise
 from .timeline import TurnTimeline
 from .voice import VoicePlaybookOrchestrator
 
-__all__ = ["Session", "SessionSettings", "SessionState"]
+__all__ = ["Phase", "Session", "SessionSettings", "SessionState"]
 
 log = logging.getLogger(__name__)
 
 SessionState = Literal["listening", "thinking", "speaking", "closed"]
 DTMF_DIGITS = "0123456789*#ABCD"
+
+
+class Phase(enum.StrEnum):
+    """What the call is doing (the module docstring has the machine)."""
+
+    LISTENING = "listening"
+    PREPARING = "preparing"
+    THINKING = "thinking"
+    SPEAKING = "speaking"
+    PAUSED = "paused"
+    CLOSED = "closed"
+
+
+_MOVES: dict[Phase, frozenset[Phase]] = {
+    Phase.LISTENING: frozenset({Phase.THINKING, Phase.PREPARING, Phase.CLOSED}),
+    Phase.PREPARING: frozenset({Phase.THINKING, Phase.SPEAKING, Phase.LISTENING, Phase.CLOSED}),
+    Phase.THINKING: frozenset({Phase.SPEAKING, Phase.PAUSED, Phase.LISTENING, Phase.CLOSED}),
+    Phase.SPEAKING: frozenset({Phase.THINKING, Phase.PAUSED, Phase.LISTENING, Phase.CLOSED}),
+    Phase.PAUSED: frozenset({Phase.THINKING, Phase.SPEAKING, Phase.LISTENING, Phase.CLOSED}),
+    Phase.CLOSED: frozenset(),
+}
+
+ANSWERING = frozenset({Phase.PREPARING, Phase.THINKING, Phase.SPEAKING, Phase.PAUSED})
+"""Phases with an answer under way."""
+AUDIBLE = frozenset({Phase.THINKING, Phase.SPEAKING})
+"""Phases with an answer under way that the caller hears (or is about to): not held, not
+paused."""
 
 
 @dataclass(frozen=True)
@@ -59,17 +123,6 @@ class SessionSettings:
     pause_confirm_ms: int = 700
     """Under ``pause_resume``: voiced speech that cuts the paused agent off without waiting for
     the words (longer than any backchannel)."""
-
-
-@dataclass
-class _Preemption:
-    """A turn started on a speculative transcript, its audio held until the turn ends."""
-
-    speculation: Speculation
-    snapshot: Snapshot
-    confirmed: asyncio.Event
-    timeline: TurnTimeline
-    task: asyncio.Task[None] | None = None
 
 
 class Session:
@@ -97,16 +150,19 @@ class Session:
         self.vad = VadSegmenter(vad, clock)
         self.echo = EchoGate(self.settings.echo)
         self._speculation: Speculation | None = None
-        self._preemption: _Preemption | None = None
         self.speculations = {"used": 0, "wasted": 0, "preempted": 0, "preempted_wasted": 0}
         """Speculative transcriptions whose result became the turn's, and those thrown away;
         turns started on one before the end of the turn, and those undone."""
-        self._turn: asyncio.Task[None] | None = None
-        self._turn_audio = b""
-        """The caller audio the running turn answers (empty for the greeting or typed text)."""
+        self._phase = Phase.LISTENING
+        self._answer: Answer | None = None
+        """The latest answer: the one under way, or the last one."""
+        self._unsettled: set[Answer] = set()
+        """Answers whose task has not ended (the latest, and any cut short still settling)."""
         self._pending: SpeechEnded | None = None
         self._carry: bytes = b""
         self._interrupted_this_utterance = False
+        """Whether the caller's current utterance already cut the agent off (its words are then
+        the next turn, whatever the agent is doing)."""
         self._closed = False
         self._state: SessionState = "listening"
         self.turns = 0
@@ -117,31 +173,89 @@ class Session:
         self._digits = ""
         self._digit_timer: asyncio.TimerHandle | None = None
         self._settling: asyncio.Task[None] | None = None
-        """Deciding whether the sound that paused the agent was a backchannel."""
+        """While PAUSED: deciding whether the sound that paused the agent was a backchannel."""
         self.resumes = 0
 
     # -- state ---------------------------------------------------------------------------------
 
     @property
     def state(self) -> SessionState:
+        """What clients were last told in a ``state`` event."""
         return self._state
+
+    @property
+    def phase(self) -> Phase:
+        return self._phase
+
+    @property
+    def answer(self) -> Answer | None:
+        """The latest answer's handle: the one under way, or the last one."""
+        return self._answer
 
     @property
     def busy(self) -> bool:
         """Whether a turn (or the greeting) is running."""
-        return self._turn is not None and not self._turn.done()
+        return self._answer is not None and not self._answer.done()
 
-    def _set_state(self, state: SessionState) -> None:
+    @property
+    def _turn(self) -> asyncio.Task[None] | None:
+        """The latest answer's task."""
+        return self._answer.task if self._answer is not None else None
+
+    def _enter(self, phase: Phase) -> None:
+        """The one place the phase changes; a move the machine lacks is logged as a bug."""
+        current = self._phase
+        if phase is current:
+            return
+        if phase not in _MOVES[current]:
+            log.error(
+                "session %s: illegal phase move %s -> %s (answer %r)",
+                self.id,
+                current,
+                phase,
+                self._answer,
+                stack_info=True,
+            )
+        self._phase = phase
+        self._publish()
+
+    def _publish(self) -> None:
+        """Tell clients the ``state`` the phase shows as, if it changed."""
+        state = self._shown_state()
         if state != self._state:
             self._state = state
             self.voice.emit("state", state=state)
+
+    def _shown_state(self) -> SessionState:
+        match self._phase:
+            case Phase.PREPARING:
+                return "thinking" if self.busy else "listening"
+            case Phase.PAUSED:
+                return "speaking" if self.voice.speaker.busy else "thinking"
+            case Phase.THINKING:
+                return "thinking"
+            case Phase.SPEAKING:
+                return "speaking"
+            case Phase.CLOSED:
+                return "closed"
+            case _:
+                return "listening"
+
+    def _audible_phase(self) -> Phase:
+        """THINKING or SPEAKING, as the speaker says."""
+        return Phase.SPEAKING if self.voice.speaker.busy else Phase.THINKING
+
+    def _refresh(self) -> None:
+        if self._phase in AUDIBLE:
+            self._enter(self._audible_phase())
+        self._publish()
 
     # -- input ---------------------------------------------------------------------------------
 
     def start(self) -> None:
         """Begin the call: speak the greeting (if the stage has one and greeting is on)."""
         if self.settings.greet:
-            self._start_turn(self.voice.greet(), name="greeting")
+            self._start_answer(self.voice.greet(), "greeting")
 
     async def run(self, frames: AsyncIterable[bytes]) -> None:
         """Start, then feed every caller frame (20 ms, 16 kHz PCM16) until the iterable ends,
@@ -178,7 +292,7 @@ class Session:
                 self._on_speech_ended(event)
         self._check_end_of_turn(at)
         self._check_barge_in()
-        self._refresh_state()
+        self._refresh()
 
     def dtmf(self, digit: str) -> None:
         """A keypad digit (0-9, *, #, A-D). Digits are gathered until ``#`` or a pause of
@@ -204,23 +318,24 @@ class Session:
             self.submit_text(f"Keypad: {digits}")
 
     def submit_text(self, text: str) -> None:
-        """A typed user turn, answered in voice like a spoken one (interrupts a busy agent)."""
-        if self.busy:
-            self.interrupt()
-        self._start_turn(self.voice.answer_text(text), name="turn")
+        """A typed user turn, answered in voice like a spoken one (interrupts a busy agent, and
+        undoes an answer held for the caller's spoken words). Ignored once the call is closed."""
+        if self._closed:
+            return
+        self.interrupt()
+        self._start_answer(self.voice.answer_text(text), "typed")
 
     def _on_speech_started(self, event: SpeechStarted) -> None:
         self._interrupted_this_utterance = False
         self.voice.emit("speech_start", at_ms=round(event.at * 1000, 1))
-        if not self.busy:
+        if self._phase not in ANSWERING:
             return
         policy = self.barge_in_policy
         if policy == "immediate":
             self._interrupted_this_utterance = True
             self.interrupt()
-        elif policy == "pause_resume" and not self.voice.speaker.paused:
-            self.voice.speaker.pause()
-            self.voice.emit("paused", heard=self.voice.heard)
+        elif policy == "pause_resume" and self._phase in AUDIBLE:
+            self._pause()
 
     @property
     def barge_in_policy(self) -> BargeInPolicy:
@@ -233,7 +348,7 @@ class Session:
         the agent, which only a barge-in would make one)."""
         if not self.settings.endpoint.speculate:
             return
-        if self.busy and not (self._interrupted_this_utterance or self.voice.speaker.paused):
+        if self._phase in AUDIBLE and not self._interrupted_this_utterance:
             return
         self._discard_speculation()
         task = asyncio.create_task(
@@ -242,7 +357,7 @@ class Session:
         self._speculation = Speculation(paused, task)
 
     def _discard_speculation(self) -> None:
-        self._cancel_preemption()
+        self._undo_preemption()
         self._waste(self._speculation)
         self._speculation = None
 
@@ -277,7 +392,7 @@ class Session:
         ):
             self._preempt(speculation)
 
-    # -- preemptive turns ------------------------------------------------------------------------
+    # -- preemptive answers ----------------------------------------------------------------------
 
     def _preempt(self, speculation: Speculation) -> None:
         """Start answering a speculative transcript (``Speculation.preempt_due``) while the end
@@ -288,8 +403,8 @@ class Session:
         transcript = speculation.transcript
         if (
             not self.settings.endpoint.preempt
-            or self._preemption is not None
-            or self.busy
+            or self._phase is not Phase.LISTENING
+            or self._unsettled  # an answer cut short is still settling the conversation
             or transcript is None
             or not transcript.text
         ):
@@ -297,16 +412,13 @@ class Session:
         timeline = TurnTimeline(
             last_voiced_at=speculation.paused.last_voiced_at, stt_done_at=self.clock()
         )
-        preemption = _Preemption(
-            speculation, self.voice.orchestrator.snapshot(), asyncio.Event(), timeline
-        )
-        self._preemption = preemption
-        self.voice.speaker.hold()
+        preemption = Preemption(speculation, self.voice.orchestrator.snapshot(), timeline)
         self._count("preempted")
-        self._start_turn(self._run_preemptive(preemption, transcript.text), name="turn")
-        preemption.task = self._turn
+        self._start_answer(
+            self._run_preemptive(preemption, transcript.text), "preemptive", preemption=preemption
+        )
 
-    async def _run_preemptive(self, preemption: _Preemption, text: str) -> None:
+    async def _run_preemptive(self, preemption: Preemption, text: str) -> None:
         try:
             await self.voice.answer_text(text, preemption.timeline, preemption.confirmed)
         except asyncio.CancelledError:
@@ -317,13 +429,14 @@ class Session:
     def _confirm_preemption(self, ended: SpeechEnded) -> bool:
         """The turn ended: a preemptive answer to the same words plays now (True); one to
         words the caller has since added to is undone (False)."""
-        preemption, self._preemption = self._preemption, None
-        if preemption is None:
+        answer = self._answer
+        if answer is None or not answer.held:
             return False
+        preemption = answer.preemption
+        assert preemption is not None
         speculation = preemption.speculation
         if self._speculation is not speculation or not speculation.covers(ended):
-            self._preemption = preemption
-            self._cancel_preemption()
+            self._stop(answer)
             return False
         self._speculation = None
         self._count("used")
@@ -338,21 +451,15 @@ class Session:
             speculative=True,
         )
         preemption.timeline.confirm_at(ended.detected_at)
-        preemption.confirmed.set()
-        self.voice.speaker.resume()
+        answer.confirm()
+        self._enter(self._audible_phase() if self.busy else Phase.LISTENING)
         return True
 
-    def _cancel_preemption(self) -> None:
-        preemption, self._preemption = self._preemption, None
-        if preemption is None:
-            return
-        self.voice.speaker.clear()
-        task = preemption.task
-        if task is not None and not task.done():
-            task.cancel()  # its coroutine puts the conversation back
-        elif not preemption.confirmed.is_set():
-            self.voice.orchestrator.restore(preemption.snapshot)
-        self._count("preempted_wasted")
+    def _undo_preemption(self) -> None:
+        """The caller went on: an answer held for the words so far is undone."""
+        answer = self._answer
+        if answer is not None and answer.held:
+            self._stop(answer)
 
     def _take_speculation(self, ended: SpeechEnded) -> Speculation | None:
         """The speculation that heard all of ``ended``'s words, if any (others are wasted)."""
@@ -386,11 +493,11 @@ class Session:
             self._carry = b""
             self._waste(speculation)
             speculation = None
-        if not self.busy or self._interrupted_this_utterance:
-            # (when interrupted, interrupt() is already cancelling the old turn)
-            self._answer(event, speculation)
+        if self._phase is Phase.LISTENING or self._interrupted_this_utterance:
+            # (an answer cut short meanwhile is still settling: the new one waits for it)
+            self._answer_utterance(event, speculation)
             return
-        if self.voice.speaker.paused:  # pause_resume: the words decide
+        if self._phase is Phase.PAUSED:  # pause_resume: the words decide
             self._settle_pause(event, speculation)
             return
         if self.barge_in_policy == "disabled":
@@ -402,8 +509,8 @@ class Session:
         if (
             not self.vad.speaking
             or self._interrupted_this_utterance
-            or not self.busy
-            or self._preemption is not None  # the busy turn answers these very words
+            # (PREPARING: the answer under way answers these very words)
+            or self._phase not in (Phase.THINKING, Phase.SPEAKING, Phase.PAUSED)
         ):
             return
         policy = self.barge_in_policy
@@ -419,6 +526,18 @@ class Session:
 
     # -- pause and resume ------------------------------------------------------------------------
 
+    def _pause(self) -> None:
+        assert self._answer is not None
+        self._answer.pause()
+        self._enter(Phase.PAUSED)
+        self.voice.emit("paused", heard=self.voice.heard)
+
+    def _resume(self) -> None:
+        assert self._answer is not None
+        self._answer.resume()
+        self._enter(self._audible_phase())
+        self.resumes += 1
+
     def _settle_pause(self, utterance: SpeechEnded, speculation: Speculation | None) -> None:
         """The sound that paused the agent has ended: resume if its words are a backchannel or
         nothing, else cut the agent off and answer them."""
@@ -429,81 +548,114 @@ class Session:
             transcript = asyncio.create_task(self.voice.transcriber.transcribe(utterance.audio))
         if self._settling is not None:
             self._settling.cancel()
+        assert self._answer is not None
         self._settling = asyncio.create_task(
-            self._settle(utterance, transcript), name=f"settle:{self.id}"
+            self._settle(utterance, transcript, self._answer), name=f"settle:{self.id}"
         )
 
-    async def _settle(self, utterance: SpeechEnded, transcript: asyncio.Task[Transcript]) -> None:
+    async def _settle(
+        self, utterance: SpeechEnded, transcript: asyncio.Task[Transcript], paused: Answer
+    ) -> None:
         try:
             heard: Transcript | None = await transcript
         except Exception:
             log.exception("transcribing a sound over the agent failed")
             heard = None
-        speaker = self.voice.speaker
-        if self._closed or not speaker.paused or self.vad.speaking:
-            return  # already cut off, or the caller is talking again: that utterance decides
+        if self._closed or self.vad.speaking or self._answer is not paused:
+            return  # the caller is talking again (that utterance decides), or typed meanwhile
         spoken_ms = (utterance.last_voiced_at - utterance.started_at) * 1000
-        if heard is None or is_listener_noise(heard, spoken_ms):
-            speaker.resume()
-            self.resumes += 1
-            self.voice.emit("resumed", text=heard.text if heard else "")
-            return
-        self._interrupted_this_utterance = True
-        self.interrupt()
-        self._start_turn(
-            self.voice.answer_utterance(utterance, transcript), name="turn", audio=utterance.audio
+        noise = heard is None or is_listener_noise(heard, spoken_ms)
+        if paused.state is AnswerState.PAUSED:
+            if noise:
+                self._resume()
+                self.voice.emit("resumed", text=heard.text if heard else "")
+                return
+            self._interrupted_this_utterance = True
+            self.interrupt()
+        elif paused.state is not AnswerState.DONE or noise:
+            return  # cut off meanwhile; or it ended by itself, and the sound was nothing
+        # (DONE: the answer ended by itself while paused, with nothing left to say: the words
+        # are the next turn all the same)
+        self._start_answer(
+            self.voice.answer_utterance(utterance, transcript), "spoken", audio=utterance.audio
         )
 
-    # -- turns ---------------------------------------------------------------------------------
+    # -- answers -------------------------------------------------------------------------------
 
     def interrupt(self) -> asyncio.Task[None] | None:
-        """Stop the agent now: clear the speaker, cancel the turn. Returns the cancelled task
-        (await it to know the history is settled), or None if nothing was running."""
-        if not self.busy:
+        """Stop the agent now: clear the speaker, cancel the answer's task. Returns that task
+        (await it to know the history is settled), or None if no answer was under way. An answer
+        still held for the caller's words is undone (a wasted preemption, not a barge-in)."""
+        answer = self._answer
+        if answer is None or not answer.live:
             return None
-        assert self._turn is not None
-        self._preemption = None
-        cleared = self.voice.speaker.clear()
-        task = self._turn
-        if self._turn_audio and not self.voice.turn_started:
-            self._carry = self._turn_audio  # cut during STT: its words join the next utterance
-        task.cancel()
-        self.barge_ins += 1
-        self.voice.emit(
-            "interrupted",
-            heard=self.voice.heard,
-            cut_ms=round(sum(r.played_ms for r in cleared)),
-        )
-        self._set_state("listening")
-        return task
+        self._stop(answer)
+        return answer.task
 
-    def _answer(self, utterance: SpeechEnded, speculation: Speculation | None = None) -> None:
+    def _stop(self, answer: Answer) -> None:
+        """Cut ``answer`` short: the one routine behind a barge-in, typed text over the agent,
+        and undoing a preemptive answer (the caller went on, or the turn ended on other words).
+        Its audio is dropped at once and its task cancelled; history keeps what was heard, and
+        an unconfirmed preemptive answer puts the conversation back. It counts as what the
+        caller lived: a held answer (never heard) as a wasted preemption, any other as a
+        barge-in (``interrupted``)."""
+        held = answer.held
+        running = not answer.done()
+        if answer.audio and not self.voice.turn_started:
+            self._carry = answer.audio  # cut during STT: its words join the next utterance
+        cleared = answer.interrupt()
+        if held:
+            if not running:  # ended with nothing to say; a running one restores as it unwinds
+                assert answer.preemption is not None
+                self.voice.orchestrator.restore(answer.preemption.snapshot)
+            self._count("preempted_wasted")
+        else:
+            self.barge_ins += 1
+            self.voice.emit(
+                "interrupted",
+                heard=self.voice.heard,
+                cut_ms=round(sum(r.played_ms for r in cleared)),
+            )
+        self._enter(Phase.LISTENING)
+
+    def _answer_utterance(
+        self, utterance: SpeechEnded, speculation: Speculation | None = None
+    ) -> None:
         transcript = None
         if speculation is not None:
             self._count("used")
             transcript = speculation.task
-        self._start_turn(
+        self._start_answer(
             self.voice.answer_utterance(utterance, transcript, speculative=transcript is not None),
-            name="turn",
+            "spoken",
             audio=utterance.audio,
         )
 
-    def _start_turn(self, work: Coroutine[Any, Any, None], name: str, audio: bytes = b"") -> None:
-        previous = self._turn
-        self._turn_audio = audio
-        self.turns += name == "turn"
-        self._turn = asyncio.create_task(
-            self._run_turn(work, previous), name=f"{name}:{self.id}:{self.turns}"
-        )
+    def _start_answer(
+        self,
+        work: Coroutine[Any, Any, None],
+        kind: AnswerKind,
+        *,
+        audio: bytes = b"",
+        preemption: Preemption | None = None,
+    ) -> Answer:
+        earlier = tuple(self._unsettled)
+        self.turns += kind != "greeting"
+        answer = Answer(kind, self.voice.speaker, audio=audio, preemption=preemption)
+        name = "greeting" if kind == "greeting" else "turn"
+        answer.start(self._run(answer, work, earlier), name=f"{name}:{self.id}:{self.turns}")
+        self._unsettled.add(answer)
+        answer.task.add_done_callback(lambda _: self._settled(answer, work))
+        self._answer = answer
+        self._enter(Phase.PREPARING if preemption is not None else Phase.THINKING)
+        return answer
 
-    async def _run_turn(
-        self, work: Coroutine[Any, Any, None], previous: asyncio.Task[None] | None
+    async def _run(
+        self, answer: Answer, work: Coroutine[Any, Any, None], earlier: tuple[Answer, ...]
     ) -> None:
-        if previous is not None and not previous.done():
-            with contextlib.suppress(asyncio.CancelledError):
-                await previous  # one turn at a time: let the cancelled one settle its history
-        self._set_state("thinking")
         try:
+            for before in earlier:  # one answer at a time: those cut short settle their history
+                await before
             await work
         except asyncio.CancelledError:
             raise
@@ -511,18 +663,26 @@ class Session:
             log.exception("turn failed in session %s", self.id)
             self.voice.emit("error", source="turn", message=f"{type(exc).__name__}: {exc}")
         finally:
-            if asyncio.current_task() is self._turn:
-                self._set_state("listening")
-                self._start_pending()
+            answer.finish()
+            if answer is self._answer:
+                self._answer_ended(answer)
+
+    def _settled(self, answer: Answer, work: Coroutine[Any, Any, None]) -> None:
+        """``answer``'s task is over."""
+        self._unsettled.discard(answer)
+        work.close()  # (never awaited if cut short before it ran, or while the earlier settled)
+
+    def _answer_ended(self, answer: Answer) -> None:
+        if answer.held:  # nothing to say: its turn is still confirmed or undone at its end
+            self._publish()
+            return
+        self._enter(Phase.LISTENING)
+        self._start_pending()
 
     def _start_pending(self) -> None:
         if self._pending is not None and not self._closed:
             pending, self._pending = self._pending, None
-            self._answer(pending)
-
-    def _refresh_state(self) -> None:
-        if self.busy and self._preemption is None:
-            self._set_state("speaking" if self.voice.speaker.busy else "thinking")
+            self._answer_utterance(pending)
 
     async def close(self) -> None:
         """End the call: cancel any turn and wait for it, and free the speaker's native
@@ -539,13 +699,13 @@ class Session:
             self._settling.cancel()
         if self._digit_timer is not None:
             self._digit_timer.cancel()
-        if self._turn is not None and not self._turn.done():
-            self.voice.speaker.clear()
-            self._turn.cancel()
+        if self._answer is not None:
+            self._answer.interrupt()  # (nothing to do if it is over)
+        for answer in tuple(self._unsettled):
             with contextlib.suppress(asyncio.CancelledError):
-                await self._turn
+                await answer.task
         self.voice.speaker.close()
-        self._set_state("closed")
+        self._enter(Phase.CLOSED)
 
 
 def _prepend_audio(audio: bytes, event: SpeechEnded) -> SpeechEnded:

@@ -306,7 +306,9 @@ class _Speech:
                     chunker.reset()
                     self.generation += 1
                     _drain(self.sentences)
-                    self.voice.speaker.clear()
+                    # only this answer's audio: a hold (preemptive answer) or a pause (the
+                    # caller talking over it) stays, so what it says next waits the same way
+                    self.voice.speaker.drop()
                     self.onset_pending = True
                     timeline.first_token_at = timeline.first_sentence_at = None
                     continue
