@@ -3,6 +3,7 @@
 Knows text, LLMs and tools; nothing about audio or HTTP.
 """
 
+from .context import PlaybookContext, current_context
 from .engine import (
     EngineSnapshot,
     IntentResult,
@@ -21,7 +22,15 @@ from .loader import (
     load_playbook,
     load_playbooks,
 )
-from .models import BargeInPolicy, LLMConfig, Playbook, Stage, Transition, TransitionAction
+from .models import (
+    BargeInPolicy,
+    LLMConfig,
+    Playbook,
+    Stage,
+    ToolDefinition,
+    Transition,
+    TransitionAction,
+)
 from .orchestrator import OrchestratorOptions, PlaybookOrchestrator, Snapshot
 from .tools import Tool, ToolError, tool
 from .turn import Turn, TurnHost
@@ -40,6 +49,7 @@ __all__ = [
     "OrchestratorEvent",
     "OrchestratorOptions",
     "Playbook",
+    "PlaybookContext",
     "PlaybookEngine",
     "PlaybookError",
     "PlaybookOrchestrator",
@@ -49,6 +59,7 @@ __all__ = [
     "Stage",
     "Tool",
     "ToolCallRequest",
+    "ToolDefinition",
     "ToolError",
     "Transition",
     "TransitionAction",
@@ -58,6 +69,7 @@ __all__ = [
     "TurnFacts",
     "TurnHost",
     "check_playbook",
+    "current_context",
     "load_playbook",
     "load_playbooks",
     "tool",

@@ -3,17 +3,22 @@
 :func:`check_references` always checks the structure (stage ids, transitions, delegation workers,
 voice files, the start language, ``mcp:<server>`` entries naming a listed server); tool and
 function names only when it is given the names the tools module and MCP servers provide, which
-takes importing the one and starting the others. Errors are :class:`PlaybookError` with the
-field path; the loader adds the line.
+takes importing the one and starting the others. Every problem found is listed, with its field
+path, in one :class:`PlaybookError`; the loader adds the lines. :func:`unvalidated_references`
+checks the stage ids a file names even when validation refused it, so that those problems are
+listed with pydantic's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from .errors import PlaybookError, shown
+from pydantic.alias_generators import to_camel
+
+from .errors import PlaybookError, Problem, shown
 from .identity import BUILTIN_TOOLS, resolve_model
 from .models import (
     CustomCondition,
@@ -35,6 +40,7 @@ __all__ = [
     "expand_server_tools",
     "server_of",
     "unknown_tool",
+    "unvalidated_references",
 ]
 
 RESERVED_TOOL = "playbook_transition"
@@ -50,11 +56,12 @@ Fail = Callable[[str, str], None]
 @dataclass(frozen=True)
 class ToolNames:
     """The names a playbook may refer to: ``module`` tools and ``functions`` (candidates for
-    ``custom`` conditions) of the tools module, and each MCP server's tools by server name (after
-    its ``tools`` filter)."""
+    ``custom`` conditions and stage hooks) of the tools module, and each MCP server's tools by
+    server name (after its ``tools`` filter). ``functions`` None: not known (a file that names no
+    tools module may be given one when it runs, ``--tools-module``)."""
 
     module: frozenset[str] = frozenset()
-    functions: frozenset[str] = frozenset()
+    functions: frozenset[str] | None = frozenset()
     servers: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def tools(self) -> set[str]:
@@ -79,27 +86,30 @@ def expand(names: Sequence[str], servers: Mapping[str, Sequence[str]]) -> list[s
 
 def expand_server_tools(spec: Playbook, servers: Mapping[str, Sequence[str]]) -> Playbook:
     """``spec`` with the ``mcp:<server>`` entries of ``global_tools`` and every stage's ``tools``
-    replaced by the server's tool names (see :func:`expand`); ``spec`` itself if it has none."""
+    replaced by the server's tool names (see :func:`expand`), and inline definitions by their
+    names; ``spec`` itself if it has neither."""
     lists = [spec.global_tools, *(stage.tools for stage in spec.stages)]
-    if not any(server_of(name) is not None for names in lists for name in names):
+    if all(isinstance(e, str) and server_of(e) is None for entries in lists for e in entries):
         return spec
     stages = [
-        stage.model_copy(update={"tools": expand(stage.tools, servers)}) for stage in spec.stages
+        stage.model_copy(update={"tools": expand(stage.tool_names, servers)})
+        for stage in spec.stages
     ]
     return spec.model_copy(
-        update={"global_tools": expand(spec.global_tools, servers), "stages": stages}
+        update={"global_tools": expand(spec.global_tool_names, servers), "stages": stages}
     )
 
 
 def check_references(
     spec: Playbook, source: Path | None, label: str, names: ToolNames | None
 ) -> None:
-    """Raise :class:`PlaybookError` for the first broken reference of ``spec`` (read from
+    """Raise :class:`PlaybookError` listing every broken reference of ``spec`` (read from
     ``source``, named ``label`` in errors). ``names`` None: tool and function names are not
     checked (they are not known yet)."""
+    problems: list[Problem] = []
 
     def fail(path: str, message: str) -> None:
-        raise PlaybookError(label, path, message)
+        problems.append(Problem(label, path, message))
 
     stage_ids: set[str] = set()
     for i, stage in enumerate(spec.stages):
@@ -117,6 +127,9 @@ def check_references(
     _check_voices(spec, source, fail)
     _check_delegation(spec, names, fail)
     _check_transitions(spec, stage_ids, names, fail)
+    _check_hooks(spec, names, fail)
+    if problems:
+        raise PlaybookError.of(problems)
 
 
 def _check_reserved(names: ToolNames, fail: Fail) -> None:
@@ -124,7 +137,8 @@ def _check_reserved(names: ToolNames, fail: Fail) -> None:
         where = "tools_module" if name in names.module else "mcp_servers"
         if name == RESERVED_TOOL:
             fail(where, f"the tool name {name!r} is reserved for stage transitions")
-        fail(where, f"the tool name {name!r} is reserved for the built-in tool")
+        else:
+            fail(where, f"the tool name {name!r} is reserved for the built-in tool")
 
 
 def _check_tool_lists(spec: Playbook, names: ToolNames | None, fail: Fail) -> None:
@@ -132,8 +146,8 @@ def _check_tool_lists(spec: Playbook, names: ToolNames | None, fail: Fail) -> No
     known) or a listed MCP server; a named ``tool_choice`` is offered in its stage."""
     servers = {server.name for server in spec.mcp_servers}
     known = names.tools() if names is not None else set()
-    lists = [("global_tools", spec.global_tools)]
-    lists += [(f"stages[{i}].tools", stage.tools) for i, stage in enumerate(spec.stages)]
+    lists = [("global_tools", spec.global_tool_names)]
+    lists += [(f"stages[{i}].tools", stage.tool_names) for i, stage in enumerate(spec.stages)]
     for where, entries in lists:
         for j, name in enumerate(entries):
             server = server_of(name)
@@ -142,7 +156,7 @@ def _check_tool_lists(spec: Playbook, names: ToolNames | None, fail: Fail) -> No
                     declared = ", ".join(sorted(servers)) or "none"
                     message = f"no MCP server {shown(server)} (mcp_servers: {declared})"
                     fail(f"{where}[{j}]", message)
-                if names is not None and server not in names.servers:
+                elif names is not None and server not in names.servers:
                     fail(f"{where}[{j}]", f"the tools of MCP server {shown(server)} are not loaded")
             elif names is not None and name not in known and name not in BUILTIN_TOOLS:
                 fail(f"{where}[{j}]", unknown_tool(name, spec, names))
@@ -150,7 +164,7 @@ def _check_tool_lists(spec: Playbook, names: ToolNames | None, fail: Fail) -> No
         choice = stage.tool_choice
         if not isinstance(choice, NamedToolChoice):
             continue
-        listed = [*stage.tools, *spec.global_tools]
+        listed = [*stage.tool_names, *spec.global_tool_names]
         if names is not None:
             offered = expand(listed, names.servers)
         elif any(server_of(name) is not None for name in listed):
@@ -162,6 +176,17 @@ def _check_tool_lists(spec: Playbook, names: ToolNames | None, fail: Fail) -> No
                 f"stages[{i}].tool_choice.tool_name",
                 f"tool {shown(choice.tool_name)} is not offered in stage {shown(stage.id)}",
             )
+
+
+def _check_hooks(spec: Playbook, names: ToolNames | None, fail: Fail) -> None:
+    """A stage's ``on_enter`` / ``on_exit`` names a function of the tools module."""
+    if names is None or names.functions is None:
+        return
+    for i, stage in enumerate(spec.stages):
+        for key, function in (("on_enter", stage.on_enter), ("on_exit", stage.on_exit)):
+            if function is not None and function not in names.functions:
+                message = f"unknown function {shown(function)} (define it in the tools module)"
+                fail(f"stages[{i}].{key}", message)
 
 
 def _check_transitions(
@@ -181,14 +206,16 @@ def _check_transitions(
                 f"unknown stage {shown(transition.action.target_stage)}",
             )
         condition = transition.condition
-        sources = (
-            spec.stages if transition.from_stage == "*" else [spec.stage(transition.from_stage)]
-        )
+        if transition.from_stage == "*":
+            sources = spec.stages
+        else:  # none when the stage is unknown (a problem found above)
+            sources = [stage for stage in spec.stages if stage.id == transition.from_stage][:1]
         if isinstance(condition, ToolCallCondition):
             if names is not None and condition.tool_name not in names.tools():
                 fail(f"{where}.condition.tool_name", unknown_tool(condition.tool_name, spec, names))
         elif isinstance(condition, CustomCondition):
-            if names is not None and condition.function not in names.functions:
+            known = names.functions if names is not None else None
+            if known is not None and condition.function not in known:
                 fail(
                     f"{where}.condition.function",
                     f"unknown function {shown(condition.function)} (define it in the tools module)",
@@ -240,7 +267,7 @@ def _check_delegation(spec: Playbook, names: ToolNames | None, fail: Fail) -> No
                 fail(f"stages[{i}].delegates.workers[{j}]", f"unknown stage {shown(worker)}")
             if worker == stage.id:
                 fail(f"stages[{i}].delegates.workers[{j}]", "a stage cannot delegate to itself")
-        if DELEGATE_TOOL in expand([*spec.global_tools, *stage.tools], servers):
+        if DELEGATE_TOOL in expand([*spec.global_tool_names, *stage.tool_names], servers):
             fail(f"stages[{i}].delegates", "the tool name 'delegate' is reserved for delegation")
 
 
@@ -253,3 +280,55 @@ def unknown_tool(name: str, spec: Playbook, names: ToolNames) -> str:
         how = " (by its tools list)" if server in filtered else ""
         parts.append(f"MCP server {server!r} gives{how}: {', '.join(tools) or 'none'}")
     return f"unknown tool {shown(name)} ({'; '.join(parts)})"
+
+
+def unvalidated_references(data: Any, label: str) -> list[Problem]:
+    """The stage references :func:`check_references` would refuse in ``data``, a playbook file's
+    data that validation refused: duplicate stage ids, and an ``initial_stage``, a transition's
+    ``from`` and ``action.target_stage`` or a delegation worker naming no stage (or its own).
+    Only strings are checked (pydantic names the rest), and nothing when some stage has no id:
+    the ids are not known."""
+    stages = _key(data, "stages")
+    if not isinstance(stages, list) or not all(isinstance(_key(s, "id"), str) for s in stages):
+        return []
+    problems: list[Problem] = []
+    ids: set[str] = set()
+    for i, stage in enumerate(stages):
+        if stage["id"] in ids:
+            message = f"duplicate stage id {shown(stage['id'])}"
+            problems.append(Problem(label, f"stages[{i}].id", message))
+        ids.add(stage["id"])
+    for path, named, own in _stage_names(data, stages):
+        if not isinstance(named, str):
+            continue
+        if named not in ids:
+            problems.append(Problem(label, path, f"unknown stage {shown(named)}"))
+        elif named == own:
+            problems.append(Problem(label, path, "a stage cannot delegate to itself"))
+    return problems
+
+
+def _stage_names(data: Any, stages: list[Any]) -> Iterator[tuple[str, Any, str | None]]:
+    """Where ``data`` names a stage (not yet checked to be a string), the value, and the id of
+    the stage it must differ from (a delegation's own)."""
+    yield "initial_stage", _key(data, "initial_stage"), None
+    transitions = _key(data, "transitions")
+    for i, transition in enumerate(transitions if isinstance(transitions, list) else []):
+        source = _key(transition, "from_stage", "from")
+        if source != "*":
+            yield f"transitions[{i}].from", source, None
+        target = _key(_key(transition, "action"), "target_stage")
+        yield f"transitions[{i}].action.target_stage", target, None
+    for i, stage in enumerate(stages):
+        workers = _key(_key(stage, "delegates"), "workers")
+        for j, worker in enumerate(workers if isinstance(workers, list) else []):
+            yield f"stages[{i}].delegates.workers[{j}]", worker, stage["id"]
+
+
+def _key(data: Any, name: str, alias: str | None = None) -> Any:
+    """The value of field ``name`` in unvalidated ``data``, given by its alias (``alias``, else
+    the camelCase name) or its name; None when absent or ``data`` is not a mapping."""
+    if not isinstance(data, dict):
+        return None
+    alias = alias or to_camel(name)
+    return data[alias] if alias in data else data.get(name)

@@ -215,7 +215,7 @@ class Delegator:
         stage = spec.stage(worker)
         config = stage.llm_config.merged_over(spec.default_llm_config)
         limit = call.delegation.max_tool_calls or self.max_tool_calls
-        names = dict.fromkeys([*spec.global_tools, *stage.tools])
+        names = dict.fromkeys([*spec.global_tool_names, *stage.tool_names])
         tools = {n: t for n in names if (t := self.playbook.tools.get(n)) is not None}
         if stage.mode == "single-shot" or stage.tool_choice == "none":
             tools = {}

@@ -218,7 +218,7 @@ class PlaybookEngine:
 
     def tools(self) -> list[Tool]:
         """Global tools, then the stage's (each once)."""
-        names = dict.fromkeys([*self.playbook.spec.global_tools, *self.stage.tools])
+        names = dict.fromkeys([*self.playbook.spec.global_tool_names, *self.stage.tool_names])
         return [self.find_tool(name) or self.playbook.tools[name] for name in names]
 
     def find_tool(self, name: str) -> Tool | None:

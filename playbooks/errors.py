@@ -1,5 +1,6 @@
-"""Playbook file errors: one line each, naming the file, the line where it is known, and the
-field, e.g. ``support.yaml:14: stages[1].voice.speaking_rate: Input should be ...``.
+"""Playbook file errors: a :class:`PlaybookError` holds every :class:`Problem` found in a file,
+one line each in file order, naming the file, the line where it is known, and the field, e.g.
+``support.yaml:14: stages[1].voice.speaking_rate: Input should be ...``.
 
 :class:`LineMap` remembers which line of a YAML document (a ``.yaml`` file, a Markdown front
 matter) each field path came from, so an error found later, by validation on the parsed data,
@@ -10,13 +11,13 @@ from __future__ import annotations
 
 import bisect
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import yaml
 from pydantic.alias_generators import to_snake
 
-__all__ = ["LineMap", "PlaybookError", "shown"]
+__all__ = ["MAX_PROBLEMS", "LineMap", "PlaybookError", "Problem", "shown"]
 
 _LAST_POSITION = re.compile(r"\[\d+\]$")
 _LAST_KEY = re.compile(r"\.[^.]*$")
@@ -28,19 +29,91 @@ def shown(value: object, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+MAX_PROBLEMS = 50
+"""Most problems an error lists, then ``... and N more problems``: a hostile file cannot flood
+the terminal."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One problem of a playbook file: its ``source`` (the file's name), the field ``path`` (""
+    for the file as a whole), the ``message`` and the ``line`` when it is known."""
+
+    source: str
+    path: str
+    message: str
+    line: int | None = None
+
+    def __str__(self) -> str:
+        """One line: ``file[:line]: [path: ]message``, control characters escaped, cut to
+        :data:`MAX_MESSAGE` characters."""
+        where = self.source if self.line is None else f"{self.source}:{self.line}"
+        if self.path:
+            where += f": {self.path}"
+        return _clipped(_one_line(f"{where}: {self.message}"))
+
+
 class PlaybookError(ValueError):
-    """An invalid playbook file; ``str()`` is a one-line message naming the file, the line (when
-    known) and the field path (when there is one)."""
+    """An invalid playbook file: its :attr:`problems` (at least one), in file order (by line
+    where known, else in the order found, after those placed). ``str()`` is one line per problem
+    (at most :data:`MAX_PROBLEMS`, then ``... and N more problems``); a single problem reads
+    ``file[:line]: [path: ]message``, on one line. ``source``, ``path``, ``message`` and
+    ``line`` are the first problem's.
+
+    ``PlaybookError(source, path, message, line)`` is one problem; :meth:`of` takes several."""
+
+    problems: tuple[Problem, ...]
+    source: str
+    path: str
+    message: str
+    line: int | None
 
     def __init__(self, source: str, path: str, message: str, line: int | None = None) -> None:
-        self.source = source
-        self.path = path
-        self.message = message
-        self.line = line
-        where = source if line is None else f"{source}:{line}"
-        if path:
-            where += f": {path}"
-        super().__init__(_clipped(_one_line(f"{where}: {message}")))
+        self._hold([Problem(source, path, message, line)])
+
+    @classmethod
+    def of(cls, problems: Iterable[Problem]) -> PlaybookError:
+        """The error listing ``problems`` (at least one; a repeated problem is listed once)."""
+        found = list(problems)
+        if not found:
+            raise ValueError("a PlaybookError needs a problem")
+        error = cls.__new__(cls)
+        error._hold(found)
+        return error
+
+    def _hold(self, problems: list[Problem]) -> None:
+        self.problems = tuple(sorted(dict.fromkeys(problems), key=_file_order))
+        first = self.problems[0]
+        self.source, self.path, self.message, self.line = (
+            first.source,
+            first.path,
+            first.message,
+            first.line,
+        )
+        super().__init__("\n".join(self.lines()))
+
+    def lines(self) -> list[str]:
+        """The lines ``str()`` joins: one per problem, at most :data:`MAX_PROBLEMS` of them,
+        then ``... and N more problems``."""
+        lines = [str(problem) for problem in self.problems[:MAX_PROBLEMS]]
+        hidden = len(self.problems) - MAX_PROBLEMS
+        if hidden > 0:
+            lines.append(f"... and {hidden} more problem{'s' if hidden > 1 else ''}")
+        return lines
+
+    def map(self, change: Callable[[Problem], Problem]) -> PlaybookError:
+        """This error with ``change`` applied to each problem; itself if none changes."""
+        changed = [change(problem) for problem in self.problems]
+        if all(new is old for new, old in zip(changed, self.problems, strict=True)):
+            return self
+        return PlaybookError.of(changed)
+
+    def __reduce__(self) -> tuple[Callable[..., PlaybookError], tuple[tuple[Problem, ...]]]:
+        return PlaybookError.of, (self.problems,)
+
+
+def _file_order(problem: Problem) -> tuple[bool, int]:
+    return problem.line is None, problem.line or 0
 
 
 @dataclass
@@ -110,14 +183,19 @@ class LineMap:
         return None
 
     def locate(self, error: PlaybookError) -> PlaybookError:
-        """``error`` with the line of its field, if it is about this file and a field whose
-        line (or an enclosing field's) is known; otherwise ``error`` itself."""
-        if error.source != self.label or error.line is not None:
-            return error
-        line = self.line_of(error.path) if error.path else None
+        """``error`` with the line of each problem's field, for the problems about this file
+        and a field whose line (or an enclosing field's) is known; ``error`` itself when no
+        problem gains a line."""
+        return error.map(self.place)
+
+    def place(self, problem: Problem) -> Problem:
+        """``problem`` with the line of its field (see :meth:`locate`), else ``problem``."""
+        if problem.source != self.label or problem.line is not None or not problem.path:
+            return problem
+        line = self.line_of(problem.path)
         if line is None:
-            return error
-        return PlaybookError(error.source, error.path, error.message, line)
+            return problem
+        return Problem(problem.source, problem.path, problem.message, line)
 
 
 def _enclosing(path: str) -> str:

@@ -7,6 +7,8 @@ Markdown files) and the field path, e.g.
 
 from __future__ import annotations
 
+import difflib
+import functools
 import importlib.util
 import inspect
 import json
@@ -21,10 +23,17 @@ import yaml
 from pydantic import ValidationError
 from pydantic.alias_generators import to_snake
 
-from .checks import RESERVED_TOOL, ToolNames, check_references, expand_server_tools
-from .errors import LineMap, PlaybookError
+from .checks import (
+    RESERVED_TOOL,
+    ToolNames,
+    check_references,
+    expand_server_tools,
+    unvalidated_references,
+)
+from .errors import LineMap, PlaybookError, Problem
 from .errors import shown as _shown
-from .models import Playbook
+from .inline_tools import bind_definitions, inline_definitions
+from .models import Playbook, ToolDefinition
 from .tools import Tool, tool_of
 
 __all__ = [
@@ -84,18 +93,19 @@ class LoadedPlaybook:
         return cls(expanded, dict(tools or {}), dict(functions or {}), source, servers)
 
 
-def load_playbook(path: str | Path) -> LoadedPlaybook:
-    """Parse, validate and resolve one playbook file: its tools module is imported and its MCP
-    servers are started (see :func:`check_playbook` for a check that runs nothing)."""
+def load_playbook(path: str | Path, tools_module: str | Path | None = None) -> LoadedPlaybook:
+    """Parse, validate and resolve one playbook file: its tools module (the file's own, else
+    ``tools_module``) is imported, its MCP servers are started and its inline tool definitions
+    are bound (see :func:`check_playbook` for a check that runs nothing)."""
     path = Path(path)
     data, locate = _read(path)
     try:
-        return _resolve(data, path, path.name)
+        return _resolve(data, path, path.name, _given(tools_module))
     except PlaybookError as exc:
         raise locate(exc) from None
 
 
-def check_playbook(path: str | Path) -> Playbook:
+def check_playbook(path: str | Path, tools_module: str | Path | None = None) -> Playbook:
     """Parse and validate one playbook file without running anything: the tools module is not
     imported (only found) and no MCP server is started, so tool and function names are checked
     only when the file itself says them all: no ``tools_module``, and every MCP server lists its
@@ -105,20 +115,30 @@ def check_playbook(path: str | Path) -> Playbook:
     data, locate = _read(path)
     try:
         spec = _validate(data, label)
-        if spec.tools_module:
-            _module_file(path.parent / spec.tools_module, label)
-        check_references(spec, path, label, offline_tool_names(spec))
+        module = _module_path(spec, path, _given(tools_module))
+        if module is not None:
+            _module_file(module, label)
+        inline_definitions(spec, label)  # one name, two definitions
+        names = offline_tool_names(spec) if module is None else None
+        check_references(spec, path, label, names)
     except PlaybookError as exc:
         raise locate(exc) from None
     return spec
 
 
 def offline_tool_names(spec: Playbook) -> ToolNames | None:
-    """The tool names ``spec`` can refer to, as far as the file alone tells; None when a tools
-    module or an MCP server taking ``all`` its tools adds names only known once they run."""
+    """The tool names ``spec`` can refer to, as far as the file alone tells (its inline
+    definitions and the MCP servers' listed tools; function names are not known, since a tools
+    module may be given when it runs); None when a tools module or an MCP server taking ``all``
+    its tools adds names only known once they run."""
     if spec.tools_module or any(server.tools == "all" for server in spec.mcp_servers):
         return None
-    return ToolNames(servers={s.name: tuple(s.tools) for s in spec.mcp_servers if s.tools != "all"})
+    entries = [*spec.global_tools, *(entry for stage in spec.stages for entry in stage.tools)]
+    return ToolNames(
+        module=frozenset(e.name for e in entries if isinstance(e, ToolDefinition)),
+        functions=None,
+        servers={s.name: tuple(s.tools) for s in spec.mcp_servers if s.tools != "all"},
+    )
 
 
 def _read(path: Path) -> tuple[Any, Locate]:
@@ -149,24 +169,46 @@ def _validate(data: Any, label: str) -> Playbook:
     try:
         return Playbook.model_validate(data)
     except ValidationError as exc:
-        raise _validation_error(label, exc) from None
+        problems = _validation_problems(label, exc)
+        # the stage ids a transition or the start names, which pydantic cannot check
+        named = {problem.path for problem in problems}
+        problems += [p for p in unvalidated_references(data, label) if p.path not in named]
+        raise PlaybookError.of(problems) from None
 
 
-def _resolve(data: Any, path: Path, label: str) -> LoadedPlaybook:
+def _resolve(data: Any, path: Path, label: str, tools_module: Path | None) -> LoadedPlaybook:
     """Validate a parsed playbook file and load the tools it refers to."""
     spec = _validate(data, label)
     tools: dict[str, Tool] = {}
     functions: dict[str, Callable[..., Any]] = {}
-    if spec.tools_module:
-        module = _import_module(path.parent / spec.tools_module, label)
+    sources: dict[str, str] = {}
+    module_file = _module_path(spec, path, tools_module)
+    if module_file is not None:
+        module = _import_module(module_file, label)
         tools, functions = _collect(module)
+        sources = dict.fromkeys(tools, f"the tools module {module_file.name}")
     servers: dict[str, tuple[str, ...]] = {}
     if spec.mcp_servers:
         by_server = _mcp_tools(spec, path.parent, label, tools)
         servers = {name: tuple(found) for name, found in by_server.items()}
-        for found in by_server.values():
+        for server, found in by_server.items():
             tools.update(found)
+            sources.update(dict.fromkeys(found, f"MCP server {server!r}"))
+    definitions = inline_definitions(spec, label)
+    tools.update(bind_definitions(definitions, tools, sources, label))
     return LoadedPlaybook.from_spec(spec, tools, functions, path, servers)
+
+
+def _given(tools_module: str | Path | None) -> Path | None:
+    return Path(tools_module) if tools_module is not None else None
+
+
+def _module_path(spec: Playbook, path: Path, given: Path | None) -> Path | None:
+    """The tools module: the file's own (relative to it), else the one given (``--tools-module``,
+    relative to the working directory), else none."""
+    if spec.tools_module:
+        return path.parent / spec.tools_module
+    return given
 
 
 def _mcp_tools(
@@ -190,8 +232,11 @@ def _mcp_tools(
     return found
 
 
-def load_playbooks(path: str | Path) -> dict[str, LoadedPlaybook]:
-    """Load one file, or every playbook file in a folder, keyed by playbook id."""
+def load_playbooks(
+    path: str | Path, tools_module: str | Path | None = None
+) -> dict[str, LoadedPlaybook]:
+    """Load one file, or every playbook file in a folder, keyed by playbook id; ``tools_module``
+    serves the files that name none."""
     path = Path(path)
     files = (
         sorted(p for p in path.iterdir() if p.suffix.lower() in PLAYBOOK_SUFFIXES)
@@ -200,7 +245,7 @@ def load_playbooks(path: str | Path) -> dict[str, LoadedPlaybook]:
     )
     loaded: dict[str, LoadedPlaybook] = {}
     for file in files:
-        playbook = load_playbook(file)
+        playbook = load_playbook(file, tools_module)
         if playbook.spec.id in loaded:
             message = f"duplicate playbook id {_shown(playbook.spec.id)}"
             raise PlaybookError(file.name, "id", message)
@@ -318,47 +363,208 @@ def _check_size(data: Any, label: str) -> None:
     walk(data, 0, frozenset())
 
 
-def _validation_error(label: str, exc: ValidationError) -> PlaybookError:
-    errors = exc.errors()
-    first = errors[0]
-    if first["type"] == "missing":
-        # a misspelt key is both missing and unknown: the unknown key names the typo
-        first = next(
-            (
-                e
-                for e in errors
-                if e["type"] == "extra_forbidden" and e["loc"][:-1] == first["loc"][:-1]
-            ),
-            first,
-        )
-    loc = list(first["loc"])
-    if first["type"] == "missing" and loc and isinstance(loc[-1], str):
-        loc[-1] = to_snake(loc[-1])  # pydantic names a missing field by its camelCase alias
-    if first["type"] == "union_tag_invalid":
-        tag = first.get("input", {}).get("type") if isinstance(first.get("input"), dict) else None
-        expected = first["ctx"]["expected_tags"]
-        message = f"unknown condition type {_shown(tag)}; expected one of {expected}"
-    elif first["type"] == "extra_forbidden":
-        message = "unknown field"
+def _validation_problems(label: str, exc: ValidationError) -> list[Problem]:
+    """Every error of ``exc`` as a problem of the file ``label``, located by the field path
+    (without the tags and labels pydantic puts in for a union's members). A smart union (not
+    discriminated) counts as one problem: the errors of the member that got furthest into the
+    value, or one message for all when none got past the union's own value. A required field
+    missing beside an unknown key that looks like a misspelling of it is the unknown key only."""
+    errors = [(*_schema_loc(error["loc"]), error) for error in exc.errors()]
+    problems = []
+    for parts, _, error in _without_misspelt(_one_member_each(errors)):
+        if error["type"] == "missing" and parts and isinstance(parts[-1], str):
+            parts = [*parts[:-1], to_snake(parts[-1])]  # pydantic names it by its camelCase alias
+        if error["type"] == "union_tag_invalid":
+            given = error.get("input")
+            tag = given.get("type") if isinstance(given, dict) else None
+            expected = error["ctx"]["expected_tags"]
+            message = f"unknown condition type {_shown(tag)}; expected one of {expected}"
+        elif error["type"] == "extra_forbidden":
+            message = "unknown field"
+        else:
+            message = error["msg"]
+        problems.append(Problem(label, _format_loc(parts), message))
+    return problems
+
+
+_Loc = list[int | str]
+_Error = tuple[_Loc, tuple[int, str] | None, Any]
+"""An error's location without union tags, where its outermost smart union is (the length of
+the location up to it, and the member's label) and the pydantic error itself."""
+
+
+def _one_member_each(errors: list[_Error]) -> list[_Error]:
+    """``errors`` with those inside each smart union narrowed to one member's (see
+    :func:`_validation_problems`), in the place of the union's first error."""
+    order: list[_Error | _UnionAt] = []
+    unions: dict[_UnionAt, dict[str, list[_Error]]] = {}
+    for entry in errors:
+        parts, union, _ = entry
+        if union is None:
+            order.append(entry)
+            continue
+        key = _UnionAt(parts[: union[0]])
+        if key not in unions:
+            unions[key] = {}
+            order.append(key)
+        unions[key].setdefault(union[1], []).append(entry)
+    narrowed: list[_Error] = []
+    for item in order:
+        if isinstance(item, _UnionAt):
+            narrowed.extend(_one_member(list(item), unions[item]))
+        else:
+            narrowed.append(item)
+    return narrowed
+
+
+class _UnionAt(tuple[int | str, ...]):
+    """A smart union's place: the path to it."""
+
+    __slots__ = ()
+
+
+def _one_member(at: _Loc, members: dict[str, list[_Error]]) -> list[_Error]:
+    depth = len(at)
+    if all(len(parts) == depth for errors in members.values() for parts, _, _ in errors):
+        messages = list(dict.fromkeys(e["msg"] for errors in members.values() for *_, e in errors))
+        joined = messages[0] + "".join(f", or {_lowered(m)}" for m in messages[1:])
+        return [(at, None, {"type": "union", "msg": joined})]
+    return max(members.values(), key=lambda errors: max(len(parts) for parts, _, _ in errors))
+
+
+def _lowered(message: str) -> str:
+    """``Input should be ...`` as ``input should be ...``, an acronym left as it is."""
+    return message[:1].lower() + message[1:] if message[1:2].islower() else message
+
+
+def _without_misspelt(errors: list[_Error]) -> list[_Error]:
+    """``errors`` without a missing field that an unknown key beside it misspells (the unknown
+    key names the typo; each unknown key explains one missing field at most)."""
+    unknown: dict[tuple[int | str, ...], list[str]] = {}
+    for parts, _, error in errors:
+        if error["type"] == "extra_forbidden" and parts and isinstance(parts[-1], str):
+            unknown.setdefault(tuple(parts[:-1]), []).append(_snake(parts[-1]))
+    kept = []
+    for entry in errors:
+        parts, _, error = entry
+        beside = unknown.get(tuple(parts[:-1]), []) if error["type"] == "missing" else []
+        if beside and isinstance(parts[-1], str):
+            typo = difflib.get_close_matches(_snake(parts[-1]), beside, n=1)
+            if typo:
+                beside.remove(typo[0])
+                continue
+        kept.append(entry)
+    return kept
+
+
+def _snake(key: str) -> str:
+    """``key`` in snake case; a key longer than any field's name as it is (to_snake takes
+    quadratic time on a long run of capitals)."""
+    return to_snake(key) if len(key) <= 64 else key
+
+
+def _schema_loc(loc: tuple[int | str, ...]) -> tuple[_Loc, tuple[int, str] | None]:
+    """A pydantic error location as the file's field path, found by following the playbook's
+    schema: without a discriminated union member's tag (``condition.intent.intent`` is the
+    ``intent`` field of an intent condition) nor a smart union member's label (``list[str]``).
+    Also where the outermost smart union is: the path's length up to it and the label."""
+    refs = _schema_refs()
+    schema = _unwrapped(Playbook.__pydantic_core_schema__, refs)
+    parts: _Loc = []
+    union: tuple[int, str] | None = None
+    for part in loc:
+        kind = schema.get("type") if schema is not None else None
+        if schema is None:
+            parts.append(part)  # past what the schema tells: a key of the file
+        elif kind == "tagged-union" and str(part) in (tags := _index(schema)):
+            schema = _unwrapped(tags[str(part)], refs)  # the member's tag, not a key of the file
+        elif kind == "union" and isinstance(part, str):  # the member's label
+            if union is None:
+                union = (len(parts), part)
+            labelled = (choice for choice in schema["choices"] if isinstance(choice, tuple))
+            schema = next((_unwrapped(c[0], refs) for c in labelled if c[1] == part), None)
+        elif kind == "model-fields" and isinstance(part, str):
+            parts.append(part)
+            schema = _unwrapped(_index(schema).get(part), refs)
+        elif kind in ("list", "set", "frozenset", "dict"):
+            parts.append(part)
+            schema = _unwrapped(
+                schema.get("values_schema" if kind == "dict" else "items_schema"), refs
+            )
+        else:
+            parts.append(part)
+            schema = None
+    return parts, union
+
+
+_INDEXES: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
+"""Each schema :func:`_index` was asked about (kept, so its id is not reused) and its index."""
+
+
+def _index(schema: dict[str, Any]) -> dict[str, Any]:
+    """A discriminated union's members by tag, or a model's field schemas by each key they are
+    read from (the field's name and its validation aliases); made once for each schema."""
+    known = _INDEXES.get(id(schema))
+    if known is not None and known[0] is schema:
+        return known[1]
+    index: dict[str, Any] = {}
+    if schema["type"] == "tagged-union":
+        index = {str(tag): choice for tag, choice in schema["choices"].items()}
     else:
-        message = first["msg"]
-    others = len(errors) - 1
-    more = f" (and {others} more problem{'s' if others > 1 else ''})" if others else ""
-    return PlaybookError(label, _format_loc(loc), message + more)
+        for name, field_schema in schema["fields"].items():
+            alias = field_schema.get("validation_alias")
+            for choice in [name, *(alias if isinstance(alias, list) else [alias])]:
+                first = choice[0] if isinstance(choice, list) and choice else choice
+                if isinstance(first, str):
+                    index.setdefault(first, field_schema["schema"])
+    _INDEXES[id(schema)] = (schema, index)
+    return index
 
 
-# Fields holding a union: pydantic puts the member's tag in the location, after the field name.
-_UNION_FIELDS = frozenset({"condition", "tool_choice", "toolChoice"})
+_WRAPPERS = frozenset(
+    {"default", "nullable", "function-before", "function-after", "function-wrap", "model"}
+)
 
 
-def _format_loc(loc: list[int | str]) -> str:
+def _unwrapped(schema: Any, refs: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The schema that validates a value's content, through defaults, nullables, validator
+    functions, models and references; None when it is not known."""
+    for _ in range(100):
+        if not isinstance(schema, dict):
+            return None
+        kind = schema.get("type")
+        if kind == "definition-ref":
+            schema = refs.get(schema.get("schema_ref", ""))
+        elif kind in _WRAPPERS or kind == "definitions":
+            schema = schema.get("schema")
+        else:
+            return schema
+    return None
+
+
+@functools.cache
+def _schema_refs() -> dict[str, Any]:
+    """The playbook schema's definitions by reference."""
+    refs: dict[str, Any] = {}
+    stack: list[Any] = [Playbook.__pydantic_core_schema__]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if isinstance(node.get("ref"), str) and "type" in node:
+                refs.setdefault(node["ref"], node)
+            stack.extend(node.values())
+        elif isinstance(node, list | tuple):
+            stack.extend(node)
+    return refs
+
+
+def _format_loc(loc: _Loc) -> str:
     out = ""
-    for index, part in enumerate(loc):
-        if index and loc[index - 1] in _UNION_FIELDS and isinstance(part, str):
-            continue  # the union member's tag, not a key of the file
+    for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
         else:
+            part = part or "''"  # an empty key, named all the same
             out += f".{part}" if out else part
     return out
 

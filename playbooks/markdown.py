@@ -10,7 +10,11 @@ else: playbook fields, ``transitions`` in the YAML form and per-stage options un
 
 :func:`compile_markdown` returns the data with a :class:`~playbooks.errors.LineMap`; the loader
 validates the data like a YAML file's and passes any :class:`PlaybookError` through
-:func:`locate`, so every error reads ``file.md:LINE: message``.
+:func:`locate`, so every problem reads ``file.md:LINE: message``. A malformed document lists
+every problem of its body (a bad heading, section line or trigger...) in one error, except for
+those after which the rest cannot be read: a front matter's YAML error, text or a stage before
+the ``#`` heading. Problems of the body's structure come before those of the compiled playbook:
+the playbook is checked once its body reads.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from .errors import LineMap, PlaybookError
+from .errors import LineMap, PlaybookError, Problem
 from .errors import shown as _shown
 from .loader import MAX_VALUES, _SafeLoader
 
@@ -80,6 +84,20 @@ class _Document:
     stages: list[_Stage] = field(default_factory=list)
     lines: dict[str, int] = field(default_factory=dict)
     """The line of each stage id."""
+    problems: list[Problem] = field(default_factory=list)
+
+    def problem(self, line: int, message: str) -> None:
+        """Note a problem at ``line``; the document is refused once read."""
+        self.problems.append(Problem(self.label, "", message, line))
+
+    def stop(self, line: int, message: str) -> PlaybookError:
+        """The error to raise at a problem after which the rest cannot be read."""
+        return PlaybookError.of([*self.problems, Problem(self.label, "", message, line)])
+
+    def check(self) -> None:
+        """Raise the problems noted, if any."""
+        if self.problems:
+            raise PlaybookError.of(self.problems)
 
 
 def compile_markdown(text: str, label: str) -> tuple[dict[str, Any], LineMap]:
@@ -90,11 +108,14 @@ def compile_markdown(text: str, label: str) -> tuple[dict[str, Any], LineMap]:
         lines.pop()
     front, body_start, where = _front_matter(lines, label)
     doc = _parse_body(lines, body_start, label)
+    doc.check()
     if doc.name is None:
         raise _error(label, max(body_start, 1), "no '# Playbook name' heading")
     if not doc.stages:
         raise _error(label, doc.name_line, "no '## Stage' heading: a playbook needs a stage")
-    return _assemble(doc, front, where), where
+    data = _assemble(doc, front, where)
+    doc.check()
+    return data, where
 
 
 def _front_matter(lines: list[str], label: str) -> tuple[dict[str, Any], int, LineMap]:
@@ -142,39 +163,39 @@ def _parse_body(lines: list[str], start: int, label: str) -> _Document:
             level, title = heading
             if level == 1:
                 if doc.name is not None:
-                    raise _error(label, number, "a second '#' heading: one playbook per file")
-                doc.name, doc.name_line = title, number
+                    doc.problem(number, "a second '#' heading: one playbook per file")
+                else:
+                    doc.name, doc.name_line = title, number
             elif level == 2:
                 if doc.name is None:
-                    raise _error(label, number, "a stage before the '# Playbook name' heading")
+                    raise doc.stop(number, "a stage before the '# Playbook name' heading")
                 stage, section = _new_stage(doc, title, number), None
                 doc.stages.append(stage)
+            elif stage is None:
+                doc.problem(number, f"'### {title}' outside a '##' stage")
+            elif title.lower() not in _SECTIONS:
+                message = f"unknown section {_shown(title)}; expected Steps, Triggers or Tools"
+                doc.problem(number, message)
+                section = None  # its lines are the stage's text
             else:
-                if stage is None:
-                    raise _error(label, number, f"'### {title}' outside a '##' stage")
                 section = title.lower()
-                if section not in _SECTIONS:
-                    raise _error(
-                        label,
-                        number,
-                        f"unknown section {_shown(title)}; expected Steps, Triggers or Tools",
-                    )
                 if section in stage.sections:
                     first = stage.sections[section]
-                    raise _error(label, number, f"a second '### {title}' (first at line {first})")
-                stage.sections[section] = number
+                    doc.problem(number, f"a second '### {title}' (first at line {first})")
+                else:
+                    stage.sections[section] = number
             continue
         if doc.name is None:
             if raw.strip():
-                raise _error(label, number, "text before the '# Playbook name' heading")
+                raise doc.stop(number, "text before the '# Playbook name' heading")
         elif stage is None:
             doc.text.append(raw)
         elif section is None or fenced:
             (stage.steps if section == "steps" else stage.text).append(raw)
         elif raw.strip():
-            _section_line(stage, section, raw, number, label)
+            _section_line(doc, stage, section, raw, number)
     if fenced:
-        raise _error(label, len(lines), "a code block is never closed")
+        doc.problem(len(lines), "a code block is never closed")
     return doc
 
 
@@ -204,45 +225,52 @@ def _new_stage(doc: _Document, title: str, number: int) -> _Stage:
     name = title[: explicit.start()].strip() if explicit else title
     stage_id = explicit.group(1) if explicit else slug(name)
     if not name:
-        raise _error(doc.label, number, "a stage heading needs a title")
-    if not stage_id:
-        raise _error(doc.label, number, f"no id can be made of {_shown(name)}: add {{#id}}")
-    if stage_id in doc.lines:
+        doc.problem(number, "a stage heading needs a title")
+    elif not stage_id:
+        doc.problem(number, f"no id can be made of {_shown(name)}: add {{#id}}")
+    elif stage_id in doc.lines:
         message = f"duplicate stage id {_shown(stage_id)} (line {doc.lines[stage_id]})"
-        raise _error(doc.label, number, message)
-    doc.lines[stage_id] = number
-    return _Stage(name, stage_id, number)
+        doc.problem(number, message)
+    else:
+        doc.lines[stage_id] = number
+    return _Stage(name, stage_id, number)  # refused with the document if it has a problem
 
 
-def _section_line(stage: _Stage, section: str, raw: str, number: int, label: str) -> None:
+def _section_line(doc: _Document, stage: _Stage, section: str, raw: str, number: int) -> None:
+    """Add a line of a ``### Steps``, ``### Triggers`` or ``### Tools`` section to ``stage``,
+    or note why it cannot be."""
     if section == "steps":
         if not _STEP.match(raw) and not (raw[:1].isspace() and stage.steps):
-            raise _error(label, number, "a step is a numbered line: '1. Ask for ...'")
-        stage.steps.append(raw.rstrip())
+            doc.problem(number, "a step is a numbered line: '1. Ask for ...'")
+        else:
+            stage.steps.append(raw.rstrip())
         return
     bullet = _bullet(raw)
     if section == "triggers":
         parts = _ARROW.split(bullet) if bullet else []
         if len(parts) != 2 or not parts[0].strip() or not parts[1].strip():
-            raise _error(label, number, "a trigger is a bullet: '- <condition> → <stage>'")
-        condition = parts[0].strip().rstrip(".")
-        stage.triggers.append((condition, parts[1].strip().strip("`"), number))
+            doc.problem(number, "a trigger is a bullet: '- <condition> → <stage>'")
+        else:
+            condition = parts[0].strip().rstrip(".")
+            stage.triggers.append((condition, parts[1].strip().strip("`"), number))
         return
     tool = _TOOL.match(bullet) if bullet else None
     if tool is None:
-        raise _error(label, number, "a tool is a bullet with its name: '- lookup_order'")
-    stage.tools.append((tool.group(1), number))
+        doc.problem(number, "a tool is a bullet with its name: '- lookup_order'")
+    else:
+        stage.tools.append((tool.group(1), number))
 
 
 def _assemble(doc: _Document, front: dict[str, Any], where: LineMap) -> dict[str, Any]:
-    label = doc.label
+    """The playbook's data; its problems noted in ``doc`` (the data is then not to be used)."""
     for key, source in _FROM_BODY.items():
         if key in front:
-            raise _error(label, _line(where, key), f"{key}: set by {source}, not front matter")
+            doc.problem(_line(where, key), f"{key}: set by {source}, not front matter")
     ids = {stage.id: i for i, stage in enumerate(doc.stages)}  # a dict: thousands of stages
     options = front.pop("stages", None) or {}
     if not isinstance(options, dict):
-        raise _error(label, _line(where, "stages"), "stages: a mapping of stage id to options")
+        doc.problem(_line(where, "stages"), "stages: a mapping of stage id to options")
+        options = {}
     front_lines = dict(where.lines)
     where.lines.clear()
     for path, line in front_lines.items():  # front matter paths -> compiled data paths
@@ -251,21 +279,24 @@ def _assemble(doc: _Document, front: dict[str, Any], where: LineMap) -> dict[str
             where.lines.setdefault(path, line)  # already normal: add() would redo it
         elif match.group(1) in ids:
             where.lines.setdefault(f"stages[{ids[match.group(1)]}]{match.group(2)}", line)
-    for stage_id, extra in options.items():
+    for stage_id, extra in list(options.items()):
         line = front_lines.get(f"stages.{stage_id}", 1)
         if stage_id not in ids:
             message = f"stages: no stage {_shown(stage_id)} in this file (stages: {', '.join(ids)})"
-            raise _error(label, line, message)
-        if not isinstance(extra, dict):
-            raise _error(label, line, f"stages.{stage_id}: a mapping of stage options")
-        for key, source in _STAGE_FROM_BODY.items():
-            if key in extra:
-                key_line = front_lines.get(f"stages.{stage_id}.{key}", line)
-                raise _error(label, key_line, f"{key}: set by {source}, not front matter")
+            doc.problem(line, message)
+        elif not isinstance(extra, dict):
+            doc.problem(line, f"stages.{stage_id}: a mapping of stage options")
+            del options[stage_id]
+        else:
+            for key, source in _STAGE_FROM_BODY.items():
+                if key in extra:
+                    key_line = front_lines.get(f"stages.{stage_id}.{key}", line)
+                    doc.problem(key_line, f"{key}: set by {source}, not front matter")
 
     listed = front.pop("transitions", None) or []
     if not isinstance(listed, list):
-        raise _error(label, _line(where, "transitions"), "transitions: a list of transitions")
+        doc.problem(_line(where, "transitions"), "transitions: a list of transitions")
+        listed = []
     transitions: list[Any] = list(listed)
     taken = {t["id"] for t in transitions if isinstance(t, dict) and isinstance(t.get("id"), str)}
     stages: list[dict[str, Any]] = []
@@ -277,7 +308,7 @@ def _assemble(doc: _Document, front: dict[str, Any], where: LineMap) -> dict[str
             {
                 "id": stage.id,
                 "name": stage.title,
-                "system_prompt": _prompt(stage, label),
+                "system_prompt": _prompt(doc, stage),
                 "tools": [name for name, _ in stage.tools],
                 **options.get(stage.id, {}),
             }
@@ -285,8 +316,8 @@ def _assemble(doc: _Document, front: dict[str, Any], where: LineMap) -> dict[str
         for condition, target, line in stage.triggers:
             target_id = target if target in ids else slug(target)
             if target_id not in ids:
-                message = f"unknown stage {_shown(target)} (stages: {', '.join(ids)})"
-                raise _error(label, line, message)
+                doc.problem(line, f"unknown stage {_shown(target)} (stages: {', '.join(ids)})")
+                continue
             transition_id = _unique(f"{stage.id}_to_{target_id}", taken)
             where.add(f"transitions[{len(transitions)}]", line)
             transitions.append(
@@ -318,13 +349,13 @@ def _assemble(doc: _Document, front: dict[str, Any], where: LineMap) -> dict[str
     return data
 
 
-def _prompt(stage: _Stage, label: str) -> str:
+def _prompt(doc: _Document, stage: _Stage) -> str:
     text = "\n".join(stage.text).strip()
     steps = "\n".join(stage.steps).strip()
     if steps:
         text = f"{text}\n\n{STEPS_INTRO}\n{steps}" if text else f"{STEPS_INTRO}\n{steps}"
     if not text:
-        raise _error(label, stage.line, f"stage {_shown(stage.id)} has no prompt text or steps")
+        doc.problem(stage.line, f"stage {_shown(stage.id)} has no prompt text or steps")
     return text
 
 
@@ -338,14 +369,18 @@ def _unique(base: str, taken: set[Any]) -> str:
 
 
 def locate(where: LineMap, error: PlaybookError) -> PlaybookError:
-    """``error`` as ``file.md:LINE: [field: ]message`` (line 1 when its field's is unknown):
-    the compiled data's paths are not what the author wrote, so only the field's own key is
-    named, and not at all when it is a list position."""
-    if error.source != where.label or error.line is not None:  # from elsewhere, or placed
-        return error
-    last = re.split(r"[.\[]", error.path)[-1] if error.path else ""
+    """``error`` with each problem as ``file.md:LINE: [field: ]message`` (line 1 when its
+    field's is unknown): the compiled data's paths are not what the author wrote, so only the
+    field's own key is named, and not at all when it is a list position."""
+    return error.map(lambda problem: _placed(where, problem))
+
+
+def _placed(where: LineMap, problem: Problem) -> Problem:
+    if problem.source != where.label or problem.line is not None:  # from elsewhere, or placed
+        return problem
+    last = re.split(r"[.\[]", problem.path)[-1] if problem.path else ""
     prefix = f"{last}: " if last and not last.endswith("]") else ""
-    return _error(where.label, _line(where, error.path), prefix + error.message)
+    return Problem(where.label, "", prefix + problem.message, _line(where, problem.path))
 
 
 def _line(where: LineMap, path: str) -> int:

@@ -24,7 +24,7 @@ import re
 import threading
 from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Any
 
 import anyio
 import httpx
@@ -32,9 +32,9 @@ from mcp import ClientSession, McpError, StdioServerParameters, stdio_client
 from mcp import types as mcp_types
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
-from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from .models import McpServer
+from .schema import UNSET, arguments_model, plain
 from .tools import Tool, ToolError, _strip_titles
 
 __all__ = ["McpLoadError", "close_mcp_sessions", "mcp_tools"]
@@ -284,11 +284,11 @@ def _tool(connection: _Connection, spec: mcp_types.Tool) -> Tool:
     _strip_titles(schema)
     schema.setdefault("type", "object")
     schema.setdefault("properties", {})
-    model, aliases = _arguments_model(spec.name, schema)
+    model, aliases = arguments_model(spec.name, schema)
     name = spec.name
 
     async def call(**arguments: Any) -> str:
-        sent = {aliases[k]: _plain(v) for k, v in arguments.items() if v is not _UNSET}
+        sent = {aliases[k]: plain(v) for k, v in arguments.items() if v is not UNSET}
         future = asyncio.run_coroutine_threadsafe(
             connection.call(name, sent, retry=read_only), _Loop.get()
         )
@@ -334,122 +334,3 @@ def _describe(exc: BaseException) -> str:
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-
-
-# --- JSON Schema to pydantic -----------------------------------------------------------------
-
-
-class _Unset:
-    def __repr__(self) -> str:
-        return "<unset>"
-
-
-_UNSET: Any = _Unset()
-"""The default of an optional argument the LLM left out: not sent to the server."""
-_SIMPLE: dict[str, Any] = {
-    "string": str,
-    "integer": int,
-    "number": float,
-    "boolean": bool,
-    "null": type(None),
-}
-_CONSTRAINTS = {
-    "minimum": "ge",
-    "maximum": "le",
-    "exclusiveMinimum": "gt",
-    "exclusiveMaximum": "lt",
-    "minLength": "min_length",
-    "maxLength": "max_length",
-    "pattern": "pattern",
-    "minItems": "min_length",
-    "maxItems": "max_length",
-}
-
-
-def _arguments_model(name: str, schema: dict[str, Any]) -> tuple[type[BaseModel], dict[str, str]]:
-    """A model validating the tool's arguments, and its field names mapped to the JSON keys."""
-    defs = {**schema.get("definitions", {}), **schema.get("$defs", {})}
-    extra: Literal["allow", "forbid"] = "allow" if schema.get("additionalProperties") else "forbid"
-    model = _object_model(f"{name}_arguments", schema, defs, 0, extra=extra, top=True)
-    aliases = {f"f{i}": key for i, key in enumerate(schema.get("properties", {}))}
-    return model, aliases
-
-
-def _object_model(
-    name: str,
-    schema: dict[str, Any],
-    defs: dict[str, Any],
-    depth: int,
-    *,
-    extra: Literal["allow", "forbid", "ignore"] = "allow",
-    top: bool = False,
-) -> type[BaseModel]:
-    required = set(schema.get("required", []))
-    fields: dict[str, Any] = {}
-    for i, (key, prop) in enumerate(schema.get("properties", {}).items()):
-        annotation = _annotation(prop if isinstance(prop, dict) else {}, defs, depth + 1)
-        if key in required:
-            default: Any = ...
-        elif top:
-            default = _UNSET
-        else:
-            default = None
-        fields[f"f{i}"] = (annotation, Field(default, alias=key))
-    return create_model(name, __config__=ConfigDict(extra=extra, populate_by_name=False), **fields)
-
-
-def _annotation(schema: dict[str, Any], defs: dict[str, Any], depth: int) -> Any:
-    if depth > 16:
-        return Any
-    ref = schema.get("$ref")
-    if isinstance(ref, str):
-        target = defs.get(ref.rsplit("/", 1)[-1])
-        return _annotation(target, defs, depth + 1) if isinstance(target, dict) else Any
-    if "const" in schema:
-        return Literal[schema["const"]]
-    if isinstance(schema.get("enum"), list) and schema["enum"]:
-        return Literal[tuple(schema["enum"])]
-    for key in ("anyOf", "oneOf"):
-        options = schema.get(key)
-        if isinstance(options, list) and options:
-            members = tuple(_annotation(o, defs, depth + 1) for o in options if isinstance(o, dict))
-            return Union[members] if members else Any  # noqa: UP007
-    all_of = schema.get("allOf")
-    if isinstance(all_of, list) and len(all_of) == 1 and isinstance(all_of[0], dict):
-        return _annotation(all_of[0], defs, depth + 1)
-    kind = schema.get("type")
-    if isinstance(kind, list):
-        members = tuple(_annotation({**schema, "type": k}, defs, depth + 1) for k in kind)
-        return Union[members] if members else Any  # noqa: UP007
-    if kind == "array":
-        items = schema.get("items")
-        inner = _annotation(items, defs, depth + 1) if isinstance(items, dict) else Any
-        return _constrained(list[inner], schema)  # type: ignore[valid-type]
-    if kind == "object":
-        if isinstance(schema.get("properties"), dict) and schema["properties"]:
-            return _object_model(f"object_{depth}", schema, defs, depth)
-        return dict[str, Any]
-    if kind in _SIMPLE:
-        return _constrained(_SIMPLE[kind], schema)
-    return Any
-
-
-def _constrained(annotation: Any, schema: dict[str, Any]) -> Any:
-    found = {arg: schema[key] for key, arg in _CONSTRAINTS.items() if key in schema}
-    return Annotated[annotation, Field(**found)] if found else annotation
-
-
-def _plain(value: Any) -> Any:
-    """A validated value as JSON data, leaving out the nested fields the LLM did not give."""
-    if isinstance(value, BaseModel):
-        data = {
-            (info.alias or key): _plain(getattr(value, key))
-            for key, info in type(value).model_fields.items()
-            if key in value.model_fields_set
-        }
-        return {**data, **{k: _plain(v) for k, v in (value.model_extra or {}).items()}}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    return value

@@ -9,7 +9,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 __all__ = [
@@ -32,6 +41,8 @@ __all__ = [
     "TimeoutCondition",
     "ToolCallCondition",
     "ToolChoice",
+    "ToolDefinition",
+    "ToolEntry",
     "Transition",
     "TransitionAction",
     "Voice",
@@ -63,10 +74,11 @@ class LLMConfig(_Model):
 
 
 class NamedToolChoice(_Model):
-    """Force one specific tool in the first round of a turn."""
+    """Force one specific tool in the first round of a turn: ``{"type": "tool", "toolName":
+    ...}`` (the spec's form) or ``{"name": ...}`` (llmrtc's)."""
 
     type: Literal["tool"] = "tool"
-    tool_name: str
+    tool_name: str = Field(validation_alias=AliasChoices("toolName", "tool_name", "name"))
 
 
 def _tool_choice_kind(value: Any) -> str:
@@ -87,6 +99,67 @@ ToolChoice = Annotated[
     | Annotated[NamedToolChoice, Tag("tool")],
     Discriminator(_tool_choice_kind),
 ]
+
+
+TOOL_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+"""What OpenAI-compatible APIs accept as a function name."""
+
+
+class ToolDefinition(_Model):
+    """A tool declared in the playbook itself (llmrtc's ``ToolDefinition``): what the LLM is
+    offered and what its arguments are checked against. It is bound by ``name`` to a tool of
+    the tools module or of an MCP server, or, with ``url``, to an HTTP endpoint that receives
+    the arguments as a JSON POST and answers with the result."""
+
+    name: str = Field(pattern=TOOL_NAME_PATTERN)
+    description: str
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+    """A JSON Schema of type ``object``."""
+    execution_policy: Literal["parallel", "sequential"] | None = None
+    """llmrtc's hint; Vocable runs a round's calls concurrently either way."""
+    url: str | None = Field(default=None, pattern=r"^https?://")
+    """Vocable: the HTTP tool's endpoint (POST, JSON arguments in, the response body out)."""
+    headers: dict[str, str] = Field(default_factory=dict)
+    """Vocable: headers of the HTTP tool's requests (e.g. ``Authorization``)."""
+    timeout_ms: int = Field(default=10_000, gt=0)
+    """Vocable: the HTTP tool's time limit per call."""
+
+    @field_validator("parameters")
+    @classmethod
+    def _object_schema(cls, schema: dict[str, Any]) -> dict[str, Any]:
+        if schema.get("type", "object") != "object":
+            raise ValueError("must be a JSON Schema of type object")
+        properties = schema.get("properties", {})
+        if not isinstance(properties, dict) or not all(
+            isinstance(prop, dict) for prop in properties.values()
+        ):
+            raise ValueError("properties must map each argument to a JSON Schema object")
+        required = schema.get("required", [])
+        if not isinstance(required, list) or not set(required) <= set(properties):
+            raise ValueError("required must list properties of the schema")
+        return {"type": "object", **schema}
+
+    @model_validator(mode="after")
+    def _http_settings_need_a_url(self) -> ToolDefinition:
+        if self.url is None and self.headers:
+            raise ValueError("headers apply to an HTTP tool (one with a url)")
+        return self
+
+
+def _tool_entry_kind(value: Any) -> str:
+    return "name" if isinstance(value, str) else "definition"
+
+
+ToolEntry = Annotated[
+    Annotated[str, Tag("name")] | Annotated[ToolDefinition, Tag("definition")],
+    Discriminator(_tool_entry_kind),
+]
+"""A ``tools`` / ``global_tools`` entry: a tool's name, ``mcp:<server>``, or a definition."""
+
+
+def tool_names(entries: list[ToolEntry]) -> list[str]:
+    """The names of ``entries``, in order."""
+    return [entry if isinstance(entry, str) else entry.name for entry in entries]
 
 
 class KeywordCondition(_Model):
@@ -139,10 +212,27 @@ class TimeoutCondition(_Model):
 
 
 class CustomCondition(_Model):
-    """A function of the tools module, given a ``TransitionContext``; may be async."""
+    """A function of the tools module, given a ``TransitionContext``; may be async. Named by
+    ``function`` or, as llmrtc calls it, ``evaluate``."""
 
     type: Literal["custom"]
-    function: str = Field(min_length=1)
+    function: str = Field(
+        min_length=1, validation_alias=AliasChoices("function", "evaluate"), alias="function"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _named_function(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "function" not in data:
+            evaluate = data.get("evaluate")
+            if evaluate is None:
+                raise ValueError(
+                    'a custom condition names its function: "evaluate": "<a function of '
+                    "the tools module>\" (llmrtc's evaluate code does not survive JSON)"
+                )
+            if not isinstance(evaluate, str):
+                raise ValueError("evaluate must name a function of the tools module, not hold code")
+        return data
 
 
 Condition = Annotated[
@@ -230,14 +320,28 @@ class Delegation(_Model):
     """Each worker's time limit (its LLM calls and tools together)."""
 
 
+def _hook_name(value: Any) -> Any:
+    """``on_enter`` / ``on_exit`` must name a function; llmrtc's code cannot come from JSON."""
+    if value is not None and not isinstance(value, str):
+        raise ValueError("must name a function of the tools module, not hold code")
+    return value
+
+
 class Stage(_Model):
     id: str = Field(min_length=1)
     name: str = Field(min_length=1)
     description: str | None = None
     system_prompt: str
-    tools: list[str] = Field(default_factory=list)
-    """Tool names; an entry ``mcp:<server>`` takes every tool of that MCP server (after its
-    ``tools`` filter)."""
+    tools: list[ToolEntry] = Field(default_factory=list)
+    """Tool names or inline definitions; an entry ``mcp:<server>`` takes every tool of that MCP
+    server (after its ``tools`` filter)."""
+    on_enter: str | None = Field(default=None, min_length=1)
+    """A function of the tools module called with a ``StageContext`` when the conversation
+    enters this stage (llmrtc's ``onEnter``); may be async."""
+    on_exit: str | None = Field(default=None, min_length=1)
+    """The same when it leaves the stage (llmrtc's ``onExit``)."""
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    """Free-form; given to tools and hooks, and in ``stage_entered`` events."""
     llm_config: LLMConfig = Field(default_factory=LLMConfig)
     two_phase_execution: bool = True
     interruptible: bool = True
@@ -262,6 +366,12 @@ class Stage(_Model):
     tools). A delegation worker runs its own mode, without transitions."""
     delegates: Delegation | None = None
     """Worker stages this stage may delegate to (the ``delegate`` tool is then offered)."""
+
+    _hooks_named = field_validator("on_enter", "on_exit", mode="before")(_hook_name)
+
+    @property
+    def tool_names(self) -> list[str]:
+        return tool_names(self.tools)
 
 
 class McpServer(_Model):
@@ -294,13 +404,21 @@ class Playbook(_Model):
     id: str = Field(min_length=1)
     name: str = Field(min_length=1)
     description: str | None = None
+    version: str | None = None
+    """The author's version of the playbook; ``vocable playbook check`` shows it."""
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    """Free-form; given to tools and hooks."""
     initial_stage: str
     stages: list[Stage] = Field(min_length=1)
     transitions: list[Transition] = Field(default_factory=list)
     global_system_prompt: str | None = None
-    global_tools: list[str] = Field(default_factory=list)
-    """Tools offered in every stage; ``mcp:<server>`` as in a stage's ``tools``."""
-    default_llm_config: LLMConfig = Field(default_factory=LLMConfig)
+    global_tools: list[ToolEntry] = Field(default_factory=list)
+    """Tools offered in every stage; names, ``mcp:<server>`` or definitions as in a stage's
+    ``tools``."""
+    default_llm_config: LLMConfig = Field(
+        default_factory=LLMConfig,
+        validation_alias=AliasChoices("defaultLLMConfig", "defaultLlmConfig", "default_llm_config"),
+    )
     tools_module: str | None = None
     mcp_servers: list[McpServer] = Field(default_factory=list)
     persona: Persona | None = None
@@ -312,6 +430,18 @@ class Playbook(_Model):
     language: str | None = None
     """The language the conversation starts in (a key of ``languages`` when there are any);
     None: no language line in the prompt until ``set_language`` is called."""
+
+    @property
+    def global_tool_names(self) -> list[str]:
+        return tool_names(self.global_tools)
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _version_text(cls, value: Any) -> Any:
+        """``version: 2`` in YAML is a number: the version is its text."""
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return str(value)
+        return value
 
     def stage(self, stage_id: str) -> Stage:
         for stage in self.stages:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import inspect
 import json
 import logging
 import re
@@ -18,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .context import PlaybookContext, provide_context
 from .delegation import Delegator
 from .engine import EngineSnapshot, IntentResult, PlaybookEngine
 from .events import EventBus, EventHandler, EventType
@@ -25,7 +27,7 @@ from .history import Conversation, Message
 from .identity import language_instruction
 from .llm import ChatClient, ChatRequest, LLMError
 from .loader import LoadedPlaybook
-from .models import NamedToolChoice, Transition
+from .models import NamedToolChoice, Stage, Transition
 from .turn import Turn
 
 __all__ = ["OrchestratorOptions", "PlaybookOrchestrator", "Snapshot", "Turn"]
@@ -71,6 +73,8 @@ class PlaybookOrchestrator:
             playbook, self._events.emit, max_tool_calls=self.options.max_tool_calls_per_turn
         )
         self._turn_active = False
+        self._hooks: set[asyncio.Future[Any]] = set()
+        """Async stage hooks still running."""
         self._greeting_due: str | None = None
         """The greeting of a stage entered by a transition, until it is said."""
         self._greeting_note: str | None = None
@@ -159,6 +163,7 @@ class PlaybookOrchestrator:
         due (if any) is this turn's to say, so the prompt mentions it."""
         self._turn_active = True
         self._greeting_note = self._greeting_due
+        provide_context(self.context)  # for the turn's tool calls
 
     def end_turn(self) -> None:
         """The turn ended, completed or not."""
@@ -254,6 +259,7 @@ class PlaybookOrchestrator:
             },
         )
         self._events.emit("stage_exited", stage={"id": old.id, "name": old.name})
+        self._run_hook(old, old.on_exit)
         if action.clear_history:
             self.conversation.clear()
             if summary:
@@ -261,8 +267,51 @@ class PlaybookOrchestrator:
                 self.conversation.append({"role": "assistant", "content": note, "handoff": True})
             for message in keep:
                 self.conversation.append(message)
-        self._events.emit("stage_entered", stage={"id": new.id, "name": new.name})
+        self._events.emit("stage_entered", stage=_stage_event(new))
         self._greeting_due = self._greeting_note = new.greeting or None
+        self._run_hook(new, new.on_enter)
+
+    def context(self, stage: Stage | None = None) -> PlaybookContext:
+        """The conversation as a tool or a hook sees it, in ``stage`` (default: the current
+        one)."""
+        spec = self.engine.playbook.spec
+        stage = stage or self.engine.stage
+        return PlaybookContext(
+            playbook_id=spec.id,
+            version=spec.version,
+            metadata=spec.metadata,
+            stage_id=stage.id,
+            stage_metadata=stage.metadata,
+            data=dict(self.engine.context),
+        )
+
+    def _run_hook(self, stage: Stage, name: str | None) -> None:
+        """Call a stage's ``on_enter`` / ``on_exit`` function with the context; an async one
+        runs as a task of its own. A hook that raises is an ``error`` event, never the turn's
+        failure."""
+        if name is None:
+            return
+        function = self.engine.playbook.functions[name]
+
+        def failed(exc: BaseException) -> None:
+            log.warning("stage hook %s of %r raised: %r", name, stage.id, exc)
+            self._events.emit("error", source="hook", message=f"{name}: {exc}")
+
+        try:
+            result = function(self.context(stage))
+        except Exception as exc:
+            failed(exc)
+            return
+        if inspect.isawaitable(result):
+            task = asyncio.ensure_future(result)
+            self._hooks.add(task)
+
+            def done(task: asyncio.Future[Any]) -> None:
+                self._hooks.discard(task)
+                if not task.cancelled() and task.exception() is not None:
+                    failed(task.exception())  # type: ignore[arg-type]
+
+            task.add_done_callback(done)
 
     def take_greeting(self) -> str | None:
         """The greeting of the stage a transition entered, once; emits ``greeting``."""
@@ -316,3 +365,10 @@ def _parse_intent(text: str) -> IntentResult:
         log.warning("unparseable intent classification: %r", text[:200])
         return IntentResult("none", 0.0)
     return IntentResult(intent, max(0.0, min(1.0, confidence)))
+
+
+def _stage_event(stage: Stage) -> dict[str, Any]:
+    event: dict[str, Any] = {"id": stage.id, "name": stage.name}
+    if stage.metadata:
+        event["metadata"] = stage.metadata
+    return event

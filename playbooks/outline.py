@@ -50,13 +50,12 @@ def outline(playbook: LoadedPlaybook | Playbook) -> str:
             tools = ", ".join(sorted(names.tools())) or "none"
             if spec.mcp_servers:
                 tools += " (as the file lists them; --connect asks the MCP servers)"
-    lines = [
-        f"playbook {spec.id}: {spec.name}",
-        f"initial stage: {spec.initial_stage}",
-        f"tools: {tools}",
-    ]
+    lines = [f"playbook {spec.id}: {spec.name}"]
+    if spec.version:
+        lines.append(f"version: {spec.version}")
+    lines += [f"initial stage: {spec.initial_stage}", f"tools: {tools}"]
     if spec.global_tools:
-        lines.append(f"global tools: {', '.join(spec.global_tools)}")
+        lines.append(f"global tools: {', '.join(spec.global_tool_names)}")
     for server in spec.mcp_servers:
         where = server.url or " ".join([server.command or "", *server.args])
         lines.append(f"MCP server {server.name}: {where}")
@@ -65,7 +64,7 @@ def outline(playbook: LoadedPlaybook | Playbook) -> str:
     for stage in spec.stages:
         lines += ["", f"stage {stage.id}: {stage.name} [{stage.mode}]"]
         if stage.tools:
-            lines.append(f"  tools: {', '.join(stage.tools)}")
+            lines.append(f"  tools: {', '.join(stage.tool_names)}")
         prompt_lines = len(stage.system_prompt.splitlines())
         lines.append(f"  prompt: {prompt_lines} line{'s' if prompt_lines != 1 else ''}")
         lines += _voice_lines(stage)

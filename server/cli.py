@@ -45,7 +45,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "playbook":
             return _playbook(args)
         return _serve(args)
-    except (PlaybookError, ConfigError) as exc:
+    except PlaybookError as exc:
+        for line in exc.lines():  # one per problem of the file
+            print(f"vocable: {line}", file=sys.stderr)
+        return EXIT_USAGE
+    except ConfigError as exc:
         print(f"vocable: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
@@ -61,6 +65,7 @@ def _parser() -> argparse.ArgumentParser:
 
     chat = commands.add_parser("chat", help="talk to a playbook in text over stdin/stdout")
     chat.add_argument("playbook", type=Path, help="playbook file (.yaml, .yml, .json or .md)")
+    _add_tools_module(chat)
     add_llm_arguments(chat)
     chat.add_argument("--history-limit", type=positive_int, default=50, metavar="N")
     chat.add_argument(
@@ -94,6 +99,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="load it as `chat` and `serve` do: import the tools module, start the MCP servers",
     )
+    _add_tools_module(check)
     graph = actions.add_parser(
         "graph",
         help="print the stage graph as Mermaid text",
@@ -112,8 +118,18 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_tools_module(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--tools-module",
+        type=Path,
+        metavar="PATH",
+        help="Python tools module for a playbook file that names none (like llmrtc's JSON "
+        "playbooks): its tools and hook functions, by name",
+    )
+
+
 def _chat(args: argparse.Namespace) -> int:
-    playbook = load_playbook(args.playbook)
+    playbook = load_playbook(args.playbook, args.tools_module)
     settings = LLMSettings.resolve(args, default_model=playbook.spec.default_llm_config.model)
     options = OrchestratorOptions(
         max_tool_calls_per_turn=args.max_tool_calls,
@@ -139,17 +155,18 @@ def _chat(args: argparse.Namespace) -> int:
 
 def _playbook(args: argparse.Namespace) -> int:
     """``playbook check [--connect]|graph FILE``: the output on stdout; an invalid file exits 2
-    with its one ``file[:line]: message`` line on stderr. Only ``check --connect`` runs the
-    playbook's code (its tools module, its MCP servers)."""
+    with a ``file[:line]: [path: ]message`` line per problem on stderr. Only ``check --connect``
+    runs the playbook's code (its tools module, its MCP servers)."""
     try:
         if args.action == "graph":
             print(mermaid(check_playbook(args.file)))
         elif args.connect:
-            print(outline(load_playbook(args.file)))
+            print(outline(load_playbook(args.file, args.tools_module)))
         else:
-            print(outline(check_playbook(args.file)))
+            print(outline(check_playbook(args.file, args.tools_module)))
     except PlaybookError as exc:
-        print(exc, file=sys.stderr)
+        for line in exc.lines():
+            print(line, file=sys.stderr)
         return EXIT_USAGE
     return 0
 
@@ -169,7 +186,8 @@ def _serve(args: argparse.Namespace) -> int:
         from server.transports.sip_compat import check_sip_stack
 
         check_sip_stack()  # an untested aiosipua stops here, before the models load
-    load_playbooks(config.playbook_path)  # an invalid playbook stops here, with its one line
+    # an invalid playbook stops here, with its one line
+    load_playbooks(config.playbook_path, config.tools_module)
     if config.llm is None:
         print(
             "vocable: no LLM endpoint configured (--llm-base-url or VOCABLE_LLM_BASE_URL); "

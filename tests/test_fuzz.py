@@ -23,7 +23,7 @@ import shutil
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -39,6 +39,7 @@ from hypothesis import strategies as st
 
 from benchmarks.client import WebRTCCaller
 from playbooks import PlaybookError, load_playbook, load_playbooks
+from playbooks.errors import MAX_PROBLEMS, Problem
 from playbooks.models import (
     CustomCondition,
     IntentCondition,
@@ -917,8 +918,9 @@ def load_error(path: Path) -> PlaybookError | None:
 
 
 def check_playbook_file(folder: Path, suffix: str, content: bytes) -> None:
-    """Loads within a few seconds, or raises one PlaybookError naming the file and the line or
-    field (a Markdown file's always a line of it)."""
+    """Loads within a few seconds, or raises one PlaybookError listing its problems, one clear
+    line each (at most MAX_PROBLEMS, then a count), each naming the file and the line or field
+    (a Markdown file's always a line of it)."""
     path = folder / f"fuzzed{suffix}"
     path.write_bytes(content)
     started = time.monotonic()
@@ -926,21 +928,32 @@ def check_playbook_file(folder: Path, suffix: str, content: bytes) -> None:
     assert time.monotonic() - started < LOAD_BUDGET_S, f"loading took over {LOAD_BUDGET_S} s"
     if error is None:
         return
-    message = str(error)
-    where = path.name if error.line is None else f"{path.name}:{error.line}"
+    assert error.problems
+    assert (error.source, error.path, error.message, error.line) == astuple(error.problems[0])
+    shown = [str(problem) for problem in error.problems[:MAX_PROBLEMS]]
+    hidden = len(error.problems) - len(shown)
+    counted = [f"... and {hidden} more problem{'s' if hidden > 1 else ''}"] if hidden else []
+    assert str(error) == "\n".join(shown + counted)
+    for problem, message in zip(error.problems, shown, strict=False):
+        check_problem(path, content, problem, message)
+
+
+def check_problem(path: Path, content: bytes, problem: Problem, message: str) -> None:
+    """One problem of ``path``: its line names the file and the line or field."""
+    where = path.name if problem.line is None else f"{path.name}:{problem.line}"
     assert message.startswith(f"{where}: "), message
-    assert error.source == path.name
-    assert error.message.strip()
+    assert problem.source == path.name
+    assert problem.message.strip()
     assert "\n" not in message
     assert "\r" not in message
     assert len(message) < 1000, message[:300]
-    if suffix == ".md":
+    if path.suffix == ".md":
         lines = _line_count(content)
-        assert error.line is not None or " at line " in message, message
-        assert error.line is None or 1 <= error.line <= lines, f"{lines} lines: {message}"
+        assert problem.line is not None or " at line " in message, message
+        assert problem.line is None or 1 <= problem.line <= lines, f"{lines} lines: {message}"
         return
-    named = error.path or " at line " in message
-    assert named or any(problem in message for problem in DOCUMENT_PROBLEMS), message
+    named = problem.path or " at line " in message
+    assert named or any(known in message for known in DOCUMENT_PROBLEMS), message
 
 
 def _line_count(content: bytes) -> int:
@@ -1001,7 +1014,7 @@ INVALID_FILES = {
 
 
 @pytest.mark.parametrize("name", sorted(INVALID_FILES))
-def test_chat_refuses_an_invalid_playbook_with_one_line_and_status_2(
+def test_chat_refuses_an_invalid_playbook_with_a_line_per_problem_and_status_2(
     playbook_dir: Path,
     name: str,
     capsys: pytest.CaptureFixture[str],
@@ -1015,9 +1028,13 @@ def test_chat_refuses_an_invalid_playbook_with_one_line_and_status_2(
     assert code == 2
     assert out == ""
     lines = err.splitlines()
-    assert len(lines) == 1, err
-    assert re.match(rf"vocable: {re.escape(name)}(:\d+)?: ", lines[0]), lines[0]
-    assert len(lines[0]) < 300
+    error = load_error(path)
+    assert error is not None
+    assert lines == [f"vocable: {line}" for line in error.lines()], err
+    assert len(lines) == (4 if name == "types.json" else 1), err  # types.json: four bad fields
+    for line in lines:
+        assert re.match(rf"vocable: {re.escape(name)}(:\d+)?: ", line), line
+        assert len(line) < 300
 
 
 # -- 4b. Markdown playbook files -----------------------------------------------------------------

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import pickle
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import yaml
 
 from playbooks import PlaybookError, load_playbook, load_playbooks
-from playbooks.errors import LineMap
+from playbooks.errors import MAX_PROBLEMS, LineMap, Problem
 from playbooks.models import (
     CustomCondition,
     IntentCondition,
@@ -20,7 +24,7 @@ from playbooks.models import (
     TimeoutCondition,
     ToolCallCondition,
 )
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, REPO
 
 WritePlaybook = Callable[..., Path]
 
@@ -125,6 +129,19 @@ def load_error(path: Path) -> PlaybookError:
         load_playbook(path)
     error = caught.value
     assert "\n" not in str(error), "a loading error is one line"
+    return error
+
+
+def load_errors(path: Path) -> PlaybookError:
+    """What loading ``path`` raised: one line per problem (at most MAX_PROBLEMS, then a count),
+    each naming the file."""
+    with pytest.raises(PlaybookError) as caught:
+        load_playbook(path)
+    error = caught.value
+    lines = str(error).split("\n")
+    assert lines == error.lines()
+    assert lines[:MAX_PROBLEMS] == [str(problem) for problem in error.problems[:MAX_PROBLEMS]]
+    assert all(line.startswith(path.name) for line in lines[:MAX_PROBLEMS])
     return error
 
 
@@ -389,8 +406,15 @@ def test_unknown_initial_stage(write_playbook: WritePlaybook) -> None:
 
 
 def test_duplicate_stage_id(write_playbook: WritePlaybook) -> None:
-    error = load_error(write_playbook(variant("  - id: bye\n", "  - id: help\n"), TOOLS_PY))
-    assert str(error) == "playbook.yaml:24: stages[2].id: duplicate stage id 'help'"
+    """Renaming stage bye also leaves the transitions to it without a stage: each is listed."""
+    error = load_errors(write_playbook(variant("  - id: bye\n", "  - id: help\n"), TOOLS_PY))
+    assert error.lines() == [
+        "playbook.yaml:24: stages[2].id: duplicate stage id 'help'",
+        *(
+            f"playbook.yaml:{line}: transitions[{i}].action.target_stage: unknown stage 'bye'"
+            for i, line in [(2, 43), (3, 51), (4, 55), (5, 59), (6, 63)]
+        ),
+    ]
 
 
 def test_duplicate_transition_id(write_playbook: WritePlaybook) -> None:
@@ -533,8 +557,8 @@ def test_unknown_field_in_a_stage(write_playbook: WritePlaybook) -> None:
 
 
 def test_unknown_top_level_field(write_playbook: WritePlaybook) -> None:
-    error = load_error(write_playbook("version: 2\n" + VALID, TOOLS_PY))
-    assert str(error) == "playbook.yaml:1: version: unknown field"
+    error = load_error(write_playbook("revision: 2\n" + VALID, TOOLS_PY))
+    assert str(error) == "playbook.yaml:1: revision: unknown field"
 
 
 def test_unknown_field_in_an_action(write_playbook: WritePlaybook) -> None:
@@ -613,10 +637,13 @@ def test_wrong_value_type(write_playbook: WritePlaybook) -> None:
     assert "integer" in str(error)
 
 
-def test_several_problems_are_counted(write_playbook: WritePlaybook) -> None:
+def test_several_problems_are_each_listed(write_playbook: WritePlaybook) -> None:
     text = variant("    name: Bye\n", "    name: Bye\n    colour: blue\n    size: 3\n")
-    error = load_error(write_playbook(text, TOOLS_PY))
-    assert str(error) == "playbook.yaml:26: stages[2].colour: unknown field (and 1 more problem)"
+    error = load_errors(write_playbook(text, TOOLS_PY))
+    assert str(error) == (
+        "playbook.yaml:26: stages[2].colour: unknown field\n"
+        "playbook.yaml:27: stages[2].size: unknown field"
+    )
 
 
 def test_missing_tools_module(write_playbook: WritePlaybook) -> None:
@@ -746,3 +773,202 @@ def test_the_line_of_a_field_path_with_a_bracket_in_a_key_is_found_or_none() -> 
     assert where.line_of("stages[0].a[b") == 7  # the key "a[b" is not a list position
     assert where.line_of("x.a[b") is None
     assert where.line_of("a[b") is None  # once looped for ever: nothing left to strip
+
+
+# -- every problem of a refused file, each at its line ------------------------------------------
+
+# Three independent problems: a bad type in stage 0, an unknown field in stage 2 (both found by
+# validation) and a transition to a stage there is not (found by the cross-reference checks).
+THREE_PROBLEMS = (
+    VALID.replace("    two_phase_execution: false\n", "    two_phase_execution: maybe\n")
+    .replace("    name: Bye\n", "    name: Bye\n    colour: blue\n")
+    .replace(
+        "    condition: {type: keyword, keywords: [order, parcel], in: user}\n"
+        "    action: {target_stage: help}\n",
+        "    condition: {type: keyword, keywords: [order, parcel], in: user}\n"
+        "    action: {target_stage: lobby}\n",
+    )
+)
+THREE_PATHS = [
+    "stages[0].two_phase_execution",
+    "stages[2].colour",
+    "transitions[0].action.target_stage",
+]
+
+
+def line_of(text: str, fragment: str) -> int:
+    """The line of ``text`` holding ``fragment``, the only one."""
+    [line] = [i for i, row in enumerate(text.splitlines(), 1) if fragment in row]
+    return line
+
+
+def test_a_yaml_file_lists_every_problem_at_its_line(write_playbook: WritePlaybook) -> None:
+    assert THREE_PROBLEMS.count("maybe") == THREE_PROBLEMS.count("colour") == 1
+    error = load_errors(write_playbook(THREE_PROBLEMS, TOOLS_PY))
+    lines = [
+        line_of(THREE_PROBLEMS, "two_phase_execution: maybe"),
+        line_of(THREE_PROBLEMS, "colour: blue"),
+        line_of(THREE_PROBLEMS, "target_stage: lobby"),
+    ]
+    assert lines == sorted(lines)
+    assert [(p.path, p.line) for p in error.problems] == list(zip(THREE_PATHS, lines, strict=True))
+    assert error.lines() == [
+        f"playbook.yaml:{lines[0]}: stages[0].two_phase_execution: Input should be a valid "
+        "boolean, unable to interpret input",
+        f"playbook.yaml:{lines[1]}: stages[2].colour: unknown field",
+        f"playbook.yaml:{lines[2]}: transitions[0].action.target_stage: unknown stage 'lobby'",
+    ]
+    assert (error.path, error.line) == (THREE_PATHS[0], lines[0])  # the first problem's
+
+
+def test_a_json_file_lists_every_problem_with_its_path(write_playbook: WritePlaybook) -> None:
+    document = yaml.safe_load(THREE_PROBLEMS)
+    error = load_errors(write_playbook(json.dumps(document, indent=2), TOOLS_PY, "flow.json"))
+    assert [(p.source, p.path, p.line) for p in error.problems] == [
+        ("flow.json", path, None) for path in THREE_PATHS
+    ]
+    assert str(error).splitlines()[1:] == [
+        "flow.json: stages[2].colour: unknown field",
+        "flow.json: transitions[0].action.target_stage: unknown stage 'lobby'",
+    ]
+
+
+def test_playbook_check_prints_a_line_per_problem_and_exits_2(
+    write_playbook: WritePlaybook,
+) -> None:
+    path = write_playbook(THREE_PROBLEMS, TOOLS_PY)
+    done = subprocess.run(
+        [sys.executable, "-m", "server", "playbook", "check", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
+    assert (done.returncode, done.stdout) == (2, "")
+    lines = done.stderr.splitlines()
+    assert len(lines) == 3, done.stderr
+    for line, field_path in zip(lines, THREE_PATHS, strict=True):
+        assert line.startswith("playbook.yaml:"), line
+        assert f": {field_path}: " in line
+
+
+def test_the_list_of_problems_is_capped(write_playbook: WritePlaybook) -> None:
+    """A file of thousands of problems prints MAX_PROBLEMS lines and a count; each line is cut
+    and has its control characters escaped."""
+    extra = "".join(f"    colour{i}: x\n" for i in range(MAX_PROBLEMS + 7))
+    extra += '    "evil\\nkey\\x1b[2J' + "k" * 600 + '": x\n'
+    error = load_errors(write_playbook(variant("    name: Bye\n", "    name: Bye\n" + extra)))
+    assert len(error.problems) == MAX_PROBLEMS + 8
+    lines = str(error).split("\n")
+    assert len(lines) == MAX_PROBLEMS + 1
+    assert lines[-1] == "... and 8 more problems"
+    assert (
+        lines[0]
+        == f"playbook.yaml:{line_of(VALID, 'name: Bye') + 1}: stages[2].colour0: unknown field"
+    )
+    evil = next(p for p in error.problems if "evil" in p.path)
+    assert "\n" not in str(evil)
+    assert "\x1b" not in str(evil)
+    assert "evil\\nkey\\x1b[2J" in str(evil)
+    assert len(str(evil)) <= 500
+
+
+def test_one_more_problem_is_counted_in_the_singular() -> None:
+    problems = [Problem("p.yaml", f"a{i}", "bad", i + 1) for i in range(MAX_PROBLEMS + 1)]
+    assert PlaybookError.of(problems).lines()[-1] == "... and 1 more problem"
+    assert len(PlaybookError.of(problems[:MAX_PROBLEMS]).lines()) == MAX_PROBLEMS
+
+
+def test_problems_are_in_file_order_and_listed_once() -> None:
+    error = PlaybookError.of(
+        [
+            Problem("p.yaml", "b", "second", 9),
+            Problem("p.yaml", "", "whole file"),
+            Problem("p.yaml", "a", "first", 2),
+            Problem("p.yaml", "b", "second", 9),
+            Problem("p.yaml", "c", "no line either"),
+        ]
+    )
+    assert error.lines() == [
+        "p.yaml:2: a: first",
+        "p.yaml:9: b: second",
+        "p.yaml: whole file",  # those without a line after, in the order found
+        "p.yaml: c: no line either",
+    ]
+    assert (error.source, error.path, error.message, error.line) == ("p.yaml", "a", "first", 2)
+    copy = pickle.loads(pickle.dumps(error))
+    assert (type(copy), copy.problems) == (PlaybookError, error.problems)
+    with pytest.raises(ValueError, match="needs a problem"):
+        PlaybookError.of([])
+
+
+def test_one_problem_reads_as_before() -> None:
+    error = PlaybookError("p.yaml", "stages[1].voice", "bad\nvalue", 14)
+    assert str(error) == "p.yaml:14: stages[1].voice: bad\\nvalue"
+    assert error.problems == (Problem("p.yaml", "stages[1].voice", "bad\nvalue", 14),)
+    assert error.lines() == [str(error)]
+
+
+def test_the_line_map_locates_every_problem() -> None:
+    where = LineMap("p.yaml")
+    where.add("stages[0]", 7)
+    where.add("stages[0].name", 8)
+    error = PlaybookError.of(
+        [
+            Problem("p.yaml", "stages[0].name", "bad"),
+            Problem("p.yaml", "stages[0].tools[3]", "unknown tool"),
+            Problem("p.yaml", "initial_stage", "not placed"),
+            Problem("other.yaml", "stages[0]", "another file's"),
+        ]
+    )
+    assert where.locate(error).lines() == [
+        "p.yaml:7: stages[0].tools[3]: unknown tool",
+        "p.yaml:8: stages[0].name: bad",
+        "p.yaml: initial_stage: not placed",
+        "other.yaml: stages[0]: another file's",
+    ]
+    unplaced = PlaybookError("p.yaml", "nowhere", "x")
+    assert where.locate(unplaced) is unplaced
+
+
+def test_every_broken_reference_is_listed(write_playbook: WritePlaybook) -> None:
+    text = (
+        variant("initial_stage: greeting", "initial_stage: lobby")
+        .replace("  - id: too_slow\n", "  - id: cancelled\n")
+        .replace("global_tools: [lookup_order]", "global_tools: [lookup_order, refund]")
+    )
+    error = load_errors(write_playbook(text, TOOLS_PY))
+    assert [(p.line, p.path) for p in error.problems] == [
+        (4, "initial_stage"),
+        (line_of(text, "global_tools:"), "global_tools[1]"),
+        (56, "transitions[5].id"),  # as in test_duplicate_transition_id
+    ]
+    assert "unknown tool 'refund'" in error.lines()[1]
+
+
+def test_a_misspelt_key_is_one_problem_beside_an_unrelated_missing_field(
+    write_playbook: WritePlaybook,
+) -> None:
+    text = variant(
+        "    name: Bye\n    system_prompt: Say goodbye.", "    sytem_prompt: Say goodbye."
+    )
+    error = load_errors(write_playbook(text, TOOLS_PY))
+    assert error.lines() == [
+        "playbook.yaml:24: stages[2].name: Field required",  # at the stage's line
+        "playbook.yaml:25: stages[2].sytem_prompt: unknown field",
+    ]
+
+
+def test_a_union_not_discriminated_is_one_problem(write_playbook: WritePlaybook) -> None:
+    servers = (
+        "mcp_servers:\n"
+        "  - {name: a, command: x, tools: alll}\n"
+        "  - {name: b, command: x, tools: [1]}\n"
+    )
+    error = load_errors(write_playbook(VALID + servers, TOOLS_PY))
+    base = line_of(VALID + servers, "name: a,")
+    assert error.lines() == [
+        f"playbook.yaml:{base}: mcp_servers[0].tools: Input should be a valid list, or input "
+        "should be 'all'",
+        f"playbook.yaml:{base + 1}: mcp_servers[1].tools[0]: Input should be a valid string",
+    ]

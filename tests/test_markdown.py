@@ -376,3 +376,76 @@ def test_the_documented_example_is_a_valid_playbook(tmp_path: Path) -> None:
     assert (spec.language, list(spec.languages)) == ("en", ["en", "fr"])
     assert stages["welcome"].delegates is not None
     assert stages["welcome"].delegates.workers == ["stock_check"]
+
+
+# -- every problem of a refused Markdown file, each at its line ---------------------------------
+
+
+def _problems(tmp_path: Path, text: str) -> list[str]:
+    """The lines of the error loading ``text`` as bad.md raises: one per problem."""
+    path = _write(tmp_path, text, name="bad.md")
+    with pytest.raises(PlaybookError) as caught:
+        load_playbook(path)
+    error = caught.value
+    assert str(error).split("\n") == error.lines()
+    assert all(problem.line is not None for problem in error.problems)  # always a line
+    return error.lines()
+
+
+def test_every_problem_of_the_body_is_listed(tmp_path: Path) -> None:
+    text = (
+        "# X\n## A\nhi\n### Steps\nAsk.\n### Notes\n### Triggers\n- wants B\n"
+        "### Tools\n- two words\n## !!!\nhi\n## A\nho\n```\n"
+    )
+    assert _problems(tmp_path, text) == [
+        "bad.md:5: a step is a numbered line: '1. Ask for ...'",
+        "bad.md:6: unknown section 'Notes'; expected Steps, Triggers or Tools",
+        "bad.md:8: a trigger is a bullet: '- <condition> → <stage>'",
+        "bad.md:10: a tool is a bullet with its name: '- lookup_order'",
+        "bad.md:11: no id can be made of '!!!': add {#id}",
+        "bad.md:13: duplicate stage id 'a' (line 2)",
+        "bad.md:15: a code block is never closed",
+    ]
+
+
+def test_every_problem_of_the_compiled_stages_is_listed(tmp_path: Path) -> None:
+    text = (
+        "---\nname: Y\nstages:\n  zz: {}\n  a: [x]\n---\n"
+        "# X\n## A\nhi\n### Triggers\n- pays → billing\n## B\n## C\nhi\n"
+    )
+    assert _problems(tmp_path, text) == [
+        "bad.md:2: name: set by the # heading, not front matter",
+        "bad.md:4: stages: no stage 'zz' in this file (stages: a, b, c)",
+        "bad.md:5: stages.a: a mapping of stage options",
+        "bad.md:11: unknown stage 'billing' (stages: a, b, c)",
+        "bad.md:12: stage 'b' has no prompt text or steps",
+    ]
+
+
+def test_every_problem_of_the_playbook_is_listed_at_its_line(tmp_path: Path) -> None:
+    text = (
+        "---\nstages:\n  a: {max_turns: 0, mode: loop}\ntransitions:\n"
+        "  - {id: t, from: a, condition: {type: llm_decision}, action: {target_stage: q}}\n"
+        "---\n# X\n## A\nhi\n### Triggers\n- wants out → nowhere_else\n"
+    )
+    assert _problems(tmp_path, text) == [  # the body's problems first: the rest waits for them
+        "bad.md:11: unknown stage 'nowhere_else' (stages: a)",
+    ]
+    text = text.replace("- wants out → nowhere_else\n", "- wants out → a\n")
+    assert _problems(tmp_path, text) == [
+        "bad.md:3: max_turns: Input should be greater than 0",
+        "bad.md:3: mode: Input should be 'playbook', 'iterative' or 'single-shot'",
+        "bad.md:5: target_stage: unknown stage 'q'",
+    ]
+
+
+def test_text_before_the_playbook_heading_stops_the_reading(tmp_path: Path) -> None:
+    """Nothing after it can be read as a playbook: the problems noted so far, and that one."""
+    text = "# X\n## A\nhi\n### Steps\nAsk.\n"
+    assert _problems(tmp_path, "intro\n" + text) == [
+        "bad.md:1: text before the '# Playbook name' heading"
+    ]
+    assert _problems(tmp_path, "### Tools\n## A\nhi\n") == [
+        "bad.md:1: '### Tools' outside a '##' stage",
+        "bad.md:2: a stage before the '# Playbook name' heading",
+    ]

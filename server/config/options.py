@@ -175,6 +175,14 @@ class ServeOptions(BaseModel):
         Cli(CALLS, "PATH", default_text="the examples"),
         Field(description="a playbook file or a folder of them"),
     ] = EXAMPLES
+    tools_module: Annotated[
+        Path | None,
+        Cli(CALLS, "PATH"),
+        Field(
+            description="Python tools module for playbook files that name none (like llmrtc's "
+            "JSON playbooks): their tools and hook functions by name"
+        ),
+    ] = None
     max_sessions: Annotated[
         Whole,
         Cli(CALLS, "N"),

@@ -74,6 +74,8 @@ class ServerConfig:
     host: str = DEFAULTS.host
     port: int = DEFAULTS.port
     playbook_path: Path = DEFAULTS.playbook
+    tools_module: Path | None = DEFAULTS.tools_module
+    """The tools module of playbook files that name none."""
     llm: LLMSettings | None = None
     """None: no endpoint configured; calls still work but the agent cannot answer."""
     llm_retries: int = DEFAULTS.llm_retries
@@ -145,6 +147,7 @@ class ServerConfig:
             host=options.host,
             port=options.port,
             playbook_path=options.playbook,
+            tools_module=options.tools_module,
             llm=llm,
             llm_retries=options.llm_retries,
             llm_timeout_s=options.llm_timeout_s,

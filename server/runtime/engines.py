@@ -34,7 +34,7 @@ class Engines:
         """Load playbooks (raising ``PlaybookError``), then speech recognition and synthesis
         concurrently, each warmed up: local Whisper and Piper in worker threads, or clients of
         the configured remote servers (which may be down: that is logged, not fatal)."""
-        playbooks = load_playbooks(config.playbook_path)
+        playbooks = load_playbooks(config.playbook_path, config.tools_module)
         transcriber, synthesizer = await asyncio.gather(_transcriber(config), _synthesizer(config))
         if isinstance(synthesizer, Synthesizer):  # the playbooks' voices, once per process
             models = [m for p in playbooks.values() for m in voice_models(p.spec, p.source)]
