@@ -18,6 +18,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ __all__ = [
     "leftovers",
     "listening",
     "popen",
+    "run_vocable",
     "spawn",
     "started",
     "stop_group",
@@ -52,6 +54,32 @@ async def spawn(program: str, *args: str, **kwargs: Any) -> asyncio.subprocess.P
     process = await asyncio.create_subprocess_exec(program, *args, start_new_session=True, **kwargs)
     _started.append(process.pid)
     return process
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+async def run_vocable(
+    *args: str, stdin: str = "", env: dict[str, str] | None = None, timeout_s: float = 60.0
+) -> tuple[int, str, str]:
+    """``python -m server ARGS`` run from the repository with ``stdin``, in the test run's
+    environment without its ``VOCABLE_*`` and ``OPENAI_*`` variables, plus ``env``: its exit
+    code, stdout and stderr. Fails the test after ``timeout_s``."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("VOCABLE_", "OPENAI_"))}
+    process = await spawn(
+        sys.executable,
+        "-m",
+        "server",
+        *args,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=REPO,
+        env={**clean, **(env or {})},
+    )
+    out, err = await asyncio.wait_for(process.communicate(stdin.encode()), timeout_s)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
 
 
 def popen(command: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:

@@ -14,28 +14,14 @@ import aiohttp
 import pytest
 
 from tests.conftest import EXAMPLES, REPO
-from tests.processes import spawn
+from tests.processes import run_vocable, spawn
 from tests.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
 
 
 async def _vocable(
     *args: str, stdin: str = "", env: dict[str, str] | None = None
 ) -> tuple[int, str, str]:
-    clean_env = {k: v for k, v in os.environ.items() if not k.startswith(("VOCABLE_", "OPENAI_"))}
-    process = await spawn(
-        sys.executable,
-        "-m",
-        "server",
-        *args,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        cwd=REPO,
-        env={**clean_env, **(env or {})},
-    )
-    out, err = await asyncio.wait_for(process.communicate(stdin.encode()), timeout=60)
-    assert process.returncode is not None
-    return process.returncode, out.decode(), err.decode()
+    return await run_vocable(*args, stdin=stdin, env=env)
 
 
 def _json_lines(text: str) -> list[dict[str, Any]]:

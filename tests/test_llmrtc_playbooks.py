@@ -13,8 +13,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-import os
-import sys
 import textwrap
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -37,7 +35,7 @@ from playbooks.context import current_context
 from playbooks.models import CustomCondition, NamedToolChoice, Playbook
 from tests.conftest import REPO
 from tests.loopback import start_on_loopback
-from tests.processes import spawn
+from tests.processes import run_vocable
 from tests.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
 
 LLMRTC = REPO / "tests" / "playbooks" / "llmrtc"
@@ -203,23 +201,7 @@ ORDER_ID = {"orderId": {"type": "string"}}
 
 async def vocable(*args: str, stdin: str = "") -> tuple[int, str, str]:
     """``python -m server ARGS`` with ``stdin``; its exit code, stdout and stderr."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("VOCABLE_", "OPENAI_"))}
-    process = await spawn(
-        sys.executable,
-        "-m",
-        "server",
-        *args,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        cwd=REPO,
-        env=env,
-    )
-    out, err = await asyncio.wait_for(
-        process.communicate(stdin.encode()), timeout=SUBPROCESS_TIMEOUT_S
-    )
-    assert process.returncode is not None
-    return process.returncode, out.decode(), err.decode()
+    return await run_vocable(*args, stdin=stdin, timeout_s=SUBPROCESS_TIMEOUT_S)
 
 
 def tool_results(request: dict[str, Any]) -> dict[str, list[str]]:
