@@ -56,6 +56,7 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
     levels = []
     for level in run["levels"]:
         ok = [t for t in level["turns"] if t.get("ok")]
+        refused = [t for t in level["turns"] if t.get("refused")]
         stages = {
             key: _stats([t["server"][key] for t in ok if t["server"].get(key) is not None])
             for key, _ in STAGES
@@ -64,7 +65,8 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
             {
                 "calls": level["calls"],
                 "turns": len(level["turns"]),
-                "failed": len(level["turns"]) - len(ok),
+                "failed": len(level["turns"]) - len(ok) - len(refused),
+                "refused_calls": len({t["call"] for t in refused}),
                 "client_v2v_ms": _stats([t["client_v2v_ms"] for t in ok]),
                 "floor_ms": _stats([t["floor_ms"] for t in ok]),
                 "overhead_ms": _stats([t["overhead_ms"] for t in ok]),
@@ -125,14 +127,15 @@ def to_markdown(run: dict[str, Any], summary: dict[str, Any]) -> str:
         "",
         "## Voice-to-voice at the client, by simultaneous calls (ms)",
         "",
-        "| calls | turns | failed | p50 | p90 | p95 | p99 | floor p50 | overhead p50 "
-        "| server CPU % | server RSS MB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| calls | refused (503) | turns | failed | p50 | p90 | p95 | p99 | floor p50 "
+        "| overhead p50 | server CPU % | server RSS MB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for level in summary["levels"]:
         v2v = level["client_v2v_ms"]
         lines.append(
-            f"| {level['calls']} | {level['turns']} | {level['failed']} | {_ms(v2v['p50'])} "
+            f"| {level['calls']} | {level.get('refused_calls', 0)} | {level['turns']} "
+            f"| {level['failed']} | {_ms(v2v['p50'])} "
             f"| {_ms(v2v['p90'])} | {_ms(v2v['p95'])} | {_ms(v2v['p99'])} "
             f"| {_ms(level['floor_ms']['p50'])} | {_ms(level['overhead_ms']['p50'])} "
             f"| {_ms(level['server_cpu_percent'])} | {_ms(level['server_rss_mb_peak'])} |"

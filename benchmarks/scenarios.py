@@ -180,8 +180,16 @@ async def concurrency_level(
             caller = await new_caller(target)
         except Exception as exc:
             log.warning("call %d could not connect: %s", index, exc)
+            refused = str(exc).startswith("offer refused: 503")  # the server is at capacity
             return [
-                {"kind": "question", "call": index, "turn": n, "ok": False, "error": str(exc)}
+                {
+                    "kind": "question",
+                    "call": index,
+                    "turn": n,
+                    "ok": False,
+                    "refused": refused,
+                    "error": str(exc),
+                }
                 for n in range(len(script))
             ]
         try:

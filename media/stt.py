@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -118,6 +119,8 @@ class Transcriber:
         self._executor = ThreadPoolExecutor(
             max_workers=settings.workers, thread_name_prefix="whisper"
         )
+        self._unfinished = 0
+        self._count_lock = threading.Lock()
 
     @classmethod
     def load(cls, settings: TranscriberSettings | None = None) -> Transcriber:
@@ -144,8 +147,21 @@ class Transcriber:
     async def transcribe(self, pcm: bytes) -> Transcript:
         """Transcribe one utterance in the worker pool. Cancelling abandons the result (the
         decode itself finishes in its thread)."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._decode, pcm)
+        with self._count_lock:
+            self._unfinished += 1
+        decode = self._executor.submit(self._decode, pcm)
+        decode.add_done_callback(self._finished)
+        return await asyncio.wrap_future(decode)
+
+    @property
+    def backlog(self) -> int:
+        """Decodes waiting for a worker of the pool (not the ones running): how far behind
+        transcription is. An abandoned decode counts until its thread is done with it."""
+        return max(0, self._unfinished - self.settings.workers)
+
+    def _finished(self, _decode: object) -> None:
+        with self._count_lock:  # called from a pool thread
+            self._unfinished -= 1
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -24,6 +24,7 @@ from server.call.endpointing import EndpointSettings
 from server.call.session import SessionSettings
 
 from .llm import LLM_GROUP, ConfigError
+from .overload import OverloadSettings
 from .values import (
     DEFAULT_HOST,
     Address,
@@ -47,6 +48,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "playbooks" / "examples"
 
 # library defaults the options share, so that each is written once
 _SESSION = SessionSettings()
+_OVERLOAD = OverloadSettings()
 _VAD = _SESSION.vad
 _ENDPOINT = _SESSION.endpoint
 
@@ -192,6 +194,33 @@ class ServeOptions(BaseModel):
             "refused (HTTP or SIP 503 with Retry-After)",
         ),
     ] = 8
+    overload_loop_lag_ms: Annotated[
+        Number,
+        Cli(CALLS, "MS"),
+        Field(
+            ge=0,
+            description="refuse new calls (503 with Retry-After) while the event loop runs "
+            "this late, the median over 2 s; 0: never for this",
+        ),
+    ] = _OVERLOAD.max_loop_lag_ms
+    overload_decode_backlog: Annotated[
+        Whole,
+        Cli(CALLS, "N"),
+        Field(
+            ge=0,
+            description="refuse new calls while more utterances than this wait for Whisper, "
+            "throughout 2 s; 0: never for this",
+        ),
+    ] = _OVERLOAD.max_decode_backlog
+    overload_cpu_percent: Annotated[
+        Number,
+        Cli(CALLS, "PERCENT"),
+        Field(
+            ge=0,
+            description="refuse new calls while the process uses more CPU than this share of "
+            "its cores over 2 s; 0: never for this",
+        ),
+    ] = _OVERLOAD.max_cpu_percent
     idle_timeout_s: Annotated[
         Number,
         Cli(CALLS, "S"),

@@ -19,6 +19,7 @@ from server.call.session import SessionSettings
 from .flags import add_serve_arguments, serve_options
 from .llm import ConfigError, LLMSettings
 from .options import EXAMPLES, ServeOptions
+from .overload import OverloadSettings
 from .values import DEFAULT_HOST, parse_address, parse_port_range
 
 __all__ = [
@@ -93,6 +94,8 @@ class ServerConfig:
     session: SessionSettings = field(default_factory=SessionSettings)
     ice_servers: tuple[IceServer, ...] = ()
     max_sessions: int = DEFAULTS.max_sessions
+    overload: OverloadSettings = field(default_factory=OverloadSettings)
+    """When new calls are refused before ``max_sessions``: measured load past capacity."""
     auth_token: str | None = DEFAULTS.auth_token
     cors_origins: tuple[str, ...] = DEFAULTS.cors_origins
     idle_timeout_s: float = DEFAULTS.idle_timeout_s
@@ -166,6 +169,11 @@ class ServerConfig:
             max_call_s=options.max_call_s,
             audiosocket=options.audiosocket,
             sip=_sip_settings(options),
+            overload=OverloadSettings(
+                max_loop_lag_ms=options.overload_loop_lag_ms,
+                max_decode_backlog=options.overload_decode_backlog,
+                max_cpu_percent=options.overload_cpu_percent,
+            ),
             rate_limit_per_min=options.rate_limit,
             rate_limit_burst=options.rate_limit_burst,
             trusted_proxies=options.trusted_proxies,

@@ -48,7 +48,6 @@ SIP = web.AppKey("sip", SipServer)
 SIBLINGS = web.AppKey("siblings", Siblings)
 
 MAX_SDP_BYTES = 64 * 1024
-RETRY_AFTER_S = 5
 
 
 def create_app(config: ServerConfig, engines: Engines | None = None) -> web.Application:
@@ -114,7 +113,8 @@ async def _calls_context(app: web.Application) -> AsyncIterator[None]:
         sip = SipServer(calls, config.sip)
         await sip.start()
         app[SIP] = sip
-    yield
+    async with calls.load.running():
+        yield
     if sip is not None:
         await sip.close()
     if audiosocket is not None:
@@ -189,7 +189,7 @@ async def _offer(request: web.Request) -> web.Response:
     except UnknownPlaybook as exc:
         return json_error(404, str(exc))
     except OverCapacity as exc:
-        return json_error(503, str(exc), **{"Retry-After": str(RETRY_AFTER_S)})
+        return json_error(503, str(exc), **{"Retry-After": str(exc.retry_after_s)})
     except RateLimited as exc:
         return json_error(429, str(exc), **{"Retry-After": f"{exc.retry_after_s:.0f}"})
     request.app[METRICS].sessions.inc()
@@ -204,8 +204,10 @@ async def _media_stream(request: web.Request) -> web.StreamResponse:
     is closed with 1008 and the reason."""
     _require_token(request, in_query=True)
     calls = request.app[CALLS]
-    if len(calls) >= request.app[CONFIG].max_sessions:
-        return json_error(503, "over capacity", **{"Retry-After": str(RETRY_AFTER_S)})
+    try:
+        calls.check_capacity()
+    except OverCapacity as exc:
+        return json_error(503, str(exc), **{"Retry-After": str(exc.retry_after_s)})
     ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=MAX_MESSAGE_BYTES)
     await ws.prepare(request)
     try:
@@ -248,6 +250,8 @@ async def _health(request: web.Request) -> web.Response:
             "llm_configured": engines.llm is not None,
             "active_sessions": len(request.app[CALLS]),
             "max_sessions": request.app[CONFIG].max_sessions,
+            "load": {key: round(value, 1) for key, value in calls.load.measured().items()},
+            "refused_overloaded": calls.refused,
             "process": {"pid": os.getpid(), **process_snapshot()},
             "worker": request.app[CONFIG].worker_index,
         },

@@ -23,6 +23,7 @@ from server.call.voice import VoicePlaybookOrchestrator
 from server.config.server import ServerConfig
 
 from .engines import Engines
+from .load import LoadGauge
 from .logs import bind_session
 from .ratelimit import RateLimiter
 
@@ -35,8 +36,17 @@ NO_LLM_LINE = (
 )
 
 
+RETRY_AFTER_S = 5
+"""Seconds a caller refused at the session limit or while draining is asked to wait."""
+
+
 class OverCapacity(RuntimeError):
-    pass
+    """No new call now: the session limit, a drain, or measured overload; come back after
+    ``retry_after_s``."""
+
+    def __init__(self, message: str, retry_after_s: int = RETRY_AFTER_S) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class UnknownPlaybook(LookupError):
@@ -66,6 +76,10 @@ class CallRegistry:
         self.draining = False
         """Set by :meth:`drain`: no new call is admitted."""
         self.admissions = RateLimiter(config.rate_limit_per_min, config.rate_limit_burst)
+        self.load = LoadGauge(config.overload, lambda: _backlog(engines.transcriber))
+        """Sampled while the server runs (``load.running()``); judged at each admission."""
+        self.refused = 0
+        """Calls refused for measured overload."""
         self._released = asyncio.Event()
         self.farewells: set[asyncio.Task[None]] = set()
         """Transport work of released calls still going on (telling the caller why the call
@@ -78,15 +92,27 @@ class CallRegistry:
         """An unguessable id for a call about to be admitted; raises OverCapacity when full or
         draining, RateLimited when ``address`` (the caller's) opened too many calls lately.
         The calling task, and every task it starts, logs with this id."""
-        if self.draining:
-            raise OverCapacity("this server is shutting down")
-        if len(self.calls) >= self.config.max_sessions:
-            raise OverCapacity(f"this server takes at most {self.config.max_sessions} calls")
+        self.check_capacity()
         if address is not None:
             self.admissions.check(address)
         call_id = self.config.call_id_prefix + secrets.token_urlsafe(16)
         bind_session(call_id)  # this task's log lines, and those of the call's tasks
         return call_id
+
+    def check_capacity(self) -> None:
+        """Raise OverCapacity unless one more call may be admitted now: not draining, under
+        the session limit, and not overloaded (see :class:`LoadGauge`)."""
+        if self.draining:
+            raise OverCapacity("this server is shutting down")
+        if len(self.calls) >= self.config.max_sessions:
+            raise OverCapacity(f"this server takes at most {self.config.max_sessions} calls")
+        overload = self.load.overload()
+        if overload is not None:
+            self.refused += 1
+            log.warning("new call refused: %s", overload.reason)
+            raise OverCapacity(
+                f"this server is overloaded: {overload.reason}", overload.retry_after_s
+            )
 
     def playbook_id(self, requested: str | None) -> str:
         """The playbook to use; raises UnknownPlaybook."""
@@ -167,3 +193,9 @@ class CallRegistry:
         calls = list(self.calls.values())
         await asyncio.gather(*(call.hangup(reason) for call in calls), return_exceptions=True)
         await asyncio.gather(*list(self.farewells), return_exceptions=True)
+
+
+def _backlog(transcriber: object) -> int:
+    """Decodes waiting for a worker, for transcribers that have a pool (remote ones: 0)."""
+    backlog = getattr(transcriber, "backlog", 0)
+    return backlog if isinstance(backlog, int) else 0

@@ -69,7 +69,7 @@ log = logging.getLogger(__name__)
 
 PHONE_RATE = 8000
 RETRY_AFTER_S = 5
-"""Seconds a caller refused at capacity or while draining is asked to wait."""
+"""Seconds a caller refused for want of an RTP port is asked to wait."""
 SAMPLES_PER_FRAME = 160
 USER_AGENT = "Vocable"
 _CODECS: dict[int, Encoding] = {0: "ulaw", 8: "alaw"}
@@ -301,7 +301,7 @@ class SipServer:
             call_id = registry.new_call_id(invite.source_addr[0])
         except (OverCapacity, RateLimited) as exc:
             log.warning("SIP call from %s refused: %s", invite.caller, exc)
-            retry_after = exc.retry_after_s if isinstance(exc, RateLimited) else RETRY_AFTER_S
+            retry_after = exc.retry_after_s
             _refuse(invite, retry_after)
             return
         offer = invite.sdp_offer
@@ -371,8 +371,8 @@ class SipServer:
         call.session = registry.new_session(call_id, playbook, Speaker(PHONE_RATE), call.emit)
         try:
             registry.admit(call)
-        except OverCapacity:
-            _refuse(invite, RETRY_AFTER_S)
+        except OverCapacity as exc:
+            _refuse(invite, exc.retry_after_s)
             return None
         return call
 

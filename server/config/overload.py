@@ -1,0 +1,21 @@
+"""When a server process refuses new calls because it is past its capacity (see
+``server/runtime/load.py``, which measures it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["OverloadSettings"]
+
+
+@dataclass(frozen=True)
+class OverloadSettings:
+    """When new calls are refused; a limit of 0 is not checked."""
+
+    max_loop_lag_ms: float = 150.0
+    """Median event-loop lag over the window."""
+    max_decode_backlog: int = 3
+    """Decodes waiting for a worker, at the least over the window."""
+    max_cpu_percent: float = 0.0
+    """Process CPU over the window, as a share of the usable cores (100: all of them)."""
+    window_s: float = 2.0

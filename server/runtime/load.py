@@ -1,0 +1,144 @@
+"""How loaded this server process is, measured, and whether it may take another call.
+
+A server past its capacity does not fail: every call gets slower. So admission looks at the
+symptoms of being past it, sustained over ``window_s`` (a single slow moment refuses nothing):
+
+- **event-loop lag**: how late a timer that should fire every ``period_s`` fires. Every call's
+  audio, pacing and signalling run on the loop; when the loop is late, callers hear it.
+- **decode backlog**: utterances waiting for a Whisper worker. Each waiting decode is time a
+  caller waits for an answer.
+- **CPU** (off by default): the process's CPU time over the window, as a share of the cores it
+  may use. A busy machine can still serve within its latency goal, so this is a backstop for
+  operators who want headroom, not the main signal.
+
+A refused caller is asked to come back (``Retry-After``) after the window, plus as long as the
+overload has lasted so far, between RETRY_MIN_S and RETRY_MAX_S.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from server.config.overload import OverloadSettings
+
+__all__ = ["LoadGauge", "LoadSample", "Overload"]
+
+RETRY_MIN_S = 2
+RETRY_MAX_S = 30
+
+
+@dataclass(frozen=True)
+class LoadSample:
+    at: float
+    loop_lag_s: float
+    decode_backlog: int
+    cpu_s: float
+    """The process's CPU time so far."""
+
+
+@dataclass(frozen=True)
+class Overload:
+    reason: str
+    retry_after_s: int
+
+
+class LoadGauge:
+    """Samples the process's load every ``period_s`` (:meth:`run`) and judges it
+    (:meth:`overload`). ``decode_backlog`` tells how many decodes wait for a worker."""
+
+    def __init__(
+        self,
+        settings: OverloadSettings,
+        decode_backlog: Callable[[], int],
+        *,
+        period_s: float = 0.1,
+        clock: Callable[[], float] = time.monotonic,
+        cpu_time: Callable[[], float] = time.process_time,
+        cores: int | None = None,
+    ) -> None:
+        self.settings = settings
+        self.period_s = period_s
+        self._decode_backlog = decode_backlog
+        self._clock = clock
+        self._cpu_time = cpu_time
+        self.cores = cores or len(os.sched_getaffinity(0))
+        self.samples: deque[LoadSample] = deque()
+        self._overloaded_since: float | None = None
+
+    async def run(self) -> None:
+        """Sample until cancelled."""
+        expected = self._clock() + self.period_s
+        while True:
+            await asyncio.sleep(max(0.0, expected - self._clock()))
+            now = self._clock()
+            self.record(max(0.0, now - expected))
+            expected = now + self.period_s
+
+    def record(self, loop_lag_s: float) -> None:
+        """Add a sample taken now; samples older than the window (but the last) are dropped."""
+        now = self._clock()
+        self.samples.append(LoadSample(now, loop_lag_s, self._decode_backlog(), self._cpu_time()))
+        while len(self.samples) > 2 and now - self.samples[1].at >= self.settings.window_s:
+            self.samples.popleft()
+
+    def measured(self) -> dict[str, float]:
+        """The window's median loop lag (ms), smallest decode backlog and CPU (% of the usable
+        cores); empty until the window is full."""
+        samples = list(self.samples)
+        if len(samples) < 2 or samples[-1].at - samples[0].at < self.settings.window_s * 0.9:
+            return {}
+        lags = sorted(sample.loop_lag_s for sample in samples)
+        span = samples[-1].at - samples[0].at
+        cpu = (samples[-1].cpu_s - samples[0].cpu_s) / span / self.cores * 100
+        return {
+            "loop_lag_ms": lags[len(lags) // 2] * 1000,
+            "decode_backlog": min(sample.decode_backlog for sample in samples),
+            "cpu_percent": cpu,
+        }
+
+    def overload(self) -> Overload | None:
+        """Why a new call would be refused now, and when to retry; None: admit it."""
+        measured = self.measured()
+        reason = self._reason(measured) if measured else None
+        now = self._clock()
+        if reason is None:
+            self._overloaded_since = None
+            return None
+        if self._overloaded_since is None:
+            self._overloaded_since = now
+        lasted = now - self._overloaded_since
+        retry = math.ceil(self.settings.window_s + lasted)
+        return Overload(reason, min(RETRY_MAX_S, max(RETRY_MIN_S, retry)))
+
+    def _reason(self, measured: dict[str, float]) -> str | None:
+        limits = self.settings
+        lag, backlog, cpu = (
+            measured["loop_lag_ms"],
+            measured["decode_backlog"],
+            measured["cpu_percent"],
+        )
+        if limits.max_loop_lag_ms and lag > limits.max_loop_lag_ms:
+            return f"event loop {lag:.0f} ms late (limit {limits.max_loop_lag_ms:.0f} ms)"
+        if limits.max_decode_backlog and backlog > limits.max_decode_backlog:
+            return f"{backlog:.0f} decodes waiting (limit {limits.max_decode_backlog})"
+        if limits.max_cpu_percent and cpu > limits.max_cpu_percent:
+            return f"CPU at {cpu:.0f} % (limit {limits.max_cpu_percent:.0f} %)"
+        return None
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[LoadGauge]:
+        """Sample while the block runs."""
+        task = asyncio.create_task(self.run(), name="load-gauge")
+        try:
+            yield self
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

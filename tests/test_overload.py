@@ -1,0 +1,194 @@
+"""Overload is refused, not spread over everyone (``server/runtime/load.py``).
+
+The gauge is judged on samples fed with a test clock; then for real: a server whose event loop
+is kept late refuses new WebRTC offers, media streams and SIP INVITEs with 503 and a
+Retry-After, and takes calls again once the loop is on time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+
+import aiohttp
+import pytest
+from aiortc import RTCPeerConnection
+from aiortc.mediastreams import AudioStreamTrack
+
+from media.audio import silence
+from server.config.overload import OverloadSettings
+from server.config.server import ServerConfig, SipSettings
+from server.http.app import CALLS, SIP
+from server.runtime.load import LoadGauge
+from tests.calls import transcriber, voice_server
+from tests.sip_phone import SipPhone
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.cpu = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _gauge(settings: OverloadSettings, backlog: list[int]) -> tuple[LoadGauge, Clock]:
+    clock = Clock()
+    gauge = LoadGauge(
+        settings, lambda: backlog[0], clock=clock, cpu_time=lambda: clock.cpu, cores=2
+    )
+    return gauge, clock
+
+
+def _feed(
+    gauge: LoadGauge, clock: Clock, seconds: float, lag_s: float, cpu_share: float = 0.0
+) -> None:
+    for _ in range(round(seconds / 0.1)):
+        clock.now += 0.1
+        clock.cpu += 0.1 * cpu_share * 2
+        gauge.record(lag_s)
+
+
+def test_nothing_is_refused_before_a_whole_window_is_measured() -> None:
+    gauge, clock = _gauge(OverloadSettings(window_s=2.0), [0])
+    _feed(gauge, clock, 1.0, lag_s=1.0)
+    assert gauge.measured() == {}
+    assert gauge.overload() is None
+
+
+def test_a_loop_late_most_of_the_window_is_refused_and_a_spike_is_not() -> None:
+    gauge, clock = _gauge(OverloadSettings(max_loop_lag_ms=150), [0])
+    _feed(gauge, clock, 2.5, lag_s=0.01)
+    for _ in range(5):  # five late ticks out of twenty: a spike
+        _feed(gauge, clock, 0.1, lag_s=0.5)
+    assert gauge.overload() is None
+    _feed(gauge, clock, 2.0, lag_s=0.3)
+    overload = gauge.overload()
+    assert overload is not None
+    assert overload.reason == "event loop 300 ms late (limit 150 ms)"
+    assert overload.retry_after_s == 2
+
+
+def test_retry_after_grows_with_how_long_the_overload_lasts_and_it_clears() -> None:
+    gauge, clock = _gauge(OverloadSettings(max_loop_lag_ms=150), [0])
+    _feed(gauge, clock, 2.0, lag_s=0.3)
+    assert gauge.overload() is not None
+    _feed(gauge, clock, 10.0, lag_s=0.3)
+    overload = gauge.overload()
+    assert overload is not None
+    assert overload.retry_after_s == 12  # the window (2 s) and the 10 s it has lasted
+    _feed(gauge, clock, 60.0, lag_s=0.3)
+    assert gauge.overload().retry_after_s == 30  # type: ignore[union-attr]
+    _feed(gauge, clock, 2.0, lag_s=0.0)
+    assert gauge.overload() is None
+
+
+def test_a_decode_backlog_counts_only_when_it_lasts() -> None:
+    backlog = [5]
+    gauge, clock = _gauge(OverloadSettings(max_decode_backlog=3), backlog)
+    _feed(gauge, clock, 1.9, lag_s=0.0)
+    backlog[0] = 0  # one moment with nothing waiting
+    _feed(gauge, clock, 0.1, lag_s=0.0)
+    backlog[0] = 5
+    _feed(gauge, clock, 0.5, lag_s=0.0)
+    assert gauge.overload() is None
+    _feed(gauge, clock, 2.0, lag_s=0.0)
+    overload = gauge.overload()
+    assert overload is not None
+    assert overload.reason == "5 decodes waiting (limit 3)"
+
+
+def test_cpu_is_a_limit_only_when_set() -> None:
+    gauge, clock = _gauge(OverloadSettings(), [0])
+    _feed(gauge, clock, 2.5, lag_s=0.0, cpu_share=0.97)
+    assert gauge.measured()["cpu_percent"] == pytest.approx(97, abs=1)
+    assert gauge.overload() is None
+    gauge, clock = _gauge(OverloadSettings(max_cpu_percent=90), [0])
+    _feed(gauge, clock, 2.5, lag_s=0.0, cpu_share=0.97)
+    assert gauge.overload().reason == "CPU at 97 % (limit 90 %)"  # type: ignore[union-attr]
+
+
+async def test_the_whisper_pool_reports_decodes_waiting_for_a_worker() -> None:
+    stt = transcriber().variant(workers=1)
+    try:
+        decodes = [asyncio.ensure_future(stt.transcribe(silence(1000))) for _ in range(3)]
+        await asyncio.sleep(0)
+        assert stt.backlog == 2  # one decoding, two waiting
+        await asyncio.gather(*decodes)
+        assert stt.backlog == 0
+    finally:
+        stt.close()
+
+
+@contextmanager
+def _late_loop() -> Iterator[None]:
+    """Keep this event loop about 200 ms late: block it 200 ms at a time, as a process too
+    busy for its calls does, until the block ends."""
+    stop = False
+
+    async def block() -> None:
+        while not stop:
+            time.sleep(0.2)  # noqa: ASYNC251 - blocking the loop is the point
+            await asyncio.sleep(0.01)
+
+    task = asyncio.ensure_future(block())
+    try:
+        yield
+    finally:
+        stop = True
+        task.cancel()
+
+
+async def _offer() -> str:
+    pc = RTCPeerConnection()
+    pc.addTrack(AudioStreamTrack())
+    await pc.setLocalDescription(await pc.createOffer())
+    sdp = str(pc.localDescription.sdp)
+    await pc.close()
+    return sdp
+
+
+@asynccontextmanager
+async def _server() -> AsyncIterator[tuple[str, int, aiohttp.ClientSession]]:
+    settings = OverloadSettings(max_loop_lag_ms=100, window_s=1.0)
+    config = ServerConfig(
+        overload=settings, sip=SipSettings(host="127.0.0.1", port=0), rate_limit_per_min=0
+    )
+    async with voice_server(None, config) as server, aiohttp.ClientSession() as http:
+        server.app[CALLS].load = LoadGauge(settings, lambda: 0, period_s=0.05)
+        async with server.app[CALLS].load.running():
+            yield str(server.make_url("")).rstrip("/"), server.app[SIP].port, http
+
+
+async def test_an_overloaded_server_refuses_new_calls_on_every_transport() -> None:
+    sdp = await _offer()
+    async with _server() as (base, sip_port, http):
+        with _late_loop():
+            await asyncio.sleep(1.5)  # a whole window of it
+            async with http.post(f"{base}/offer", json={"type": "offer", "sdp": sdp}) as refused:
+                assert refused.status == 503
+                assert "overloaded: event loop" in (await refused.json())["error"]
+                assert 2 <= int(refused.headers["Retry-After"]) <= 30
+            async with http.get(f"{base}/twilio/media") as stream:
+                assert stream.status == 503
+                assert "Retry-After" in stream.headers
+            phone = await SipPhone.open(sip_port)
+            try:
+                answer = await phone.invite()
+                assert answer.status_code == 503
+                assert 2 <= int(answer.headers.get_first("retry-after") or "0") <= 30
+            finally:
+                await phone.close()
+            async with http.get(f"{base}/healthz") as health:
+                assert (await health.json())["refused_overloaded"] == 3
+        await asyncio.sleep(1.5)  # on time again for a whole window
+        async with http.post(f"{base}/offer", json={"type": "offer", "sdp": sdp}) as admitted:
+            assert admitted.status == 200
+            session_id = (await admitted.json())["session_id"]
+        async with http.delete(f"{base}/sessions/{session_id}") as ended:
+            assert ended.status == 200
