@@ -18,12 +18,6 @@ from tests.processes import run_vocable, spawn
 from tests.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
 
 
-async def _vocable(
-    *args: str, stdin: str = "", env: dict[str, str] | None = None
-) -> tuple[int, str, str]:
-    return await run_vocable(*args, stdin=stdin, env=env)
-
-
 def _json_lines(text: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
@@ -36,7 +30,7 @@ async def test_chat_holds_a_conversation_in_plain_text(llm: ScriptedLLM) -> None
             Reply(content="Order A1002 is processing and should arrive on Friday."),
         ]
     )
-    code, out, err = await _vocable(
+    code, out, err = await run_vocable(
         "chat",
         str(EXAMPLES / "support.yaml"),
         "--llm-base-url",
@@ -65,7 +59,7 @@ async def test_chat_json_lines_carry_every_event_and_the_answer(llm: ScriptedLLM
             Reply(content="It shipped and arrives Tuesday."),
         ]
     )
-    code, out, err = await _vocable(
+    code, out, err = await run_vocable(
         "chat",
         str(EXAMPLES / "support.yaml"),
         "--json",
@@ -105,7 +99,7 @@ async def test_chat_falls_back_to_openai_variables(llm: ScriptedLLM) -> None:
             Reply(content="Hello there."),
         ]
     )
-    code, out, err = await _vocable(
+    code, out, err = await run_vocable(
         "chat",
         str(EXAMPLES / "restaurant.yaml"),
         stdin="hello\n",
@@ -121,7 +115,7 @@ async def test_chat_falls_back_to_openai_variables(llm: ScriptedLLM) -> None:
 async def test_chat_with_a_dead_endpoint_speaks_the_fallback_and_goes_on() -> None:
     async with ScriptedLLM() as llm:
         base_url = llm.base_url  # closed on exit: nothing listens there any more
-    code, out, err = await _vocable(
+    code, out, err = await run_vocable(
         "chat",
         str(EXAMPLES / "restaurant.yaml"),
         "--json",
@@ -156,7 +150,7 @@ async def test_chat_rejects_an_invalid_playbook_with_exit_status_2(
 ) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text(content)
-    code, out, err = await _vocable("chat", str(path), "--llm-base-url", "http://127.0.0.1:9/v1")
+    code, out, err = await run_vocable("chat", str(path), "--llm-base-url", "http://127.0.0.1:9/v1")
     assert code == 2
     assert out == ""
     lines = err.strip().splitlines()
@@ -166,7 +160,7 @@ async def test_chat_rejects_an_invalid_playbook_with_exit_status_2(
 
 
 async def test_chat_without_any_endpoint_says_how_to_configure_one() -> None:
-    code, _, err = await _vocable("chat", str(EXAMPLES / "support.yaml"))
+    code, _, err = await run_vocable("chat", str(EXAMPLES / "support.yaml"))
     assert code == 2
     assert "--llm-base-url" in err
     assert "OPENAI_API_KEY" in err

@@ -15,8 +15,9 @@ import pytest
 from playbooks import ChatClient, PlaybookError, PlaybookOrchestrator, load_playbook
 from playbooks.delegation import WORKER_NOTE
 from playbooks.loader import check_playbook
+from tests.processes import run_vocable
 from tests.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
-from tests.test_cli import _json_lines, _vocable
+from tests.test_cli import _json_lines
 
 PLAYBOOK = """
 id: team
@@ -93,7 +94,7 @@ async def _chat(
     write_playbook: Callable[..., Path], llm: ScriptedLLM, mode: str, *args: str
 ) -> list[dict[str, Any]]:
     path = write_playbook(PLAYBOOK.replace("MODE", mode), TOOLS_PY)
-    code, out, err = await _vocable(
+    code, out, err = await run_vocable(
         "chat",
         str(path),
         "--json",
@@ -395,7 +396,7 @@ async def test_a_worker_runs_with_its_persona_the_conversations_language_and_its
 
     llm.script(reply)
     path = write_playbook(text, TOOLS_PY)
-    code, out, err = await _vocable(
+    code, out, err = await run_vocable(
         "chat",
         str(path),
         "--json",

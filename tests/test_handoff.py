@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from playbooks import ChatClient, PlaybookOrchestrator, load_playbook
+from tests.processes import run_vocable
 from tests.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
-from tests.test_cli import _json_lines, _vocable
+from tests.test_cli import _json_lines
 
 PLAYBOOK = """
 id: handoff
@@ -37,7 +38,7 @@ NOTE = f"Handoff notes from the previous stage: {SUMMARY}"
 
 
 async def _chat(path: Path, llm: ScriptedLLM, lines: str) -> list[dict[str, Any]]:
-    code, out, err = await _vocable(
+    code, out, err = await run_vocable(
         "chat",
         str(path),
         "--json",

@@ -12,8 +12,9 @@ import pytest
 
 from playbooks import PlaybookError, load_playbook
 from playbooks.identity import LANGUAGE_TOOL
+from tests.processes import run_vocable
 from tests.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
-from tests.test_cli import _json_lines, _vocable
+from tests.test_cli import _json_lines
 
 DESK = """\
 id: desk
@@ -48,7 +49,7 @@ transitions:
 
 
 async def _chat(llm: ScriptedLLM, playbook: Path, *lines: str) -> list[dict[str, Any]]:
-    code, out, err = await _vocable(
+    code, out, err = await run_vocable(
         "chat",
         str(playbook),
         "--json",

@@ -19,9 +19,9 @@ from playbooks import PlaybookError, ToolError, load_playbook
 from playbooks.mcp import close_mcp_sessions
 from playbooks.tools import InvalidToolCall
 from tests.conftest import REPO
-from tests.processes import popen
+from tests.processes import popen, run_vocable
 from tests.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
-from tests.test_cli import _json_lines, _vocable
+from tests.test_cli import _json_lines
 
 ALL_TOOLS = {"lookup_order", "refund", "explode", "slow", "echo", "crash", "pid"}
 STDIO: dict[str, Any] = {
@@ -108,7 +108,7 @@ async def test_chat_calls_mcp_tools_like_python_tools(
             Reply(content="That took too long."),
         ]
     )
-    code, out, err = await _vocable(
+    code, out, err = await run_vocable(
         "chat",
         str(playbook),
         "--llm-base-url",
@@ -189,7 +189,7 @@ async def test_a_stage_takes_all_of_a_servers_tools_by_mcp_server_name(
             Reply(content="A1002 is being prepared."),
         ]
     )
-    code, _, err = await _vocable(
+    code, _, err = await run_vocable(
         "chat", str(path), "--llm-base-url", llm.base_url, "--json", stdin="Where is A1002?\n"
     )
     assert code == 0, err

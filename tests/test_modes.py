@@ -13,8 +13,9 @@ import pytest
 
 from playbooks.orchestrator import ITERATIVE_NOTE
 from tests.conftest import EXAMPLES
+from tests.processes import run_vocable
 from tests.scripted_llm import NO_INTENT, Reply, ScriptedLLM, ScriptedToolCall
-from tests.test_cli import _json_lines, _vocable
+from tests.test_cli import _json_lines
 
 TOOLS_PY = '''
 from playbooks import tool
@@ -79,7 +80,7 @@ def _playbook(tmp_path: Path, *, work_mode: str = "iterative", initial: str = "w
 
 
 async def _chat(llm: ScriptedLLM, path: Path, stdin: str, *extra: str) -> list[dict[str, Any]]:
-    code, out, err = await _vocable(
+    code, out, err = await run_vocable(
         "chat", str(path), "--json", "--llm-base-url", llm.base_url, *extra, stdin=stdin
     )
     assert code == 0, err
@@ -187,7 +188,9 @@ async def test_chat_runs_the_markdown_example(llm: ScriptedLLM) -> None:
 
 
 async def test_playbook_check_lists_stages_and_transitions() -> None:
-    code, out, err = await _vocable("playbook", "check", str(EXAMPLES / "markdown" / "support.md"))
+    code, out, err = await run_vocable(
+        "playbook", "check", str(EXAMPLES / "markdown" / "support.md")
+    )
     assert code == 0, err
     assert out.startswith("playbook support: Acme customer support\ninitial stage: greeting\n")
     assert "stage identify: Identify the order [iterative]\n  tools: lookup_order\n" in out
@@ -219,14 +222,14 @@ async def test_playbook_commands_reject_an_invalid_file_with_one_line(
     tmp_path: Path, name: str, text: str, expected: str, action: str
 ) -> None:
     (tmp_path / name).write_text(text)
-    code, out, err = await _vocable("playbook", action, str(tmp_path / name))
+    code, out, err = await run_vocable("playbook", action, str(tmp_path / name))
     assert (code, out) == (2, "")
     assert err.splitlines() == [err.strip()]
     assert err.startswith(expected)
 
 
 async def test_playbook_graph_prints_mermaid(tmp_path: Path) -> None:
-    code, out, err = await _vocable("playbook", "graph", str(EXAMPLES / "support.yaml"))
+    code, out, err = await run_vocable("playbook", "graph", str(EXAMPLES / "support.yaml"))
     assert code == 0, err
     lines = out.splitlines()
     assert lines[0] == "stateDiagram-v2"
@@ -244,7 +247,7 @@ async def test_playbook_graph_prints_mermaid(tmp_path: Path) -> None:
 
 
 async def test_playbook_check_notes_what_a_single_shot_stage_cannot_do(tmp_path: Path) -> None:
-    code, out, err = await _vocable("playbook", "check", str(_playbook(tmp_path)))
+    code, out, err = await run_vocable("playbook", "check", str(_playbook(tmp_path)))
     assert code == 0, err
     assert "stage work: Work [iterative]\n" in out
     assert "stage quick: Quick [single-shot]\n  tools: progress\n" in out
@@ -288,7 +291,7 @@ async def test_check_and_graph_run_nothing_of_the_playbook_unless_asked(tmp_path
     path = tmp_path / "offline.md"
     path.write_text(OFFLINE)
 
-    code, out, err = await _vocable("playbook", "graph", str(path))
+    code, out, err = await run_vocable("playbook", "graph", str(path))
     assert code == 0, err
     assert out.splitlines() == [
         "stateDiagram-v2",
@@ -298,7 +301,7 @@ async def test_check_and_graph_run_nothing_of_the_playbook_unless_asked(tmp_path
         "    desk --> orders: intent 'The caller asks about an order' (confidence 0.7)",
         "    desk --> orders: delegates",
     ]
-    code, out, err = await _vocable("playbook", "check", str(path))
+    code, out, err = await run_vocable("playbook", "check", str(path))
     assert code == 0, err
     assert "\ntools: not loaded (--connect imports tools.py and starts the MCP servers)\n" in out
     assert "MCP server orders: /nonexistent/orders-mcp\n" in out
@@ -306,14 +309,14 @@ async def test_check_and_graph_run_nothing_of_the_playbook_unless_asked(tmp_path
     assert not marker.exists()  # the tools module was not imported, no server started
 
     # --connect loads it as chat and serve do: the module runs, the server must start
-    code, out, err = await _vocable("playbook", "check", "--connect", str(path))
+    code, out, err = await run_vocable("playbook", "check", "--connect", str(path))
     assert (code, out) == (2, "")
     assert err.startswith("offline.md:4: cannot connect to MCP server 'orders'")
     assert marker.exists()
 
 
 async def test_check_connect_lists_the_loaded_tools(tmp_path: Path) -> None:
-    code, out, err = await _vocable("playbook", "check", "--connect", str(_playbook(tmp_path)))
+    code, out, err = await run_vocable("playbook", "check", "--connect", str(_playbook(tmp_path)))
     assert code == 0, err
     assert "\ntools: finish, progress\n" in out
 

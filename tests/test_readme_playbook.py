@@ -11,7 +11,7 @@ from playbooks import load_playbook
 from playbooks.models import IntentCondition, LLMDecisionCondition
 from playbooks.outline import mermaid, outline
 from tests.conftest import REPO
-from tests.test_cli import _vocable
+from tests.processes import run_vocable
 
 README_SERVER = (
     "{name: orders, command: python, args: [-m, acme_orders_mcp], tools: [lookup_order]}"
@@ -73,16 +73,16 @@ async def test_playbook_check_and_graph_take_the_readme_example_as_it_is(tmp_pat
     """No `acme_orders_mcp` exists here: both commands read the file without starting it."""
     path = tmp_path / "acme.md"
     path.write_text(_readme_markdown_playbook())
-    code, out, err = await _vocable("playbook", "graph", str(path))
+    code, out, err = await run_vocable("playbook", "graph", str(path))
     assert code == 0, err
     assert "    orders --> billing: llm_decision with summary" in out.splitlines()
     assert "    orders --> goodbye: intent 'The caller wants to end the call' (confidence 0.7)" in (
         out.splitlines()
     )
-    code, out, err = await _vocable("playbook", "check", str(path))
+    code, out, err = await run_vocable("playbook", "check", str(path))
     assert code == 0, err
     assert "\ntools: lookup_order (as the file lists them; --connect asks the MCP servers)\n" in out
     assert "  persona: Billing specialist\n" in out
-    code, _, err = await _vocable("playbook", "check", "--connect", str(path))
+    code, _, err = await run_vocable("playbook", "check", "--connect", str(path))
     assert code == 2
     assert "acme.md:4: cannot connect to MCP server 'orders'" in err

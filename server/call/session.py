@@ -442,14 +442,7 @@ class Session:
         self._count("used")
         transcript = speculation.transcript
         assert transcript is not None
-        self.voice.emit(
-            "transcript",
-            text=transcript.text,
-            dropped=transcript.dropped,
-            audio_ms=round(transcript.audio_ms),
-            stt_ms=round(transcript.compute_ms),
-            speculative=True,
-        )
+        self.voice.emit_transcript(transcript, speculative=True)
         preemption.timeline.confirm_at(ended.detected_at)
         answer.confirm()
         self._enter(self._audible_phase() if self.busy else Phase.LISTENING)

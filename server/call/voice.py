@@ -115,6 +115,17 @@ class VoicePlaybookOrchestrator:
     def emit(self, type: VoiceEventType, **data: Any) -> None:
         self._emit_event(VoiceEvent(type, data, self.clock()))
 
+    def emit_transcript(self, heard: Transcript, *, speculative: bool) -> None:
+        """The ``transcript`` event of what Whisper heard."""
+        self.emit(
+            "transcript",
+            text=heard.text,
+            dropped=heard.dropped,
+            audio_ms=round(heard.audio_ms),
+            stt_ms=round(heard.compute_ms),
+            speculative=speculative,
+        )
+
     async def greet(self) -> None:
         """Speak the current stage's greeting, if it has one; history keeps what was heard."""
         greeting = self.orchestrator.engine.stage.greeting
@@ -149,14 +160,7 @@ class VoicePlaybookOrchestrator:
             await self._say_fallback()
             return
         timeline.stt_done_at = self.clock()
-        self.emit(
-            "transcript",
-            text=heard.text,
-            dropped=heard.dropped,
-            audio_ms=round(heard.audio_ms),
-            stt_ms=round(heard.compute_ms),
-            speculative=speculative,
-        )
+        self.emit_transcript(heard, speculative=speculative)
         if not heard.text:
             return
         await self.answer_text(heard.text, timeline)
