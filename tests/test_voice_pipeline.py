@@ -214,8 +214,9 @@ async def test_barge_in_silences_the_agent_and_answers_the_new_question(
     )
     await call.say(piper_speech("Tell me about my order."), 200)
     await call.wait_event("agent_sentence", count=2, timeout_s=30)
-    turn_task = call.session._turn
-    assert turn_task is not None
+    answer = call.session.answer
+    assert answer is not None
+    turn_task = answer.task
 
     await call.say(piper_speech("Stop, stop, that is enough."), 200)
     interrupted = await call.wait_event("interrupted", timeout_s=10)

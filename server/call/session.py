@@ -197,11 +197,6 @@ class Session:
         """Whether a turn (or the greeting) is running."""
         return self._answer is not None and not self._answer.done()
 
-    @property
-    def _turn(self) -> asyncio.Task[None] | None:
-        """The latest answer's task."""
-        return self._answer.task if self._answer is not None else None
-
     def _enter(self, phase: Phase) -> None:
         """The one place the phase changes; a move the machine lacks is logged as a bug."""
         current = self._phase
