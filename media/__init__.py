@@ -4,7 +4,7 @@ Knows nothing about LLMs, playbooks or transports.
 """
 
 from .audio import FRAME_BYTES, FRAME_MS, SAMPLE_RATE, FrameSplitter, Resampler
-from .chunker import SentenceChunker, speakable
+from .chunker import SentenceChunker, joins_next, speakable
 from .echo import EchoGate, EchoSettings
 from .speaker import Playback, PlaybackResult, Speaker
 from .stt import SpeechToText, Transcriber, TranscriberSettings, Transcript
@@ -45,5 +45,6 @@ __all__ = [
     "VadEvent",
     "VadSegmenter",
     "VadSettings",
+    "joins_next",
     "speakable",
 ]

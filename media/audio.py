@@ -22,6 +22,7 @@ __all__ = [
     "pcm_to_float32",
     "silence",
     "trim_leading_silence",
+    "trim_trailing_silence",
 ]
 
 SAMPLE_RATE = 16_000
@@ -58,18 +59,49 @@ def pcm_rms_dbfs(pcm: bytes) -> float:
     return 20 * np.log10(rms / 32768.0) if rms > 0 else float("-inf")
 
 
+_LEVEL_WINDOW_MS = 5.0
+
+
+def _loud_span(pcm: bytes, sample_rate: int, threshold_dbfs: float) -> tuple[int, int] | None:
+    """Samples [start, end) from the first to the last 5 ms window whose RMS is louder than
+    ``threshold_dbfs``; None if none is. (RMS, not peaks: a voice's fading tail keeps the odd
+    sample above a low threshold long after a listener hears silence.)"""
+    samples = np.frombuffer(pcm, dtype=np.int16).astype(np.float64)
+    window = max(1, int(sample_rate * _LEVEL_WINDOW_MS / 1000))
+    count = samples.size // window
+    if count == 0:
+        return None
+    power = np.mean(samples[: count * window].reshape(count, window) ** 2, axis=1)
+    threshold = (32768.0 * 10 ** (threshold_dbfs / 20)) ** 2
+    loud = np.flatnonzero(power > threshold)
+    if loud.size == 0:
+        return None
+    return int(loud[0]) * window, min(samples.size, (int(loud[-1]) + 1) * window)
+
+
 def trim_leading_silence(
     pcm: bytes, sample_rate: int, *, threshold_dbfs: float = -50.0, keep_ms: float = 10.0
 ) -> bytes:
-    """``pcm`` from ``keep_ms`` before its first sample louder than ``threshold_dbfs`` (peak),
-    so a synthesized answer's sound starts at once; unchanged if nothing is that loud."""
-    samples = np.frombuffer(pcm, dtype=np.int16)
-    threshold = 32768.0 * 10 ** (threshold_dbfs / 20)
-    loud = np.flatnonzero(np.abs(samples.astype(np.int32)) > threshold)
-    if loud.size == 0:
+    """``pcm`` from ``keep_ms`` before its first 5 ms louder than ``threshold_dbfs`` (RMS), so
+    a synthesized answer's sound starts at once; unchanged if nothing is that loud."""
+    span = _loud_span(pcm, sample_rate, threshold_dbfs)
+    if span is None:
         return pcm
-    start = max(0, int(loud[0]) - int(sample_rate * keep_ms / 1000))
+    start = max(0, span[0] - int(sample_rate * keep_ms / 1000))
     return pcm[start * 2 :]
+
+
+def trim_trailing_silence(
+    pcm: bytes, sample_rate: int, *, threshold_dbfs: float = -50.0, keep_ms: float = 10.0
+) -> bytes:
+    """``pcm`` up to ``keep_ms`` after its last 5 ms louder than ``threshold_dbfs`` (RMS), so
+    the next piece of the same phrase follows without a gap; unchanged if nothing is that
+    loud."""
+    span = _loud_span(pcm, sample_rate, threshold_dbfs)
+    if span is None:
+        return pcm
+    end = min(len(pcm) // 2, span[1] + int(sample_rate * keep_ms / 1000))
+    return pcm[: end * 2]
 
 
 class Resampler:

@@ -7,6 +7,12 @@ stripped. The first chunk of an answer is released early at a clause boundary (a
 semicolon, colon or dash) once it holds a few words, so the first audio starts before a long first
 sentence is complete; shorter openings ("Yes, sure,") wait for more, since Piper phrases a lone
 word poorly, and the rest of the answer goes by sentences.
+
+Sooner still, with ``first_phrase_min_words``, the first chunk may end mid-clause, before a word
+that opens a phrase ("on", "and", "our"...) once it holds that many words and does not end on a
+word that leans on the next ("is", "to", "the"...): "It should arrive" is said while "on Friday
+morning." still streams. Such a chunk ends in no punctuation, which is how
+:func:`joins_next` tells the synthesis to close the gap after it.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from __future__ import annotations
 import re
 import unicodedata
 
-__all__ = ["SentenceChunker", "speakable"]
+__all__ = ["SentenceChunker", "joins_next", "speakable"]
 
 _ABBREVIATIONS_TEXT = """mr mrs ms mx dr prof sr jr st mt ft vs etc e.g i.e cf approx no nos vol
 fig inc ltd co corp dept est jan feb mar apr jun jul aug sep sept oct nov dec mon tue wed thu fri
@@ -23,18 +29,43 @@ ABBREVIATIONS = frozenset(_ABBREVIATIONS_TEXT.split())
 _TERMINATORS = ".!?…"
 _CLOSERS = "\"')]}”’»*_"
 _CLAUSE = re.compile(r"[,;:](?=\s)|\s[–—-]\s")
+_PHRASE_OPENERS_TEXT = """on in at to for from with by about into after before until and but or so
+because which who when where the a an our your my their his her its this these those"""
+PHRASE_OPENERS = frozenset(_PHRASE_OPENERS_TEXT.split())
+"""Words a spoken phrase starts with, before which a first chunk may end mid-clause."""
+_LEANING_TEXT = """is are was were be been being am has have had do does did will would shall should
+can could may might must not no to of as than so very too just also"""
+_LEANING = PHRASE_OPENERS | frozenset(_LEANING_TEXT.split())
+"""Words that lean on the next one ("is", "will", "to", "the"): a chunk never ends on one, as in
+"Your order is" or "arrive on"."""
+_NEXT_WORD = re.compile(r"\s+([A-Za-z']+)(?=[\s,;:.!?])")
+_ENDS_SPOKEN_BREAK = ".!?…,;:"
+
+
+def joins_next(chunk: str) -> bool:
+    """Whether ``chunk`` ends mid-phrase (no punctuation): what follows continues it, so the
+    silence a synthesizer puts after it is no pause of the text."""
+    return bool(chunk) and chunk.rstrip(_CLOSERS)[-1:] not in _ENDS_SPOKEN_BREAK
 
 
 class SentenceChunker:
     """Text deltas in (:meth:`push`), speakable chunks out as soon as each closes.
 
     ``first_clause_min_chars``: the first chunk is released at the first clause boundary at or
-    after this many characters (0 disables). ``max_chars``: a chunk without any boundary is cut
-    at a space beyond this length, so a run-on answer still streams.
+    after this many characters (0 disables). ``first_phrase_min_words``: the first chunk may
+    also end before a word of :data:`PHRASE_OPENERS` once it holds this many words (0, the
+    default, disables). ``max_chars``: a chunk without any boundary is cut at a space beyond this
+    length, so a run-on answer still streams.
     """
 
-    def __init__(self, first_clause_min_chars: int = 24, max_chars: int = 300) -> None:
+    def __init__(
+        self,
+        first_clause_min_chars: int = 24,
+        max_chars: int = 300,
+        first_phrase_min_words: int = 0,
+    ) -> None:
         self.first_clause_min_chars = first_clause_min_chars
+        self.first_phrase_min_words = first_phrase_min_words
         self.max_chars = max_chars
         self._buffer = ""
         self._scanned = 0
@@ -75,13 +106,13 @@ class SentenceChunker:
         sentence = self._sentence_cut()
         # a run-on chunk is cut as soon as the buffer holds max_chars + 1 characters
         overflow_at = self.max_chars + 1 if len(buffer) > self.max_chars else None
-        if self._released == 0 and self.first_clause_min_chars:
+        if self._released == 0 and (self.first_clause_min_chars or self.first_phrase_min_words):
             horizon = len(buffer)
             if sentence is not None:
                 horizon = min(horizon, sentence[1] - 1)
             if overflow_at is not None:
                 horizon = min(horizon, overflow_at)
-            early = self._clause_cut(self.first_clause_min_chars, horizon)
+            early = self._early_cut(horizon)
             if early is not None:
                 return early
         if sentence is not None and (overflow_at is None or sentence[1] <= overflow_at):
@@ -110,6 +141,36 @@ class SentenceChunker:
                     return end, end + 1
             i += 1
         self._scanned = max(0, min(i, len(buffer) - 1))
+        return None
+
+    def _early_cut(self, horizon: int) -> int | None:
+        """The first chunk's early end decided first within ``horizon`` characters: a clause
+        boundary (decided where it ends) or a phrase opener (decided one character past it)."""
+        clause = (
+            self._clause_cut(self.first_clause_min_chars, horizon)
+            if self.first_clause_min_chars
+            else None
+        )
+        phrase = self._phrase_cut(self.first_phrase_min_words, horizon)
+        if phrase is None or (clause is not None and clause <= phrase[1]):
+            return clause
+        return phrase[0]
+
+    def _phrase_cut(self, min_words: int, endpos: int) -> tuple[int, int] | None:
+        """(cut, decided at): the space before the first phrase opener that follows at least
+        ``min_words`` words, the opener and the character after it within ``endpos``."""
+        if not min_words:
+            return None
+        for match in _NEXT_WORD.finditer(self._buffer, 0, endpos):
+            if match.end() >= endpos:
+                return None  # the word may go on
+            before = self._buffer[: match.start()].split()
+            if (
+                match.group(1).lower() in PHRASE_OPENERS
+                and len(before) >= min_words
+                and before[-1].lower() not in _LEANING
+            ):
+                return match.start() + 1, match.end() + 1
         return None
 
     def _clause_cut(self, min_chars: int, endpos: int) -> int | None:

@@ -144,6 +144,12 @@ class VadSegmenter:
         return self._voiced_frames * FRAME_MS if self._utterance is not None else 0
 
     @property
+    def onset_ms(self) -> int:
+        """Consecutive voiced audio not yet an utterance (shorter than ``start_ms``; 0 while
+        speaking or after an unvoiced frame): a sound that may be the start of speech."""
+        return self._voiced_run * FRAME_MS if self._utterance is None else 0
+
+    @property
     def silent_ms(self) -> int:
         """Silence since the last voiced frame of the current utterance (0 when not speaking)."""
         return self._silent_run * FRAME_MS if self._utterance is not None else 0

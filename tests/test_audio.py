@@ -17,6 +17,7 @@ from media.audio import (
     pcm_to_float32,
     silence,
     trim_leading_silence,
+    trim_trailing_silence,
 )
 from tests.speech import tone, white_noise
 
@@ -193,11 +194,20 @@ def test_silence_duration_and_float_conversion() -> None:
 def test_leading_silence_is_trimmed_to_a_short_lead_in() -> None:
     hiss = np.full(160, 20, dtype=np.int16).tobytes()  # 10 ms at -64 dBFS: not sound
     lead = silence(60) + hiss
-    voice = tone(SAMPLE_RATE, 200)  # its first loud sample is its second (phase 0 is silent)
+    voice = tone(SAMPLE_RATE, 200)
     trimmed = trim_leading_silence(lead + voice, SAMPLE_RATE, keep_ms=10)
-    first_loud = len(lead) // 2 + 1
-    assert trimmed == (lead + voice)[(first_loud - 160) * 2 :]  # 10 ms before it
+    assert trimmed == (lead + voice)[(len(lead) // 2 - 160) * 2 :]  # 10 ms before the tone
     assert duration_ms(trimmed) == pytest.approx(210, abs=0.1)
+
+
+def test_trailing_silence_is_trimmed_to_a_short_tail_by_loudness_not_stray_peaks() -> None:
+    # a fading tail: quiet on average, with the odd sample as loud as speech
+    tail = np.zeros(1600, dtype=np.int16)
+    tail[::400] = 600  # -35 dBFS peaks, -54 dBFS over 5 ms
+    voice = tone(SAMPLE_RATE, 200)
+    trimmed = trim_trailing_silence(voice + tail.tobytes(), SAMPLE_RATE, keep_ms=10)
+    assert trimmed == (voice + tail.tobytes())[: len(voice) + 160 * 2]  # 10 ms after the tone
+    assert trim_trailing_silence(tail.tobytes(), SAMPLE_RATE) == tail.tobytes()
 
 
 def test_audio_without_a_loud_sample_is_not_trimmed() -> None:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from media import SentenceChunker, speakable
+from media import SentenceChunker, joins_next, speakable
 
 
 def chunk_whole(text: str, chunker: SentenceChunker | None = None) -> list[str]:
@@ -386,3 +386,66 @@ def test_random_texts_chunk_the_same_however_they_are_streamed(
     # no words are lost or invented by chunking
     spoken = "".join(char for char in " ".join(whole) if char.isalnum())
     assert spoken == "".join(char for char in speakable(text) if char.isalnum())
+
+
+# --- a first phrase released mid-clause ----------------------------------------------------
+
+
+def phrases() -> SentenceChunker:
+    return SentenceChunker(first_phrase_min_words=3)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "It should arrive on Friday morning. Bye.",
+            ["It should arrive", "on Friday morning.", "Bye."],
+        ),
+        (
+            "Your order left our warehouse yesterday. It comes on Friday.",
+            ["Your order left", "our warehouse yesterday.", "It comes on Friday."],
+        ),
+        # too few words before the first opener: the next opener, if any
+        ("I can help with that today. Bye.", ["I can help", "with that today.", "Bye."]),
+        ("Go to bed now.", ["Go to bed now."]),
+        # never after a word that leans on the next
+        ("Your order is on its way.", ["Your order is on its way."]),
+        ("We want to be with you now.", ["We want to be with you now."]),
+        # a clause boundary decided first wins
+        (
+            "Absolutely, everything looks fine, so we are done.",
+            ["Absolutely, everything looks fine,", "so we are done."],
+        ),
+        (
+            "Certainly, my friend, I will check it for you.",
+            ["Certainly, my friend, I will check it", "for you."],
+        ),
+        # an opener inside a word is not one ("onward", "another")
+        ("We move onward another day. Bye.", ["We move onward another day.", "Bye."]),
+    ],
+)
+def test_a_first_phrase_may_end_before_a_phrase_opener(text: str, expected: list[str]) -> None:
+    assert chunk_whole(text, phrases()) == expected
+
+
+def test_only_the_first_chunk_ends_mid_phrase() -> None:
+    text = "Yes. It should arrive on Friday morning."
+    assert chunk_whole(text, phrases()) == ["Yes.", "It should arrive on Friday morning."]
+
+
+@given(st.lists(st.integers(min_value=1, max_value=12), min_size=1, max_size=20))
+@settings(max_examples=50, deadline=None)
+def test_first_phrases_do_not_depend_on_the_deltas(cuts: list[int]) -> None:
+    text = "Your order left our warehouse yesterday, and it comes on Friday. Bye."
+    points = sorted({min(sum(cuts[: i + 1]), len(text)) for i in range(len(cuts))})
+    deltas = [text[a:b] for a, b in itertools.pairwise([0, *points, len(text)]) if a < b]
+    assert chunk_deltas(deltas, phrases()) == chunk_whole(text, phrases())
+
+
+@pytest.mark.parametrize(
+    ("chunk", "joins"),
+    [("It should arrive", True), ("on Friday morning.", False), ("Sure,", False), ("", False)],
+)
+def test_joins_next_is_a_chunk_without_closing_punctuation(chunk: str, joins: bool) -> None:
+    assert joins_next(chunk) is joins

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from media import Synthesizer, Transcriber
-from media.audio import silence
+from media.audio import FRAME_MS, SAMPLE_RATE, frame_bytes, pcm_rms_dbfs, silence
 from playbooks import load_playbook
 from playbooks.loader import LoadedPlaybook
 from server.call.session import SessionSettings
@@ -164,6 +164,38 @@ async def test_the_first_sentence_plays_while_the_llm_is_still_streaming(
     assert finished_at - first_sentence.t > 2.0
 
 
+def _longest_silence_ms(pcm: bytes, rate: int = SAMPLE_RATE) -> float:
+    """The longest run of silent 20 ms frames between the first and last audible ones."""
+    size = frame_bytes(rate)
+    levels = [pcm_rms_dbfs(pcm[i : i + size]) for i in range(0, len(pcm), size)]
+    audible = [i for i, level in enumerate(levels) if level > -50]
+    longest = run = 0
+    for level in levels[audible[0] : audible[-1] + 1]:
+        run = run + 1 if level <= -50 else 0
+        longest = max(longest, run)
+    return longest * FRAME_MS
+
+
+async def test_a_first_phrase_plays_early_and_joins_the_rest_without_a_gap(
+    llm: ScriptedLLM, support: LoadedPlaybook, call_factory: list[VoiceCall]
+) -> None:
+    answer = "It should arrive on Friday morning."
+    llm.script([Reply(content=answer, chunk_delay_s=0.05)])
+    call = _call(call_factory, support, llm.base_url)
+    start = len(call.line.recording)
+    call.session.submit_text("When does my parcel arrive?")
+    await call.wait_idle(timeout_s=60)
+    sentences = [event.data["text"] for event in call.of_type("agent_sentence")]
+    assert sentences == ["It should arrive", "on Friday morning."]
+    heard = call.heard_since(start)
+    # Piper closes each piece with ~150 ms of silence and opens the next with ~50 ms: the join
+    # keeps ~20 ms, no longer than the pauses between the words Piper says in one piece
+    piper = synthesizer()
+    alone = _longest_silence_ms(piper.synthesize_all(answer), piper.sample_rate)
+    assert _longest_silence_ms(heard) <= max(60.0, alone)
+    assert words(await _agent_said(call, start)) == words(answer)
+
+
 async def test_phase1_text_never_reaches_the_speaker(
     llm: ScriptedLLM, support: LoadedPlaybook, call_factory: list[VoiceCall]
 ) -> None:
@@ -233,10 +265,11 @@ async def test_barge_in_silences_the_agent_and_answers_the_new_question(
         if e.type in ("speech_start", "speech_end", "transcript")
     ]
     second_start = starts[1]
-    # pause_resume (the default): silent as soon as speech starts, cut off once it is clearly
-    # more than a backchannel (700 ms of voiced speech) or its words say so
+    # pause_resume (the default): silent at the sound's onset (40 ms of voice, a frame before
+    # the utterance starts at 60 ms), cut off once it is clearly more than a backchannel (700 ms
+    # of voiced speech) or its words say so
     (paused,) = call.of_type("paused")
-    assert 0 <= paused.t - second_start.t <= 0.1
+    assert -0.05 <= paused.t - second_start.t <= 0.1
     assert 0.6 <= interrupted.t - second_start.t <= 1.6
 
     messages = call.orchestrator.conversation.messages

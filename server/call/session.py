@@ -123,6 +123,11 @@ class SessionSettings:
     pause_confirm_ms: int = 700
     """Under ``pause_resume``: voiced speech that cuts the paused agent off without waiting for
     the words (longer than any backchannel)."""
+    pause_onset_ms: int = 40
+    """Under ``pause_resume``: voiced sound that pauses the agent before it is long enough to
+    start an utterance (``vad.start_ms``). A pause costs nothing to undo, and every 20 ms
+    shaved here is 20 ms less of the agent talking over the caller; a sound that stops short
+    of an utterance resumes the agent at once. 0 pauses only when an utterance starts."""
 
 
 class Session:
@@ -163,6 +168,8 @@ class Session:
         self._interrupted_this_utterance = False
         """Whether the caller's current utterance already cut the agent off (its words are then
         the next turn, whatever the agent is doing)."""
+        self._onset_paused = False
+        """Paused by a sound not (yet) an utterance (``pause_onset_ms``)."""
         self._closed = False
         self._state: SessionState = "listening"
         self.turns = 0
@@ -285,6 +292,7 @@ class Session:
                 self._discard_speculation()
             else:
                 self._on_speech_ended(event)
+        self._check_onset()
         self._check_end_of_turn(at)
         self._check_barge_in()
         self._refresh()
@@ -320,7 +328,27 @@ class Session:
         self.interrupt()
         self._start_answer(self.voice.answer_text(text), "typed")
 
+    def _check_onset(self) -> None:
+        """Pause at the onset of a sound that may be the caller talking over the agent
+        (``pause_onset_ms``); resume if it died away before it became an utterance."""
+        if self._onset_paused and not self.vad.speaking and not self.vad.onset_ms:
+            self._onset_paused = False
+            if self._phase is Phase.PAUSED:
+                self._resume()
+                self.voice.emit("resumed", text="")
+            return
+        onset = self.settings.pause_onset_ms
+        if (
+            onset
+            and self.vad.onset_ms >= onset
+            and self._phase in AUDIBLE
+            and self.barge_in_policy == "pause_resume"
+        ):
+            self._onset_paused = True
+            self._pause()
+
     def _on_speech_started(self, event: SpeechStarted) -> None:
+        self._onset_paused = False
         self._interrupted_this_utterance = False
         self.voice.emit("speech_start", at_ms=round(event.at * 1000, 1))
         if self._phase not in ANSWERING:

@@ -31,9 +31,10 @@ from media import (
     SpeechToText,
     TextToSpeech,
     Transcript,
+    joins_next,
     speakable,
 )
-from media.audio import trim_leading_silence
+from media.audio import trim_leading_silence, trim_trailing_silence
 from media.speaker import Playback, PlaybackResult
 from media.tts import VoiceSettings, VoiceVariants
 from playbooks import BargeInPolicy, OrchestratorEvent, PlaybookOrchestrator, Retraction, Turn
@@ -45,6 +46,11 @@ from .timeline import TurnTimeline
 __all__ = ["SpokenVoice", "VoicePlaybookOrchestrator"]
 
 log = logging.getLogger(__name__)
+
+FIRST_PHRASE_MIN_WORDS = 3
+"""An answer's first chunk may end before a phrase-opening word once it holds this many words
+(``SentenceChunker.first_phrase_min_words``): "It should arrive" is synthesized while "on Friday
+morning." still streams, and the two are joined without the silence Piper puts around each."""
 
 
 @dataclass(frozen=True)
@@ -271,7 +277,7 @@ class _Speech:
         self.timeline = timeline
         self.spoken = spoken
         """The voice of the sentences queued from now on."""
-        self.chunker = SentenceChunker()
+        self.chunker = SentenceChunker(first_phrase_min_words=FIRST_PHRASE_MIN_WORDS)
         self.sentences: asyncio.Queue[tuple[int, str, SpokenVoice, bool] | None] = asyncio.Queue()
         self.playbacks: list[Playback] = []
         self.generation = 0
@@ -284,6 +290,9 @@ class _Speech:
         """Whether no audio of this answer is queued yet: the first is queued without the
         synthesizer's leading silence (Piper opens each sentence with ~40 ms of it), so the
         caller hears the answer that much sooner."""
+        self.joining = False
+        """Whether the last chunk played ends mid-phrase: the next one is queued without its
+        leading silence, as the last was without its trailing silence."""
 
     def switch(self, spoken: SpokenVoice) -> None:
         """Speak the text received so far in the old voice (its unfinished sentence is
@@ -314,6 +323,7 @@ class _Speech:
                     # caller talking over it) stays, so what it says next waits the same way
                     self.voice.speaker.drop()
                     self.onset_pending = True
+                    self.joining = False
                     timeline.first_token_at = timeline.first_sentence_at = None
                     continue
                 if timeline.first_token_at is None and delta.strip():
@@ -349,16 +359,28 @@ class _Speech:
         self, generation: int, sentence: str, spoken: SpokenVoice, *, interim: bool = False
     ) -> None:
         voice = self.voice
+        rate = spoken.tts.sample_rate
         pieces: list[Playback] = []
+        trim_onset = self.onset_pending or (self.joining and not interim)
+        joins = joins_next(sentence) and not interim
+        held = bytearray()  # a joining chunk, whose trailing silence may span pieces
         async for pcm in spoken.tts.synthesize(sentence):
             if generation != self.generation:
+                held.clear()
                 break
             if self.timeline.first_audio_at is None and not interim:
                 self.timeline.first_audio_at = voice.clock()
-            if self.onset_pending:
-                self.onset_pending = False
-                pcm = trim_leading_silence(pcm, spoken.tts.sample_rate)
-            pieces.append(voice.speaker.push(pcm, spoken.tts.sample_rate))
+            if trim_onset:
+                trim_onset = self.onset_pending = False
+                pcm = trim_leading_silence(pcm, rate)
+            if joins:
+                held += pcm
+            else:
+                pieces.append(voice.speaker.push(pcm, rate))
+        if held:  # (Piper gives a chunk's pieces all at once: holding them costs no time)
+            pieces.append(voice.speaker.push(trim_trailing_silence(bytes(held), rate), rate))
+        if not interim:
+            self.joining = joins
         if not pieces:
             return
         self.playbacks.extend(pieces)

@@ -16,14 +16,15 @@ from collections.abc import AsyncIterator
 
 import av
 from aiortc import MediaStreamTrack, RTCRtpReceiver
-from aiortc.jitterbuffer import JitterBuffer
+from aiortc.jitterbuffer import JitterBuffer, JitterFrame
 from aiortc.mediastreams import MediaStreamError
+from aiortc.utils import uint16_add
 
 from media import FRAME_BYTES, FRAME_MS, SAMPLE_RATE, FrameSplitter, Resampler, Speaker
 
 __all__ = [
-    "INBOUND_PREFETCH_PACKETS",
     "OUTPUT_RATE",
+    "PromptAudioBuffer",
     "SpeakerTrack",
     "caller_frames",
     "hear_promptly",
@@ -35,24 +36,46 @@ OUTPUT_RATE = 48_000
 """The speaker's rate for WebRTC calls: Opus's native rate, so aiortc does not resample."""
 
 
-INBOUND_PREFETCH_PACKETS = 1
-"""Packets the caller's audio waits for before it is decoded. aiortc's default (4, i.e. 80 ms)
-smooths playout for a listener; the server's listener is the VAD, which needs order but not
-smoothness, and every 20 ms held here delays barge-in by as much. A lost packet stalls the
-buffer the same way at any prefetch (until it overflows at 16 packets)."""
-
 _JITTER_BUFFER = "_RTCRtpReceiver__jitter_buffer"
 
 
-def hear_promptly(receiver: RTCRtpReceiver, prefetch: int = INBOUND_PREFETCH_PACKETS) -> bool:
-    """Give an audio receiver a jitter buffer that releases each packet ``prefetch`` packets
-    later instead of aiortc's four. Call before media flows. False (and nothing changed) if
-    this aiortc keeps its buffer elsewhere."""
+class PromptAudioBuffer(JitterBuffer):
+    """An audio jitter buffer that holds nothing: each packet is released as it arrives.
+
+    aiortc's audio buffer holds every packet until four more have arrived (80 ms), and even
+    with no prefetch until the next one does (20 ms), since a video frame spans packets. The
+    server's listener is the VAD, which needs order and promptness, not smooth playout: every
+    20 ms held delays the end of the caller's turn and a barge-in by as much.
+
+    Contract (the one aiortc's receiver relies on): ``add(packet)`` returns at most one frame,
+    here the packet just added when it is newer than every packet released so far. A packet
+    that arrives after a newer one (reordered, or duplicated) is dropped, and a lost one is
+    never waited for: either costs 20 ms of the caller's audio and never any delay.
+    """
+
+    def __init__(self, capacity: int = 16) -> None:
+        super().__init__(capacity=capacity)
+
+    def _remove_frame(self, sequence_number: int) -> JitterFrame | None:
+        origin = self._origin
+        assert origin is not None  # add() set it
+        self.remove(uint16_add(sequence_number, -origin))  # the hole before it, if any
+        packet = self._packets[sequence_number % self._capacity]
+        self.remove(1)
+        if packet is None:  # pragma: no cover - add() stored it just now
+            return None
+        return JitterFrame(data=packet._data, timestamp=packet.timestamp)  # type: ignore[attr-defined]
+
+
+def hear_promptly(receiver: RTCRtpReceiver) -> bool:
+    """Give an audio receiver a :class:`PromptAudioBuffer` instead of aiortc's, which holds each
+    packet until four more have arrived (80 ms). Call before media flows. False (and nothing
+    changed) if this aiortc keeps its buffer elsewhere."""
     current = getattr(receiver, _JITTER_BUFFER, None)
     if not isinstance(current, JitterBuffer) or current.capacity != 16:  # not an audio buffer
         log.warning("cannot shorten the inbound jitter buffer of this aiortc version")
         return False
-    setattr(receiver, _JITTER_BUFFER, JitterBuffer(capacity=16, prefetch=prefetch))
+    setattr(receiver, _JITTER_BUFFER, PromptAudioBuffer(capacity=current.capacity))
     return True
 
 
