@@ -83,6 +83,8 @@ class WebRTCCaller:
     """The agent's audio as received, 16 kHz PCM16."""
     frames: list[ReceivedFrame] = field(default_factory=list)
     session_id: str = ""
+    offer_headers: dict[str, str] = field(default_factory=dict)
+    """Extra headers of the offer request (e.g. ``X-Vocable-Record: off``)."""
     _arrived: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -94,7 +96,7 @@ class WebRTCCaller:
         self.pc.on("track", self._on_track)
         await self.pc.setLocalDescription(await self.pc.createOffer())
         body = {"sdp": self.pc.localDescription.sdp, "type": "offer", **offer_extra}
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        headers = {**self.offer_headers, **({"Authorization": f"Bearer {token}"} if token else {})}
         async with (
             aiohttp.ClientSession() as http,
             http.post(f"{base_url}/offer", json=body, headers=headers) as response,

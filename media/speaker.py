@@ -115,6 +115,10 @@ class Speaker:
         self.on_clear: list[Callable[[], None]] = []
         """Transport hooks run by ``clear()``, ``drop()`` and ``pause()`` when audio went out
         since they last ran, e.g. a media WebSocket's ``clear`` message."""
+        self.taps: list[Callable[[bytes], None]] = []
+        """Observers of each frame ``pull()`` hands out, silence included (e.g. a call
+        recorder): what the transport sends, after pauses and clears. They run on the event
+        loop: quick."""
         self._sent_since_flush = False
 
     @property
@@ -167,6 +171,8 @@ class Speaker:
         paused or held)."""
         if not self._queue or self.paused or self.held:
             self.levels.append(SILENT_DBFS)
+            for tap in self.taps:
+                tap(self._silence)
             return self._silence
         frame = bytearray()
         while self._queue and len(frame) < self.frame_bytes:
@@ -182,6 +188,8 @@ class Speaker:
         self._sent_since_flush = True
         out = bytes(frame.ljust(self.frame_bytes, b"\0"))
         self.levels.append(pcm_rms_dbfs(out))
+        for tap in self.taps:
+            tap(out)
         return out
 
     def clear(self) -> list[PlaybackResult]:

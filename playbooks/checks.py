@@ -29,6 +29,7 @@ from .models import (
     ToolCallCondition,
     Voice,
 )
+from .transfer import TRANSFER_TOOL
 
 __all__ = [
     "DELEGATE_TOOL",
@@ -133,10 +134,12 @@ def check_references(
 
 
 def _check_reserved(names: ToolNames, fail: Fail) -> None:
-    for name in sorted(({RESERVED_TOOL} | BUILTIN_TOOLS) & names.tools()):
+    for name in sorted(({RESERVED_TOOL, TRANSFER_TOOL} | BUILTIN_TOOLS) & names.tools()):
         where = "tools_module" if name in names.module else "mcp_servers"
         if name == RESERVED_TOOL:
             fail(where, f"the tool name {name!r} is reserved for stage transitions")
+        elif name == TRANSFER_TOOL:
+            fail(where, f"the tool name {name!r} is reserved for call transfers")
         else:
             fail(where, f"the tool name {name!r} is reserved for the built-in tool")
 
@@ -151,7 +154,10 @@ def _check_tool_lists(spec: Playbook, names: ToolNames | None, fail: Fail) -> No
     for where, entries in lists:
         for j, name in enumerate(entries):
             server = server_of(name)
-            if server is not None:
+            if name == TRANSFER_TOOL:
+                message = "transfer_call is built in: give the stage or the playbook a transfer"
+                fail(f"{where}[{j}]", message + " ({to: ..., say: ...}) instead of listing it")
+            elif server is not None:
                 if server not in servers:
                     declared = ", ".join(sorted(servers)) or "none"
                     message = f"no MCP server {shown(server)} (mcp_servers: {declared})"

@@ -25,8 +25,9 @@ from .identity import (
     stage_persona,
 )
 from .loader import RESERVED_TOOL, LoadedPlaybook
-from .models import LLMConfig, Stage, Transition, Voice
+from .models import LLMConfig, Stage, Transfer, Transition, Voice
 from .tools import Tool
+from .transfer import transfer_prompt, transfer_tool_schema
 
 __all__ = [
     "LOOP_CONDITIONS",
@@ -213,6 +214,9 @@ class PlaybookEngine:
                 about = transition.description or target.description or target.name
                 lines.append(f"- {target.id}: {about}")
             parts.append("\n".join(lines))
+        transfer = self.transfer()
+        if transfer is not None:
+            parts.append(transfer_prompt(transfer))
         parts.append(language_instruction(self.playbook.spec, self.language))
         return "\n\n".join(part.strip() for part in parts if part and part.strip())
 
@@ -220,6 +224,11 @@ class PlaybookEngine:
         """Global tools, then the stage's (each once)."""
         names = dict.fromkeys([*self.playbook.spec.global_tool_names, *self.stage.tool_names])
         return [self.find_tool(name) or self.playbook.tools[name] for name in names]
+
+    def transfer(self) -> Transfer | None:
+        """Where ``transfer_call`` puts the caller through from this stage (the stage's
+        ``transfer``, else the playbook's); None: the tool is not offered."""
+        return self.stage.transfer or self.playbook.spec.transfer
 
     def find_tool(self, name: str) -> Tool | None:
         """The playbook's tool or built-in tool called ``name``, offered here or not."""
@@ -246,6 +255,9 @@ class PlaybookEngine:
             spec = self.playbook.spec
             about = {s.id: s.description or s.name for s in spec.stages}
             schemas.append(delegate_tool_schema(delegates, about))
+        transfer = self.transfer()
+        if transfer is not None:
+            schemas.append(transfer_tool_schema(transfer))
         return schemas
 
     def transition_tool_schema(self) -> dict[str, Any] | None:

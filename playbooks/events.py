@@ -26,6 +26,9 @@ EventType = Literal[
     "answer_retracted",
     "delegation_start",
     "delegation_end",
+    "transfer_started",
+    "transfer_answered",
+    "transfer_failed",
     "error",
 ]
 

@@ -3,10 +3,12 @@
 ``#`` names the playbook (its text is the global prompt); each ``##`` is a stage (its text is
 the stage prompt; ``{#id}`` after the title sets the id, else the title's slug); under a stage,
 ``### Steps`` (a numbered list the prompt carries), ``### Triggers`` (``- condition → stage``,
-each an ``intent`` transition) and ``### Tools`` (``- tool_name``, or ``- mcp:server`` for every
-tool of an MCP server). An optional YAML front matter between ``---`` lines holds everything
-else: playbook fields, ``transitions`` in the YAML form and per-stage options under
-``stages: {stage_id: {...}}``. See docs/playbooks-markdown.md.
+each an ``intent`` transition), ``### Tools`` (``- tool_name``, or ``- mcp:server`` for every
+tool of an MCP server) and ``### Transfer`` (``- to: sip:desk@pbx``, ``- say: ...``, ``- mode:
+warm``, ``- when: ...``, ``- ring_timeout_ms: ...``: the stage's ``transfer``). An optional
+YAML front matter between ``---`` lines holds everything else: playbook fields, ``transitions``
+in the YAML form and per-stage options under ``stages: {stage_id: {...}}``. See
+docs/playbooks-markdown.md.
 
 :func:`compile_markdown` returns the data with a :class:`~playbooks.errors.LineMap`; the loader
 validates the data like a YAML file's and passes any :class:`PlaybookError` through
@@ -41,7 +43,15 @@ _FENCE = re.compile(r"^[ \t]{0,3}(```|~~~)")
 _STEP = re.compile(r"^\d{1,3}[.)][ \t]+\S")
 _ARROW = re.compile(r"→|->|=>")
 _TOOL = re.compile(r"^`?(mcp:[\w.-]+|[A-Za-z_][\w.-]*)`?(?:[ \t]*(?:[:—–]|[ \t]-[ \t]).*)?$")
-_SECTIONS = ("steps", "triggers", "tools")
+_SECTIONS = ("steps", "triggers", "tools", "transfer")
+_TRANSFER_KEYS = {
+    "to": "to",
+    "say": "say",
+    "mode": "mode",
+    "when": "description",
+    "ring_timeout_ms": "ring_timeout_ms",
+}
+"""``### Transfer`` bullets (``- to: sip:desk@pbx``) and the ``transfer`` fields they set."""
 _FROM_BODY = {
     "name": "the # heading",
     "global_system_prompt": "the text under the # heading",
@@ -72,6 +82,7 @@ class _Stage:
     steps: list[str] = field(default_factory=list)
     triggers: list[tuple[str, str, int]] = field(default_factory=list)
     tools: list[tuple[str, int]] = field(default_factory=list)
+    transfer: dict[str, str] = field(default_factory=dict)
     sections: dict[str, int] = field(default_factory=dict)
 
 
@@ -174,7 +185,9 @@ def _parse_body(lines: list[str], start: int, label: str) -> _Document:
             elif stage is None:
                 doc.problem(number, f"'### {title}' outside a '##' stage")
             elif title.lower() not in _SECTIONS:
-                message = f"unknown section {_shown(title)}; expected Steps, Triggers or Tools"
+                message = (
+                    f"unknown section {_shown(title)}; expected Steps, Triggers, Tools or Transfer"
+                )
                 doc.problem(number, message)
                 section = None  # its lines are the stage's text
             else:
@@ -254,6 +267,16 @@ def _section_line(doc: _Document, stage: _Stage, section: str, raw: str, number:
             condition = parts[0].strip().rstrip(".")
             stage.triggers.append((condition, parts[1].strip().strip("`"), number))
         return
+    if section == "transfer":
+        key, colon, value = (bullet or "").partition(":")
+        key = key.strip().lower()
+        if not colon or key not in _TRANSFER_KEYS or not value.strip():
+            doc.problem(number, "a transfer line is a bullet: '- to: sip:desk@pbx.example.com'")
+        elif _TRANSFER_KEYS[key] in stage.transfer:
+            doc.problem(number, f"a second '{key}:' in ### Transfer")
+        else:
+            stage.transfer[_TRANSFER_KEYS[key]] = value.strip()
+        return
     tool = _TOOL.match(bullet) if bullet else None
     if tool is None:
         doc.problem(number, "a tool is a bullet with its name: '- lookup_order'")
@@ -313,6 +336,12 @@ def _assemble(doc: _Document, front: dict[str, Any], where: LineMap) -> dict[str
                 **options.get(stage.id, {}),
             }
         )
+        if "transfer" in stage.sections:
+            line = stage.sections["transfer"]
+            if "transfer" in options.get(stage.id, {}):
+                doc.problem(line, "transfer: set by both ### Transfer and the front matter")
+            where.add(f"stages[{i}].transfer", line)
+            stages[-1]["transfer"] = stage.transfer
         for condition, target, line in stage.triggers:
             target_id = target if target in ids else slug(target)
             if target_id not in ids:

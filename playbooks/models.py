@@ -7,6 +7,7 @@ function names) are checked by :mod:`playbooks.loader`, which knows the tools mo
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -20,6 +21,7 @@ from pydantic import (
     model_validator,
 )
 from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
 
 __all__ = [
     "BargeInPolicy",
@@ -37,15 +39,18 @@ __all__ = [
     "NamedToolChoice",
     "Persona",
     "Playbook",
+    "Recording",
     "Stage",
     "TimeoutCondition",
     "ToolCallCondition",
     "ToolChoice",
     "ToolDefinition",
     "ToolEntry",
+    "Transfer",
     "Transition",
     "TransitionAction",
     "Voice",
+    "Voicemail",
 ]
 
 
@@ -320,6 +325,51 @@ class Delegation(_Model):
     """Each worker's time limit (its LLM calls and tools together)."""
 
 
+_SIP_URI = re.compile(r"^sips?:([^@\s]+@)?[A-Za-z0-9.\-\[\]:]+(;[^\s]*)?$")
+_PHONE = re.compile(r"^(tel:)?\+?[0-9][0-9 ().\-]{2,30}$")
+
+
+class Transfer(_Model):
+    """Where the built-in ``transfer_call`` tool puts the caller through to a person, and how.
+    A stage's ``transfer`` replaces the playbook's (the default of every stage)."""
+
+    to: str = Field(min_length=1)
+    """A SIP URI (``sip:agent@pbx.example.com``) or a phone number (``+15551234567``, for the
+    gateway or the provider to dial)."""
+    say: str | None = "Let me put you through."
+    """Said to the caller before the transfer starts."""
+    mode: Literal["blind", "warm"] = "blind"
+    """``warm``: the person first hears the agent's summary of the conversation (the LLM's
+    ``summary``), then the caller is joined; SIP peers that take REFER are always blind."""
+    ring_timeout_ms: int = Field(default=30_000, gt=0)
+    """How long the person's phone may ring before the transfer counts as not answered."""
+    description: str | None = None
+    """When to transfer, for the LLM (default: when the caller asks for a person)."""
+
+    @field_validator("to")
+    @classmethod
+    def _destination(cls, value: str) -> str:
+        value = value.strip()
+        if not (_SIP_URI.match(value) or _PHONE.match(value)):
+            raise PydanticCustomError(
+                "destination",
+                "must be a SIP URI (sip:agent@pbx.example.com) or a phone number (+15551234567)",
+            )
+        return value
+
+
+class Recording(_Model):
+    """Whether calls on this playbook are recorded where the server records them
+    (``vocable serve --record DIR``), and what they are told. ``recording: false`` is
+    ``recording: {enabled: false}``."""
+
+    enabled: bool = True
+    """False: calls on this playbook are never recorded."""
+    notice: str | None = Field(default=None, min_length=1)
+    """Said at the start of each recorded call, before the greeting (over the server's
+    ``--record-notice``)."""
+
+
 def _hook_name(value: Any) -> Any:
     """``on_enter`` / ``on_exit`` must name a function; llmrtc's code cannot come from JSON."""
     if value is not None and not isinstance(value, str):
@@ -366,6 +416,9 @@ class Stage(_Model):
     tools). A delegation worker runs its own mode, without transitions."""
     delegates: Delegation | None = None
     """Worker stages this stage may delegate to (the ``delegate`` tool is then offered)."""
+    transfer: Transfer | None = None
+    """Where this stage may put the caller through to a person (the ``transfer_call`` tool is
+    then offered); over the playbook's ``transfer``."""
 
     _hooks_named = field_validator("on_enter", "on_exit", mode="before")(_hook_name)
 
@@ -400,6 +453,23 @@ class McpServer(_Model):
         return self
 
 
+class Voicemail(_Model):
+    """What an outbound call does when a voicemail greeting answers it (a long monologue right
+    after the answer, see ``server/call/pickup.py``)."""
+
+    action: Literal["hangup", "leave_message"] = "hangup"
+    message: str | None = Field(default=None, min_length=1)
+    """Said once the greeting is over (``leave_message``); the call then hangs up."""
+    detect_after_ms: int = Field(default=4000, ge=1000, le=30_000)
+    """Speech without a pause longer than this, right after the answer, is a machine's."""
+
+    @model_validator(mode="after")
+    def _message_to_leave(self) -> Voicemail:
+        if self.action == "leave_message" and self.message is None:
+            raise ValueError("action leave_message needs a message")
+        return self
+
+
 class Playbook(_Model):
     id: str = Field(min_length=1)
     name: str = Field(min_length=1)
@@ -427,9 +497,20 @@ class Playbook(_Model):
     """The default voice of every stage."""
     languages: dict[str, Language] = Field(default_factory=dict)
     """Languages ``set_language`` offers, by code; empty: any language the LLM names."""
+    transfer: Transfer | None = None
+    """The default ``transfer`` of every stage (see :class:`Transfer`)."""
     language: str | None = None
     """The language the conversation starts in (a key of ``languages`` when there are any);
     None: no language line in the prompt until ``set_language`` is called."""
+    recording: Recording = Field(default_factory=Recording)
+    """Call recording on this playbook (see :class:`Recording`)."""
+    voicemail: Voicemail = Field(default_factory=Voicemail)
+    """Outbound calls answered by a voicemail greeting: hang up (default) or leave a message."""
+
+    @field_validator("recording", mode="before")
+    @classmethod
+    def _recording_switch(cls, value: Any) -> Any:
+        return {"enabled": value} if isinstance(value, bool) else value
 
     @property
     def global_tool_names(self) -> list[str]:

@@ -28,6 +28,7 @@ from .identity import language_instruction
 from .llm import ChatClient, ChatRequest, LLMError
 from .loader import LoadedPlaybook
 from .models import NamedToolChoice, Stage, Transition
+from .transfer import TransferOutcome, Transferrer, parse_transfer_call
 from .turn import Turn
 
 __all__ = ["OrchestratorOptions", "PlaybookOrchestrator", "Snapshot", "Turn"]
@@ -80,6 +81,9 @@ class PlaybookOrchestrator:
         self._greeting_note: str | None = None
         """The greeting said (or due) in this turn, for the prompt."""
         self.engine.on_language = self._language_changed
+        self.transferrer: Transferrer | None = None
+        """Carries out ``transfer_call`` (set by a voice call's transport); None: transfers
+        fail as not supported (a text chat)."""
 
     @property
     def client(self) -> ChatClient:
@@ -337,6 +341,34 @@ class PlaybookOrchestrator:
             confirmed,
             language=self.engine.language,
         )
+
+    async def transfer(self, arguments: str) -> tuple[str, bool]:
+        """Carry out a ``transfer_call`` call of the current stage through :attr:`transferrer`
+        (see :mod:`playbooks.transfer`): emits ``transfer_started``, then ``transfer_answered``
+        or ``transfer_failed``; returns the tool's JSON result and whether the caller was put
+        through. Raises InvalidToolCall for arguments the LLM got wrong."""
+        transfer = self.engine.transfer()
+        assert transfer is not None, "the stage transfers nowhere"
+        request = parse_transfer_call(arguments, transfer)
+        described = {"destination": request.destination, "mode": request.mode}
+        self._events.emit("transfer_started", **described, reason=request.reason)
+        outcome = TransferOutcome.failed("not_supported", "this conversation has no phone line")
+        try:
+            if self.transferrer is not None:
+                outcome = await self.transferrer(request)
+        except asyncio.CancelledError:
+            self._events.emit("transfer_failed", **described, reason="cancelled", detail=None)
+            raise
+        except Exception as exc:  # a transport bug: the conversation goes on
+            log.exception("transfer to %s failed", request.destination)
+            outcome = TransferOutcome.failed("failed", f"{type(exc).__name__}: {exc}")
+        if outcome.ok:
+            self._events.emit("transfer_answered", **described, how=outcome.how)
+        else:
+            self._events.emit(
+                "transfer_failed", **described, reason=outcome.reason, detail=outcome.detail
+            )
+        return outcome.for_llm(request), outcome.ok
 
     def _language_changed(self, code: str | None) -> None:
         instruction = language_instruction(self.engine.playbook.spec, code)

@@ -129,6 +129,8 @@ def _voice_lines(stage: Stage) -> list[str]:
     if stage.delegates is not None:
         workers = ", ".join(stage.delegates.workers)
         lines.append(f"  delegates ({stage.delegates.mode}): {workers}")
+    if stage.transfer is not None:
+        lines.append(f"  transfers ({stage.transfer.mode}) to {stage.transfer.to}")
     return lines
 
 

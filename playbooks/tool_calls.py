@@ -21,6 +21,7 @@ from .history import Conversation, Message
 from .llm import ToolCallRequest
 from .models import LLMDecisionCondition, Transition
 from .tools import InvalidToolCall, ToolError
+from .transfer import TRANSFER_TOOL
 
 __all__ = ["CANCELLED_RESULT", "ToolCalls", "ToolHost"]
 
@@ -58,6 +59,11 @@ class ToolHost(Protocol):
         """Run a ``delegate`` call of the current stage; raises InvalidToolCall."""
         ...
 
+    async def transfer(self, arguments: str) -> tuple[str, bool]:
+        """Carry out a ``transfer_call`` call of the current stage: its JSON result, and
+        whether the caller was put through; raises InvalidToolCall."""
+        ...
+
 
 class ToolCalls:
     """The tool calls of one turn, at most ``limit`` of them. ``confirmed``: see
@@ -79,6 +85,8 @@ class ToolCalls:
         self._results: dict[str, str] = {}
         self._acting: set[str] = set()
         """Ids of tool calls whose tool has started (confirmed, when it has side effects)."""
+        self.transferred = False
+        """Whether a ``transfer_call`` put the caller through (the turn then says nothing)."""
 
     async def run(
         self, calls: list[ToolCallRequest], deadline: float, user_message: Message
@@ -108,7 +116,12 @@ class ToolCalls:
                     stage = decision[0].action.target_stage
                     self._finish_call(call, json.dumps({"ok": True, "stage": stage}), 0.0)
             else:
-                run = self._delegate(call) if self._delegates(call) else self._call_tool(call)
+                if self._delegates(call):
+                    run = self._delegate(call)
+                elif self._transfers(call):
+                    run = self._transfer(call)
+                else:
+                    run = self._call_tool(call)
                 pending[call.id] = asyncio.create_task(run, name=f"tool:{call.name}:{call.id}")
         self.count += min(len(calls), budget)
         if pending:
@@ -169,6 +182,8 @@ class ToolCalls:
         self._open_calls = []
 
     def _finishes_on_interrupt(self, name: str) -> bool:
+        if name == TRANSFER_TOOL:
+            return self._host.engine.transfer() is not None  # a transfer cannot stop half-way
         tool = self._host.engine.playbook.tools.get(name)
         return tool is not None and tool.on_interrupt == "finish"
 
@@ -204,6 +219,25 @@ class ToolCalls:
             self._fail_call(call, "tool_call", str(exc))
             return _error(str(exc))
         self._finish_call(call, result, time.monotonic() - started)
+        return result
+
+    def _transfers(self, call: ToolCallRequest) -> bool:
+        return call.name == TRANSFER_TOOL and self._host.engine.transfer() is not None
+
+    async def _transfer(self, call: ToolCallRequest) -> str:
+        """Run a ``transfer_call`` call (see :mod:`playbooks.transfer`) once the turn is
+        confirmed, and record its result."""
+        if self._confirmed is not None:
+            await self._confirmed.wait()  # never transfer on words the caller may not have said
+        started = time.monotonic()
+        self._acting.add(call.id)
+        try:
+            result, transferred = await self._host.transfer(call.arguments)
+        except InvalidToolCall as exc:
+            self._fail_call(call, "tool_call", str(exc))
+            return _error(str(exc))
+        self.transferred = self.transferred or transferred
+        self._finish_call(call, result, time.monotonic() - started, failed=not transferred)
         return result
 
     def _decide(self, call: ToolCallRequest, already: bool) -> Decision:

@@ -177,7 +177,10 @@ class Turn:
                 failed = True
                 host.emit("error", source="llm", message=str(exc))
 
-        if not self.answer.strip():
+        transferred = self._calls.transferred and not self.answer.strip()
+        if transferred:
+            pass  # the caller is with a person now: the agent has nothing more to say
+        elif not self.answer.strip():
             self._announce_phase2()
             self.answer = ""
             yield self._add_text(host.options.fallback_answer)
@@ -188,12 +191,15 @@ class Turn:
             yield tail
         host.emit("phase2_complete", response=self.answer)
 
-        self._answer_message = {"role": "assistant", "content": self.answer}
-        conversation.append(self._answer_message)
+        if not transferred:
+            self._answer_message = {"role": "assistant", "content": self.answer}
+            conversation.append(self._answer_message)
         self._facts.assistant_text = self.answer
         host.engine.complete_turn()
-        late = await host.engine.evaluate("after_turn", self._facts, host.classify_intent)
-        if late is not None:
+        late = None
+        if not transferred:  # (a conversation handed to a person moves no more)
+            late = await host.engine.evaluate("after_turn", self._facts, host.classify_intent)
+        if late is not None and self._answer_message is not None:
             host.transition(late)
             greeting = host.take_greeting()
             if greeting:  # the new stage greets after this answer
@@ -274,6 +280,8 @@ class Turn:
                 return
             iterative = host.engine.stage.mode == "iterative"
             transitioned = await self._calls.run(calls, deadline, user_message)
+            if self._calls.transferred:
+                return  # the caller was put through: no answer follows
             if iterative and not transitioned:
                 # the stage's exit conditions are checked after every round of tool work
                 exit_ = await host.engine.evaluate("in_loop", self._facts)

@@ -1,5 +1,5 @@
-"""The ``vocable`` command: ``chat`` (text conversation with a playbook), ``playbook check|graph``
-and ``serve``."""
+"""The ``vocable`` command: ``chat`` (text conversation with a playbook), ``playbook check|graph``,
+``serve`` and ``call`` (an outbound call through a running server)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from server.chat import run_chat
 from server.config.arguments import non_negative_int, positive_int
 from server.config.llm import ConfigError, LLMSettings, add_llm_arguments
 from server.config.server import add_serve_arguments
+from server.dial import add_call_arguments, run_call
 from server.runtime.logs import configure_logging
 
 __all__ = ["main"]
@@ -44,6 +45,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _chat(args)
         if args.command == "playbook":
             return _playbook(args)
+        if args.command == "call":
+            return run_call(args)
         return _serve(args)
     except PlaybookError as exc:
         for line in exc.lines():  # one per problem of the file
@@ -110,6 +113,14 @@ def _parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="run the voice server (WebRTC and the web client)")
     add_serve_arguments(serve)
+
+    call = commands.add_parser(
+        "call",
+        help="place an outbound SIP call through a running server (needs its --sip)",
+        description="POST /calls to a running `vocable serve --sip ...`, print the session id"
+        " and the call's events until it ends; exit 0 if answered, 1 if not, 2 if refused.",
+    )
+    add_call_arguments(call)
 
     bench = commands.add_parser(
         "bench", help="the latency benchmark harness (python -m benchmarks --help)", add_help=False

@@ -168,14 +168,15 @@ class SipPhone:
                     return message
 
     async def invite(
-        self, user: str = "support", payload_types: tuple[int, ...] = (0, 101)
+        self, user: str = "support", payload_types: tuple[int, ...] = (0, 101), extra: str = ""
     ) -> SipResponse:
-        """INVITE with an offer from a fresh RTP session; ACKs and starts media on a 200."""
+        """INVITE with an offer from a fresh RTP session (``extra``: header lines, each ending
+        with CRLF); ACKs and starts media on a 200."""
         local_codec = payload_types[0] if payload_types[0] in (0, 8) else 0
         self.rtp_port, self.rtp = await _rtp_session(local_codec)
         self.rtp.on_audio = lambda pcm, _ts: self.heard.add(pcm)
         self.last_invite_branch = self.request(
-            "INVITE", user, offer_sdp(self.rtp_port, payload_types)
+            "INVITE", user, offer_sdp(self.rtp_port, payload_types), extra=extra
         )
         self.invite_cseq = self.cseq
         answer = await self.response(10.0)

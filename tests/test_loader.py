@@ -972,3 +972,91 @@ def test_a_union_not_discriminated_is_one_problem(write_playbook: WritePlaybook)
         "should be 'all'",
         f"playbook.yaml:{base + 1}: mcp_servers[1].tools[0]: Input should be a valid string",
     ]
+
+
+# -- transfers ---------------------------------------------------------------------------------
+
+TRANSFER_PLAYBOOK = """\
+id: desk
+name: Desk
+initial_stage: help
+transfer: {to: "+1 555 0100", say: One moment.}
+stages:
+  - id: help
+    name: Help
+    system_prompt: Help.
+  - id: billing
+    name: Billing
+    system_prompt: Bills.
+    transfer: {to: "sip:billing@pbx.example.com:5070", mode: warm, ring_timeout_ms: 15000}
+"""
+
+
+def test_a_transfer_per_playbook_and_per_stage(write_playbook: WritePlaybook) -> None:
+    spec = load_playbook(write_playbook(TRANSFER_PLAYBOOK)).spec
+    assert spec.transfer is not None
+    assert spec.transfer.to == "+1 555 0100"
+    assert spec.transfer.say == "One moment."
+    assert spec.transfer.mode == "blind"
+    billing = spec.stage("billing").transfer
+    assert billing is not None
+    assert (billing.to, billing.mode, billing.ring_timeout_ms) == (
+        "sip:billing@pbx.example.com:5070",
+        "warm",
+        15000,
+    )
+    assert billing.say == "Let me put you through."  # the default line
+
+
+def test_a_transfer_in_json_with_camel_case_keys(write_playbook: WritePlaybook) -> None:
+    data = yaml.safe_load(TRANSFER_PLAYBOOK)
+    data["stages"][1]["transfer"] = {"to": "tel:+15550100", "ringTimeoutMs": 5000}
+    spec = load_playbook(write_playbook(json.dumps(data), name="desk.json")).spec
+    billing = spec.stage("billing").transfer
+    assert billing is not None
+    assert (billing.to, billing.ring_timeout_ms) == ("tel:+15550100", 5000)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        (
+            '"+1 555 0100"',
+            "agent-desk",
+            "playbook.yaml:4: transfer.to: must be a SIP URI (sip:agent@pbx.example.com) or a"
+            " phone number (+15551234567)",
+        ),
+        (
+            "mode: warm",
+            "mode: cold",
+            "playbook.yaml:12: stages[1].transfer.mode: Input should be 'blind' or 'warm'",
+        ),
+        (
+            "ring_timeout_ms: 15000",
+            "ring_timeout_ms: 0",
+            "playbook.yaml:12: stages[1].transfer.ring_timeout_ms: Input should be greater than 0",
+        ),
+        (
+            "    system_prompt: Help.\n",
+            "    system_prompt: Help.\n    tools: [transfer_call]\n",
+            "playbook.yaml:9: stages[0].tools[0]: transfer_call is built in: give the stage or the"
+            " playbook a transfer ({to: ..., say: ...}) instead of listing it",
+        ),
+    ],
+)
+def test_transfer_mistakes_name_the_line_and_field(
+    write_playbook: WritePlaybook, old: str, new: str, expected: str
+) -> None:
+    assert TRANSFER_PLAYBOOK.count(old) == 1
+    error = load_error(write_playbook(TRANSFER_PLAYBOOK.replace(old, new)))
+    assert str(error) == expected
+
+
+def test_a_tools_module_cannot_define_transfer_call(write_playbook: WritePlaybook) -> None:
+    text = "tools_module: tools.py\n" + TRANSFER_PLAYBOOK
+    tools = "from playbooks import tool\n\n@tool\ndef transfer_call() -> str:\n    return 'x'\n"
+    error = load_error(write_playbook(text, tools))
+    assert str(error) == (
+        "playbook.yaml:1: tools_module: the tool name 'transfer_call' is reserved for call"
+        " transfers"
+    )

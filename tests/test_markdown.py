@@ -201,7 +201,7 @@ def test_slug_makes_snake_case_ids() -> None:
         ("# X\n## !!!\nhi\n", "bad.md:2: no id can be made of '!!!': add {#id}"),
         (
             "# X\n## A\nhi\n### Notes\n",
-            "bad.md:4: unknown section 'Notes'; expected Steps, Triggers or Tools",
+            "bad.md:4: unknown section 'Notes'; expected Steps, Triggers, Tools or Transfer",
         ),
         ("# X\n### Steps\n", "bad.md:2: '### Steps' outside a '##' stage"),
         (
@@ -399,7 +399,7 @@ def test_every_problem_of_the_body_is_listed(tmp_path: Path) -> None:
     )
     assert _problems(tmp_path, text) == [
         "bad.md:5: a step is a numbered line: '1. Ask for ...'",
-        "bad.md:6: unknown section 'Notes'; expected Steps, Triggers or Tools",
+        "bad.md:6: unknown section 'Notes'; expected Steps, Triggers, Tools or Transfer",
         "bad.md:8: a trigger is a bullet: '- <condition> → <stage>'",
         "bad.md:10: a tool is a bullet with its name: '- lookup_order'",
         "bad.md:11: no id can be made of '!!!': add {#id}",
@@ -449,3 +449,82 @@ def test_text_before_the_playbook_heading_stops_the_reading(tmp_path: Path) -> N
         "bad.md:1: '### Tools' outside a '##' stage",
         "bad.md:2: a stage before the '# Playbook name' heading",
     ]
+
+
+# -- transfers ---------------------------------------------------------------------------------
+
+TRANSFER_MD = """\
+---
+id: desk
+transfer: {to: "+15550100"}
+---
+# Desk
+You are a phone agent.
+
+## Help
+Help the caller.
+
+## Billing
+Help with bills.
+### Transfer
+- to: sip:billing@pbx.example.com
+- say: One moment, I will get a colleague.
+- mode: warm
+- when: The caller disputes a charge.
+- ring_timeout_ms: 20000
+"""
+
+
+def test_a_transfer_section_sets_the_stage_transfer(tmp_path: Path) -> None:
+    spec = load_playbook(_write(tmp_path, TRANSFER_MD, "desk.md")).spec
+    assert spec.transfer is not None
+    assert spec.transfer.to == "+15550100"
+    assert spec.stage("help").transfer is None  # the playbook's applies there
+    billing = spec.stage("billing").transfer
+    assert billing is not None
+    assert billing.model_dump() == {
+        "to": "sip:billing@pbx.example.com",
+        "say": "One moment, I will get a colleague.",
+        "mode": "warm",
+        "ring_timeout_ms": 20000,
+        "description": "The caller disputes a charge.",
+    }
+
+
+def test_a_stage_transfer_may_come_from_the_front_matter(tmp_path: Path) -> None:
+    text = TRANSFER_MD.replace(
+        'transfer: {to: "+15550100"}', "stages:\n  help: {transfer: {to: sip:desk@pbx}}"
+    )
+    spec = load_playbook(_write(tmp_path, text, "desk.md")).spec
+    assert spec.transfer is None
+    help_transfer = spec.stage("help").transfer
+    assert help_transfer is not None
+    assert help_transfer.to == "sip:desk@pbx"
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        ("- mode: warm", "- mode warm", "desk.md:16: a transfer line is a bullet: '- to: sip:"),
+        ("- mode: warm", "- colour: red", "desk.md:16: a transfer line is a bullet: '- to: sip:"),
+        ("- mode: warm", "- say: again", "desk.md:16: a second 'say:' in ### Transfer"),
+        ("- mode: warm", "- mode: cold", "desk.md:13: mode: Input should be 'blind' or 'warm'"),
+        (
+            "- to: sip:billing@pbx.example.com",
+            "- to: billing desk",
+            "desk.md:13: to: must be a SIP URI",
+        ),
+        (
+            'transfer: {to: "+15550100"}',
+            "stages:\n  billing: {transfer: {to: sip:x@y}}",
+            "desk.md:14: transfer: set by both ### Transfer and the front matter",
+        ),
+    ],
+)
+def test_transfer_section_mistakes_name_the_line(
+    tmp_path: Path, old: str, new: str, expected: str
+) -> None:
+    assert TRANSFER_MD.count(old) == 1
+    with pytest.raises(PlaybookError) as caught:
+        load_playbook(_write(tmp_path, TRANSFER_MD.replace(old, new), "desk.md"))
+    assert str(caught.value).startswith(expected)

@@ -9,9 +9,11 @@ import re
 import subprocess
 import sys
 from dataclasses import fields
+from pathlib import Path
 
 import pytest
 
+from server.call.recordings import RecordingSettings
 from server.config.flags import add_serve_arguments, parse_serve_options
 from server.config.llm import ConfigError
 from server.config.options import OPTIONS, ServeOptions
@@ -56,6 +58,7 @@ def refusal(argv: list[str], env: dict[str, str]) -> str:
         ("trusted_proxies", "10.0.0.0/33", "'10.0.0.0/33' does not appear to be an IPv4"),
         ("sip_allow", "example.org", "'example.org' does not appear to be an IPv4"),
         ("stt_url", "gpu-host:8000", "must be an http:// or https:// base URL"),  # a URL
+        ("record_retention_days", "-1", "must be at least 0, not -1"),
     ],
 )
 def test_a_bad_value_is_refused_alike_from_flag_and_variable(
@@ -164,6 +167,17 @@ def test_valid_values_are_accepted_from_the_environment() -> None:
     assert config.max_call_s == float("inf")
     assert config.auth_token is None
     assert options.session() == config.session
+
+
+def test_recording_options_make_the_recording_settings(tmp_path: Path) -> None:
+    assert ServerConfig.from_options(ServeOptions()).recording is None
+    _, args = parse_serve_options(
+        ["--record", str(tmp_path), "--record-retention-days", "30"],
+        {"VOCABLE_RECORD_NOTICE": "This call is recorded."},
+    )
+    assert ServerConfig.from_args(args, env={}).recording == RecordingSettings(
+        tmp_path, notice="This call is recorded.", retention_days=30.0
+    )
 
 
 def test_secrets_stay_out_of_the_repr() -> None:

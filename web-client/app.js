@@ -88,6 +88,7 @@ function onEvent(event) {
     case "turn_metrics": showMetrics(event); break;
     case "state": if (call) setStatus(`In call — ${event.state}`); break;
     case "error": addLine("system", "", `Error (${event.source}): ${event.message}`); break;
+    case "recording_failed": addLine("system", "", `Recording stopped: ${event.message}`); break;
     case "hangup": wantConnected = false; hangUp(`Call ended: ${event.reason}`); break;
   }
 }

@@ -19,6 +19,9 @@ VoiceEventType = Literal[
     "tool_call_end",
     "delegation_start",
     "delegation_end",
+    "transfer_started",
+    "transfer_answered",
+    "transfer_failed",
     "agent_sentence",
     "tts_start",
     "tts_end",
@@ -31,6 +34,7 @@ VoiceEventType = Literal[
     "dtmf",
     "error",
     "voice_lost",
+    "recording_failed",
 ]
 
 

@@ -176,6 +176,9 @@ class Session:
         self.barge_ins = 0
         self.muted = False
         """While muted, the caller's frames are heard as silence."""
+        self.taps: list[Callable[[bytes], None]] = []
+        """Observers of each caller frame as it arrives (silence while muted), e.g. a call
+        recorder. They run on the event loop: quick."""
         self._silence = bytes(FRAME_BYTES)
         self._digits = ""
         self._digit_timer: asyncio.TimerHandle | None = None
@@ -255,9 +258,10 @@ class Session:
     # -- input ---------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Begin the call: speak the greeting (if the stage has one and greeting is on)."""
-        if self.settings.greet:
-            self._start_answer(self.voice.greet(), "greeting")
+        """Begin the call: speak the notice (``voice.notice``, if any), then the greeting (if
+        the stage has one and greeting is on)."""
+        if self.settings.greet or self.voice.notice:
+            self._start_answer(self.voice.greet(stage_greeting=self.settings.greet), "greeting")
 
     async def run(self, frames: AsyncIterable[bytes]) -> None:
         """Start, then feed every caller frame (20 ms, 16 kHz PCM16) until the iterable ends,
@@ -281,6 +285,8 @@ class Session:
         if len(frame) != FRAME_BYTES:
             raise ValueError(f"caller frames must be {FRAME_BYTES} bytes (20 ms at 16 kHz)")
         at = self.clock() if at is None else at
+        for tap in self.taps:
+            tap(self._silence if self.muted else frame)
         if self.muted or self.echo.is_echo(frame, self.voice.speaker.levels):
             frame = self._silence
         for event in self.vad.push(frame, at):

@@ -86,6 +86,9 @@ class VoicePlaybookOrchestrator:
         """Whether the current turn has reached the LLM (so history holds its user message)."""
         self._voices: dict[Voice | None, SpokenVoice] = {}
         self._speech: _Speech | None = None
+        self.notice = ""
+        """Said before anything else when the call starts (a recording notice); set it before
+        :meth:`greet` runs."""
         orchestrator.on(self._forward)
 
     def barge_in(self, default: BargeInPolicy) -> BargeInPolicy:
@@ -132,9 +135,13 @@ class VoicePlaybookOrchestrator:
             speculative=speculative,
         )
 
-    async def greet(self) -> None:
-        """Speak the current stage's greeting, if it has one; history keeps what was heard."""
-        greeting = self.orchestrator.engine.stage.greeting
+    async def greet(self, *, stage_greeting: bool = True) -> None:
+        """Speak the :attr:`notice` (once; outside the conversation), then the current stage's
+        greeting if it has one and ``stage_greeting``; history keeps what was heard of it."""
+        notice, self.notice = self.notice, ""
+        if notice:
+            await self._speak(_once(notice), None, TurnTimeline())
+        greeting = self.orchestrator.engine.stage.greeting if stage_greeting else None
         if not greeting:
             return
         self.heard = ""
@@ -248,6 +255,8 @@ class VoicePlaybookOrchestrator:
                 self.emit("delegation_start", workers=data["workers"], mode=data["mode"])
             case "delegation_end":
                 self.emit("delegation_end", workers=data["workers"], mode=data["mode"])
+            case "transfer_started" | "transfer_answered" | "transfer_failed":
+                self.emit(event.type, **data)
             case "error":
                 self.emit("error", source=data.get("source", "llm"), message=data["message"])
             case _:

@@ -71,7 +71,9 @@ class Cli:
 
 
 NETWORK, SIP, CALLS, OPERATIONS, SPEECH = "network", "SIP", "calls", "operations", "speech"
+TRANSFERS = "transfers (media streams)"
 REMOTE = "remote speech (OpenAI-compatible /v1/audio APIs, e.g. on a GPU server; default: local)"
+RECORDING = "recording (a stereo WAV and a JSON Lines transcript per call)"
 
 
 class ServeOptions(BaseModel):
@@ -170,6 +172,32 @@ class ServeOptions(BaseModel):
         Cli(SIP, "LOW-HIGH", show=format_port_range),
         Field(description="UDP ports for call audio"),
     ] = (10000, 20000)
+    sip_ring_timeout_s: Annotated[
+        Number,
+        Cli(SIP, "S"),
+        Field(
+            gt=0,
+            le=600,
+            description="how long an outbound call (POST /calls) rings before it is given up",
+        ),
+    ] = 30.0
+
+    # -- transfers of media-stream calls (see README, "Transfers")
+    transfer_api_url: Annotated[
+        BaseUrl,
+        Cli(TRANSFERS, "URL", default_text="none: the stream's transfer event only"),
+        Field(description="the provider's REST API base, e.g. https://api.twilio.com"),
+    ] = None
+    transfer_api_username: Annotated[
+        Text,
+        Cli(TRANSFERS, "USER", default_text="the stream's accountSid"),
+        Field(description="basic-auth user for --transfer-api-url (an account or API key SID)"),
+    ] = None
+    transfer_api_password: Annotated[
+        Text,
+        Cli(TRANSFERS, "SECRET"),
+        Field(description="basic-auth password for --transfer-api-url", repr=False),
+    ] = None
 
     # -- calls
     playbook: Annotated[
@@ -240,6 +268,30 @@ class ServeOptions(BaseModel):
         Cli(CALLS, "S"),
         Field(ge=0, description="on SIGTERM, let live calls go on this long before hanging up"),
     ] = 30.0
+
+    # -- recording
+    record: Annotated[
+        Path | None,
+        Cli(RECORDING, "DIR", default_text="calls are not recorded"),
+        Field(
+            description="record every call (caller left, agent right) into this directory, "
+            "created 0700, files 0600; a playbook's recording: false or a request's "
+            "X-Vocable-Record: off header opts a call out"
+        ),
+    ] = None
+    record_notice: Annotated[
+        Text,
+        Cli(RECORDING, "TEXT"),
+        Field(description="said at the start of each recorded call, before the greeting"),
+    ] = None
+    record_retention_days: Annotated[
+        Number,
+        Cli(RECORDING, "DAYS"),
+        Field(
+            ge=0,
+            description="delete recordings older than this, at start-up and hourly; 0: keep them",
+        ),
+    ] = 0.0
 
     # -- operations
     workers: Annotated[

@@ -14,6 +14,7 @@ from typing import Any
 from media import TranscriberSettings
 from media.remote import RemoteSynthesizerSettings, RemoteTranscriberSettings
 from media.tts import SynthesizerSettings
+from server.call.recordings import RecordingSettings
 from server.call.session import SessionSettings
 
 from .flags import add_serve_arguments, serve_options
@@ -27,6 +28,7 @@ __all__ = [
     "IceServer",
     "ServerConfig",
     "SipSettings",
+    "TransferApiSettings",
     "add_serve_arguments",
     "parse_address",
     "parse_port_range",
@@ -68,6 +70,20 @@ class SipSettings:
     """RTP/RTCP port pairs are taken from this range (low inclusive, high exclusive)."""
     media_timeout_s: float = 30.0
     """Hang up when no RTP arrives this long (a peer that vanished without a BYE)."""
+    ring_timeout_s: float = DEFAULTS.sip_ring_timeout_s
+    """How long an outbound call (``POST /calls``) rings before it is cancelled (no answer)."""
+
+
+@dataclass(frozen=True)
+class TransferApiSettings:
+    """The provider's REST API that moves a media-stream call to a person (Twilio's Calls
+    resource, or one speaking its wire format)."""
+
+    base_url: str
+    username: str | None = None
+    """Basic-auth user; None: the stream's ``accountSid``."""
+    password: str | None = field(default=None, repr=False)
+    timeout_s: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -104,7 +120,11 @@ class ServerConfig:
     audiosocket: tuple[str, int] | None = DEFAULTS.audiosocket
     """Where to accept Asterisk AudioSocket connections (None: not at all)."""
     sip: SipSettings | None = None
+    recording: RecordingSettings | None = None
+    """Where and how calls are recorded (None: not at all)."""
     """The native SIP endpoint (None: off)."""
+    transfer_api: TransferApiSettings | None = None
+    """Where media-stream transfers are sent (None: only the stream's ``transfer`` event)."""
     rate_limit_per_min: float = DEFAULTS.rate_limit
     """New calls admitted per client address and minute (WebRTC offers, SIP INVITEs); 0: no
     limit."""
@@ -169,6 +189,8 @@ class ServerConfig:
             max_call_s=options.max_call_s,
             audiosocket=options.audiosocket,
             sip=_sip_settings(options),
+            recording=_recording_settings(options),
+            transfer_api=_transfer_api(options),
             overload=OverloadSettings(
                 max_loop_lag_ms=options.overload_loop_lag_ms,
                 max_decode_backlog=options.overload_decode_backlog,
@@ -184,6 +206,24 @@ class ServerConfig:
         )
 
 
+def _transfer_api(options: ServeOptions) -> TransferApiSettings | None:
+    if options.transfer_api_url is None:
+        return None
+    return TransferApiSettings(
+        options.transfer_api_url, options.transfer_api_username, options.transfer_api_password
+    )
+
+
+def _recording_settings(options: ServeOptions) -> RecordingSettings | None:
+    if options.record is None:
+        return None
+    return RecordingSettings(
+        directory=options.record,
+        notice=options.record_notice,
+        retention_days=options.record_retention_days,
+    )
+
+
 def _sip_settings(options: ServeOptions) -> SipSettings | None:
     if options.sip is None:
         return None
@@ -194,6 +234,7 @@ def _sip_settings(options: ServeOptions) -> SipSettings | None:
         advertise=options.sip_advertise,
         allow=options.sip_allow,
         rtp_ports=options.rtp_ports,
+        ring_timeout_s=options.sip_ring_timeout_s,
     )
 
 

@@ -1,13 +1,17 @@
 """The aiohttp application: signalling, the web client, health and metrics.
 
 Routes: ``GET /`` (the web client), ``GET /config``, ``POST /offer``, ``DELETE /sessions/{id}``,
+``POST /calls``, ``GET /calls/{id}``, ``GET /calls/{id}/events`` (outbound SIP calls),
 ``GET /healthz``, ``GET /metrics``, ``GET /playbooks``. Every error is JSON ``{"error": message}``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
+import math
 import os
 from collections.abc import AsyncIterator, Callable
 
@@ -15,6 +19,7 @@ import aiohttp
 from aiohttp import WSCloseCode, web
 
 from server.call.events import VoiceEvent
+from server.call.recordings import OPT_OUT_HEADER, wants_recording
 from server.config.server import ServerConfig
 from server.runtime.engines import Engines
 from server.runtime.observability import ServerMetrics, process_snapshot
@@ -29,6 +34,7 @@ from server.transports.media_streams import (
     serve_media_stream,
 )
 from server.transports.sip import SipServer
+from server.transports.sip_outbound import OutboundCall
 from server.transports.webrtc import BadOffer, open_webrtc_call
 
 from .auth import require_token
@@ -67,6 +73,9 @@ def create_app(config: ServerConfig, engines: Engines | None = None) -> web.Appl
     app.router.add_get("/config", _client_config)
     app.router.add_post("/offer", _offer)
     app.router.add_delete("/sessions/{session_id}", _hangup)
+    app.router.add_post("/calls", _place_call)
+    app.router.add_get("/calls/{session_id}", _call_status)
+    app.router.add_get("/calls/{session_id}/events", _call_events)
     app.router.add_get("/healthz", _health)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/playbooks", _playbooks)
@@ -113,7 +122,7 @@ async def _calls_context(app: web.Application) -> AsyncIterator[None]:
         sip = SipServer(calls, config.sip)
         await sip.start()
         app[SIP] = sip
-    async with calls.load.running():
+    async with calls.load.running(), calls.recordings.running():
         yield
     if sip is not None:
         await sip.close()
@@ -129,6 +138,13 @@ def _client_address(request: web.Request) -> str:
     config = request.app[CONFIG]
     forwarded = request.headers.get("X-Forwarded-For", "")
     return client_address(request.remote, forwarded, config.trusted_proxies)
+
+
+def _recorded(request: web.Request) -> bool:
+    """Whether the call may be recorded: no ``X-Vocable-Record: off`` header (nor, for clients
+    that cannot set headers, ``?record=off``)."""
+    asked = request.headers.get(OPT_OUT_HEADER) or request.query.get("record")
+    return wants_recording(asked)
 
 
 def _require_token(request: web.Request, *, in_query: bool = False) -> None:
@@ -183,7 +199,9 @@ async def _offer(request: web.Request) -> web.Response:
         return json_error(400, "playbook must be a string id")
     calls = request.app[CALLS]
     try:
-        call = await open_webrtc_call(calls, sdp, playbook, _client_address(request))
+        call = await open_webrtc_call(
+            calls, sdp, playbook, _client_address(request), record=_recorded(request)
+        )
     except BadOffer as exc:
         return json_error(400, str(exc))
     except UnknownPlaybook as exc:
@@ -211,7 +229,9 @@ async def _media_stream(request: web.Request) -> web.StreamResponse:
     ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=MAX_MESSAGE_BYTES)
     await ws.prepare(request)
     try:
-        await serve_media_stream(ws, calls, request.query.get("playbook"))
+        await serve_media_stream(
+            ws, calls, request.query.get("playbook"), record=_recorded(request)
+        )
     except (BadStart, OverCapacity, UnknownPlaybook) as exc:
         log.warning("media stream refused: %s", exc)
         await ws.close(code=WSCloseCode.POLICY_VIOLATION, message=close_reason(str(exc)))
@@ -235,6 +255,83 @@ async def _hangup(request: web.Request) -> web.Response:
     if not await request.app[CALLS].hangup(session_id):
         return json_error(404, "no such session")
     return web.json_response({"status": "hung up"})
+
+
+async def _place_call(request: web.Request) -> web.Response:
+    """``{"to": "sip:user@host[:port]", "playbook"?: ID, "ring_timeout_s"?: S}`` ->
+    ``{"session_id"}``: an outbound SIP call, placed in the background (follow it with
+    ``GET /calls/{id}``). 409 without ``--sip``."""
+    _require_token(request)
+    sip = request.app.get(SIP)
+    if sip is None:
+        return json_error(409, "outbound calls need the SIP endpoint: start the server with --sip")
+    try:
+        body = await request.json()
+    except (ValueError, RecursionError):
+        return json_error(400, 'the body must be JSON: {"to": "sip:user@host", "playbook": ...}')
+    if not isinstance(body, dict):
+        return json_error(400, "the body must be a JSON object")
+    to, playbook, ring = body.get("to"), body.get("playbook"), body.get("ring_timeout_s")
+    if not isinstance(to, str):
+        return json_error(400, "to must be a SIP URI string, e.g. sip:alice@192.0.2.7:5060")
+    if playbook is not None and not isinstance(playbook, str):
+        return json_error(400, "playbook must be a string id")
+    if ring is not None and (
+        isinstance(ring, bool)
+        or not isinstance(ring, int | float)
+        or not math.isfinite(ring)
+        or not 0 < ring <= 600
+    ):
+        return json_error(400, "ring_timeout_s must be a number of seconds in (0, 600]")
+    try:
+        call = sip.place_call(to, playbook, ring_timeout_s=ring, address=_client_address(request))
+    except ValueError as exc:
+        return json_error(400, str(exc))
+    except UnknownPlaybook as exc:
+        return json_error(404, str(exc))
+    except OverCapacity as exc:
+        return json_error(503, str(exc), **{"Retry-After": str(exc.retry_after_s)})
+    except RateLimited as exc:
+        return json_error(429, str(exc), **{"Retry-After": f"{exc.retry_after_s:.0f}"})
+    request.app[METRICS].sessions.inc()
+    return web.json_response({"session_id": call.id}, status=201)
+
+
+def _outbound(request: web.Request) -> OutboundCall:
+    _require_token(request)
+    sip = request.app.get(SIP)
+    call = sip.outbound.get(request.match_info["session_id"]) if sip is not None else None
+    if call is None:
+        raise web.HTTPNotFound(
+            text=json.dumps({"error": "no such outbound call"}), content_type="application/json"
+        )
+    return call
+
+
+async def _call_status(request: web.Request) -> web.Response:
+    """An outbound call: ``state`` (ringing, answered, ended), ``result``, ``reason``..."""
+    return web.json_response(_outbound(request).describe())
+
+
+async def _call_events(request: web.Request) -> web.StreamResponse:
+    """An outbound call's events as server-sent events (``data: {json}``), from its first;
+    the stream ends when the call has ended."""
+    call = _outbound(request)
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await response.prepare(request)
+    queue = call.listen()
+    try:
+        while (item := await queue.get()) is not None:
+            await response.write(f"data: {json.dumps(item)}\n\n".encode())
+    except ConnectionResetError:
+        pass
+    finally:
+        call.unlisten(queue)
+    with contextlib.suppress(ConnectionResetError):
+        await response.write_eof()
+    return response
 
 
 async def _health(request: web.Request) -> web.Response:

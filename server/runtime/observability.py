@@ -81,6 +81,18 @@ class ServerMetrics:
         self.errors = Counter(
             "vocable_errors", "Errors by source.", ["source"], registry=self.registry
         )
+        self.transfers = Counter(
+            "vocable_transfers",
+            "Call transfers to a person: started, answered, failed (by reason).",
+            ["outcome", "reason"],
+            registry=self.registry,
+        )
+        self.recording_failures = Counter(
+            "vocable_recording_failures",
+            "Call recordings ended early: a write failed, or the writer fell behind.",
+            ["reason"],
+            registry=self.registry,
+        )
         self.latency = Histogram(
             "vocable_turn_latency_seconds",
             "Per-turn latency by pipeline stage (see turn_metrics).",
@@ -99,8 +111,17 @@ class ServerMetrics:
                 self.resumes.inc()
             case "speculation":
                 self.speculations.labels(outcome=str(event.data.get("outcome"))).inc()
+            case "transfer_started" | "transfer_answered" | "transfer_failed":
+                reason = (
+                    str(event.data.get("reason") or "") if event.type == "transfer_failed" else ""
+                )
+                self.transfers.labels(
+                    outcome=event.type.removeprefix("transfer_"), reason=reason
+                ).inc()
             case "error":
                 self.errors.labels(source=str(event.data.get("source", "unknown"))).inc()
+            case "recording_failed":
+                self.recording_failures.labels(reason=str(event.data.get("reason"))).inc()
             case "turn_metrics":
                 for name, value in event.data.items():
                     if isinstance(value, int | float) and name.endswith("_ms"):

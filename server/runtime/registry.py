@@ -18,6 +18,8 @@ from typing import Any, Protocol
 from media import Speaker
 from playbooks import OrchestratorOptions, PlaybookOrchestrator
 from server.call.events import VoiceEvent
+from server.call.recorder import CallRecorder
+from server.call.recordings import Recordings
 from server.call.session import Session
 from server.call.voice import VoicePlaybookOrchestrator
 from server.config.server import ServerConfig
@@ -84,6 +86,9 @@ class CallRegistry:
         self.farewells: set[asyncio.Task[None]] = set()
         """Transport work of released calls still going on (telling the caller why the call
         ended); :meth:`close_all` waits for it."""
+        self.recordings = Recordings(config.recording)
+        """Call recording (``--record``); run ``recordings.running()`` while serving."""
+        self._recorders: dict[str, CallRecorder] = {}
 
     def __len__(self) -> int:
         return len(self.calls)
@@ -144,21 +149,45 @@ class CallRegistry:
                 )
             self.on_event(event)
             emit(event)
+            recorder = self._recorders.get(call_id)
+            if recorder is not None:
+                recorder.event(event)
 
         voice = VoicePlaybookOrchestrator(
             orchestrator, engines.transcriber, engines.synthesizer, speaker, both
         )
         return Session(call_id, voice, self.config.session)
 
-    def admit(self, call: Call) -> None:
+    def admit(self, call: Call, *, record: bool = True) -> None:
+        """Take ``call`` (raises OverCapacity when full) and, with ``--record``, start
+        recording it unless ``record`` is False (the caller's side opted out) or its playbook
+        opts out; a recorded call says the recording notice before its greeting."""
         if len(self.calls) >= self.config.max_sessions:
             raise OverCapacity(f"this server takes at most {self.config.max_sessions} calls")
         self.calls[call.id] = call
+        session = call.session
+        voice = session.voice
+
+        def failed(reason: str, message: str) -> None:
+            voice.emit("recording_failed", reason=reason, message=message)
+
+        playbook = voice.orchestrator.engine.playbook.spec
+        opened = self.recordings.open(call.id, playbook, failed, wanted=record)
+        if opened is not None:
+            recorder, notice = opened
+            self._recorders[call.id] = recorder
+            session.taps.append(recorder.caller)
+            rate = voice.speaker.sample_rate
+            voice.speaker.taps.append(lambda pcm: recorder.agent(pcm, rate))
+            voice.notice = notice or ""
 
     def release(self, call: Call, reason: str) -> None:
         """Forget an ended call: its slot is free. A transport call's hang-up calls this once,
         even when closing its session failed (``server/transports/base.py``)."""
         self.calls.pop(call.id, None)
+        recorder = self._recorders.pop(call.id, None)
+        if recorder is not None:
+            recorder.close()
         self._released.set()
         with contextlib.suppress(Exception):
             self.on_event(VoiceEvent("state", {"state": "closed", "reason": reason}))
@@ -193,6 +222,7 @@ class CallRegistry:
         calls = list(self.calls.values())
         await asyncio.gather(*(call.hangup(reason) for call in calls), return_exceptions=True)
         await asyncio.gather(*list(self.farewells), return_exceptions=True)
+        await self.recordings.aclose()
 
 
 def _backlog(transcriber: object) -> int:

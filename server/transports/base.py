@@ -16,9 +16,11 @@ import logging
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, ClassVar
 
+from playbooks.transfer import TransferOutcome, TransferRequest
 from server.call.clock import CallClock
 from server.call.events import VoiceEvent
 from server.call.session import Session
+from server.call.transfer import CallTransferrer
 from server.runtime.registry import CallRegistry
 
 __all__ = ["TransportCall"]
@@ -43,7 +45,17 @@ class TransportCall:
     transport: ClassVar[str] = "call"
     """The transport's name in log lines (``WebRTC``, ``SIP``...)."""
 
-    session: Session
+    _session: Session
+
+    @property
+    def session(self) -> Session:
+        return self._session
+
+    @session.setter
+    def session(self, session: Session) -> None:
+        """Set once the session is built; its conversation's transfers go through this call."""
+        self._session = session
+        session.voice.orchestrator.transferrer = CallTransferrer(session.voice, self)
 
     def __init__(self, registry: CallRegistry, call_id: str) -> None:
         self.registry = registry
@@ -80,6 +92,19 @@ class TransportCall:
         ``extra(now)``'s reason when it gives one."""
         watched = self.clock.watch(lambda: self.session.busy, self.hangup, extra or _no_reason)
         self.spawn(watched, "watchdog")
+
+    # -- transfers -------------------------------------------------------------------------------
+
+    def transfer_problem(self, request: TransferRequest) -> str | None:
+        """Why this call cannot be put through to ``request.destination`` (default: the
+        transport has no way to), or None when it can be tried."""
+        return f"{self.transport} calls cannot be transferred"
+
+    async def transfer(self, request: TransferRequest) -> TransferOutcome:
+        """Put the caller through to ``request.destination`` (the agent's ``say`` line has been
+        played); the outcome, never an exception but for cancellation. On success the
+        transport ends the agent's leg, or relays audio between the caller and the person."""
+        return TransferOutcome.failed("not_supported", self.transfer_problem(request))
 
     # -- ending ----------------------------------------------------------------------------------
 

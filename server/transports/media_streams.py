@@ -30,10 +30,13 @@ from aiohttp import WSMsgType, web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from media import Speaker
+from playbooks.transfer import TransferOutcome, TransferRequest
 from server.call.events import VoiceEvent
+from server.call.recordings import wants_recording
 from server.runtime.registry import CallRegistry
 
 from .base import TransportCall
+from .provider_transfer import dial_twiml, transfer_by_api
 from .telephony import CallerAudio, CallerGap, Encoding, FramePacer, encode
 
 __all__ = ["MAX_MESSAGE_BYTES", "BadStart", "TwilioCall", "close_reason", "serve_media_stream"]
@@ -66,6 +69,8 @@ class _Parameters(BaseModel):
 class _StartDetails(BaseModel):
     model_config = ConfigDict(extra="ignore")
     streamSid: str | None = None
+    accountSid: str | None = None
+    callSid: str | None = None
     customParameters: _Parameters | None = None
     mediaFormat: _MediaFormat | None = None
 
@@ -97,11 +102,12 @@ def close_reason(text: str) -> bytes:
 
 
 async def serve_media_stream(
-    ws: web.WebSocketResponse, registry: CallRegistry, playbook: str | None
+    ws: web.WebSocketResponse, registry: CallRegistry, playbook: str | None, *, record: bool = True
 ) -> None:
-    """Serve one media stream on an open WebSocket until it stops; raises BadStart,
-    OverCapacity or UnknownPlaybook before the call starts (the caller then closes the
-    socket)."""
+    """Serve one media stream on an open WebSocket until it stops (recorded with ``--record``
+    unless ``record`` is False or the ``start`` has a custom parameter ``record: off``); raises
+    BadStart, OverCapacity or UnknownPlaybook before the call starts (the caller then closes
+    the socket)."""
     start = await _wait_for_start(ws)
     if start is None:
         return
@@ -115,9 +121,13 @@ async def serve_media_stream(
     playbook_id = registry.playbook_id(parameters.playbook or playbook)
     speaker = Speaker(rate)
     call = TwilioCall(ws, registry, call_id, stream_sid, encoding, rate)
+    call.account_sid, call.call_sid = details.accountSid or "", details.callSid or ""
     call.session = registry.new_session(call_id, playbook_id, speaker, call.emit)
     speaker.on_clear.append(call.on_clear)
-    registry.admit(call)
+    asked = (parameters.model_extra or {}).get("record")
+    registry.admit(
+        call, record=record and wants_recording(asked if isinstance(asked, str) else None)
+    )
     await call.run()
 
 
@@ -143,6 +153,9 @@ class TwilioCall(TransportCall):
         self._encoding = encoding
         self._audio = CallerAudio(encoding, rate)
         self._send_lock = asyncio.Lock()
+        self.account_sid = ""
+        self.call_sid = ""
+        """The provider's ids of the phone call (from ``start``), for transfers by its API."""
 
     async def run(self) -> None:
         """Serve the stream until the phone stops it or the call is hung up; returns once the
@@ -170,6 +183,24 @@ class TwilioCall(TransportCall):
             self._spawn_send(
                 {"event": "mark", "streamSid": self.stream_sid, "mark": {"name": name}}
             )
+
+    def transfer_problem(self, request: TransferRequest) -> str | None:
+        return None
+
+    async def transfer(self, request: TransferRequest) -> TransferOutcome:
+        """A ``transfer`` event on the stream (with the TwiML that dials the destination), then,
+        with ``--transfer-api-url``, the provider's API (:mod:`.provider_transfer`); once the
+        provider took the call, the stream is closed."""
+        twiml = dial_twiml(request)
+        details = {"to": request.destination, "mode": request.mode, "twiml": twiml}
+        await self._send({"event": "transfer", "streamSid": self.stream_sid, "transfer": details})
+        api = self.registry.config.transfer_api
+        if api is None:  # the platform behind the stream acts on the event
+            return TransferOutcome("answered", how="stream event")
+        outcome = await transfer_by_api(api, self.account_sid, self.call_sid, request)
+        if outcome.ok:
+            self.spawn(self.hangup(f"transferred to {request.destination}"), "transferred")
+        return outcome
 
     def on_clear(self) -> None:
         self._spawn_send({"event": "clear", "streamSid": self.stream_sid})

@@ -48,6 +48,8 @@ from aiosipua.rtp_bridge import CallSession
 from aiosipua.transport import SipTransport, TcpSipTransport
 
 from media import Speaker
+from playbooks.transfer import TransferOutcome, TransferRequest
+from server.call.recordings import OPT_OUT_HEADER, wants_recording
 from server.config.server import SipSettings
 from server.runtime.ratelimit import RateLimited
 from server.runtime.registry import CallRegistry, OverCapacity
@@ -61,6 +63,9 @@ from .sip_compat import (
     intercept_messages,
     respond_and_end,
 )
+from .sip_dialer import DialStack, parse_target
+from .sip_outbound import OutboundCall
+from .sip_transfer import SipTransfers
 from .telephony import CallerAudio, CallerGap, Encoding, FramePacer, encode
 
 __all__ = ["SipCall", "SipServer"]
@@ -75,6 +80,8 @@ USER_AGENT = "Vocable"
 _CODECS: dict[int, Encoding] = {0: "ulaw", 8: "alaw"}
 _SENDING_DIRECTIONS = ("sendrecv", "sendonly")
 MAX_CSEQ = 2**31 - 1
+MAX_KEPT_CALLS = 1000
+"""Outbound calls ``GET /calls/{id}`` can still describe (the oldest ended ones go first)."""
 """RFC 3261 8.1.1.5: a CSeq sequence number is below 2**31."""
 _LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 """One label of a host name (RFC 1123)."""
@@ -111,6 +118,9 @@ class SipCall(TransportCall):
         self.playbook_id = ""
         self._by_peer = False
         self._heard_caller = False
+        self.transfers: SipTransfers | None = None
+        self.relay: Callable[[bytes], None] | None = None
+        """While bridged to a person (a transfer): where the caller's audio goes instead."""
 
     @property
     def sip_call_id(self) -> str:
@@ -138,6 +148,9 @@ class SipCall(TransportCall):
             self._heard_caller = True
             log.debug("SIP call %s: first RTP audio from the caller", self.id)
         self._gap.heard()
+        if self.relay is not None:
+            self.relay(pcm)
+            return
         for frame in self._audio.frames(pcm):
             self.session.feed(frame, self._gap.last_heard_at)
 
@@ -186,6 +199,14 @@ class SipCall(TransportCall):
         self._gap.heard()  # the media timeout counts from the new offer
         invite.accept(answer)
 
+    def transfer_problem(self, request: TransferRequest) -> str | None:
+        return None if self.transfers is not None else "the SIP endpoint has no transfers"
+
+    async def transfer(self, request: TransferRequest) -> TransferOutcome:
+        """REFER, else a bridge (``sip_transfer``)."""
+        assert self.transfers is not None
+        return await self.transfers.transfer(self, request)
+
     async def hangup(self, reason: str, *, by_peer: bool = False) -> None:
         """End the call (our BYE unless the peer ended it) and free everything. Idempotent."""
         if not self.hung_up:
@@ -221,6 +242,11 @@ class SipServer:
         self._agents: list[SipUAS] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._refused: set[str] = set()
+        self.transfers = SipTransfers(lambda: self.dialer)
+        self.dialer: DialStack | None = None
+        """Outgoing legs (``sip_dialer.dial``) over the UDP socket, once started."""
+        self.outbound: dict[str, OutboundCall] = {}
+        """Calls placed by ``POST /calls`` by session id: live ones and the latest ended."""
 
     async def start(self) -> None:
         """Listen; raises SipStackMismatch when the installed aiosipua is not a tested one,
@@ -229,26 +255,39 @@ class SipServer:
         host = self.settings.host
         if self.port == 0:
             self.port = _free_port(host)
-        for transport in (
-            UdpTransport((host, self.port), _sendable),
-            TcpSipTransport(local_addr=(host, self.port)),
-        ):
-            agent = SipUAS(transport, user_agent=USER_AGENT, advertised_addr=self._advertised())
+        udp = UdpTransport((host, self.port), _sendable)
+        self.dialer = DialStack(
+            udp,
+            self.rtp_ports,
+            _host_ip(host),
+            advertise=self.settings.advertise,
+            signalling_addr=self._advertised(),
+            user_agent=USER_AGENT,
+        )
+        for transport in (udp, TcpSipTransport(local_addr=(host, self.port))):
+            agent = SipUAS(
+                transport,
+                user_agent=USER_AGENT,
+                advertised_addr=self._advertised(),
+                uac=self.dialer.uac if transport is udp else None,
+            )
             agent.on_invite = self._on_invite
             agent.on_reinvite = self._on_reinvite
             agent.on_bye = self._on_bye
             agent.on_cancel = self._on_cancel
             agent.on_ack_timeout = self._on_ack_timeout
+            agent.on_transfer_progress = self.transfers.progress
             await agent.start()
+            intercept_messages(transport, self.transfers.intercept)  # behind the guard below
             intercept_messages(transport, functools.partial(_guard, transport, self._allowed))
             self._agents.append(agent)
         if not self.settings.allow and not ipaddress.ip_address(_host_ip(host)).is_loopback:
             log.warning("SIP on %s:%d answers any source; set --sip-allow", host, self.port)
 
     async def close(self) -> None:
+        live = [*self.calls.values(), *self.outbound.values()]
         await asyncio.gather(
-            *(call.hangup("server shutting down") for call in list(self.calls.values())),
-            return_exceptions=True,
+            *(call.hangup("server shutting down") for call in live), return_exceptions=True
         )
         for task in list(self._tasks):
             task.cancel()
@@ -260,7 +299,7 @@ class SipServer:
     # -- admission -----------------------------------------------------------------------------
 
     def _allowed(self, addr: tuple[str, int]) -> bool:
-        if not self.settings.allow:
+        if not self.settings.allow or (self.dialer is not None and addr[0] in self.dialer.peers):
             return True
         try:
             source = ipaddress.ip_address(addr[0])
@@ -366,14 +405,59 @@ class SipServer:
         if invite.dialog.state is DialogState.TERMINATED:  # cancelled while we prepared
             return None
         call = SipCall(registry, invite, media, call_id, self.settings, rtp_port, self._forget)
+        call.transfers = self.transfers
         playbook = registry.playbook_id(_requested_playbook(invite, registry.engines.playbooks))
         call.playbook_id = playbook
         call.session = registry.new_session(call_id, playbook, Speaker(PHONE_RATE), call.emit)
         try:
-            registry.admit(call)
+            registry.admit(
+                call, record=wants_recording(invite.invite.headers.get_first(OPT_OUT_HEADER))
+            )
         except OverCapacity as exc:
             _refuse(invite, exc.retry_after_s)
             return None
+        return call
+
+    # -- outbound ------------------------------------------------------------------------------
+
+    def place_call(
+        self,
+        to_uri: str,
+        playbook: str | None,
+        *,
+        ring_timeout_s: float | None = None,
+        address: str | None = None,
+    ) -> OutboundCall:
+        """Admit and start an outbound call to ``to_uri`` running ``playbook`` (default: the
+        server's); ``address`` is the requesting client's, for the rate limit. Raises
+        ValueError (a bad URI), UnknownPlaybook, OverCapacity, RateLimited, RuntimeError (not
+        started)."""
+        if self.dialer is None:
+            raise RuntimeError("the SIP endpoint is not started")
+        parse_target(to_uri)
+        registry = self.registry
+        playbook_id = registry.playbook_id(playbook)
+        call_id = registry.new_call_id(address)
+        call = OutboundCall(
+            registry,
+            call_id,
+            self.dialer,
+            to_uri,
+            playbook_id,
+            ring_timeout_s or self.settings.ring_timeout_s,
+            self.settings,
+            registry.engines.playbooks[playbook_id].spec.voicemail,
+        )
+        call.session = registry.new_session(call_id, playbook_id, Speaker(PHONE_RATE), call.emit)
+        registry.admit(call)
+        self.outbound[call_id] = call
+        while len(self.outbound) > MAX_KEPT_CALLS:  # forget the oldest ended calls
+            oldest = next((k for k, c in self.outbound.items() if c.state == "ended"), None)
+            if oldest is None:
+                break
+            del self.outbound[oldest]
+        call.start()
+        log.info("SIP outbound call %s to %s (playbook %s)", call_id, to_uri, playbook_id)
         return call
 
     def _forget(self, call: SipCall) -> None:
@@ -392,6 +476,8 @@ class SipServer:
     # -- in-dialog -----------------------------------------------------------------------------
 
     def _on_reinvite(self, invite: IncomingCall) -> None:
+        if self.dialer is not None and self.dialer.reoffered(invite):
+            return
         call = self.calls.get(invite.call_id)
         if call is None:
             invite.reject(481, "Call/Transaction Does Not Exist")
@@ -399,6 +485,8 @@ class SipServer:
         call.reoffer(invite)
 
     def _on_bye(self, invite: IncomingCall, _request: SipRequest) -> None:
+        if self.dialer is not None and self.dialer.peer_hung_up(invite.call_id):
+            return
         self._end(invite.call_id, "caller hung up")
 
     def _on_cancel(self, request: SipRequest, _addr: tuple[str, int]) -> None:

@@ -256,10 +256,16 @@ async def _close_peer(pc: RTCPeerConnection, call_id: str) -> None:
 
 
 async def open_webrtc_call(
-    registry: CallRegistry, offer_sdp: str, playbook: str | None, address: str | None = None
+    registry: CallRegistry,
+    offer_sdp: str,
+    playbook: str | None,
+    address: str | None = None,
+    *,
+    record: bool = True,
 ) -> WebRTCCall:
     """A new browser call answering ``offer_sdp`` from ``address`` (the caller's, for the rate
-    limit); raises BadOffer, OverCapacity, RateLimited, UnknownPlaybook."""
+    limit), recorded with ``--record`` unless ``record`` is False; raises BadOffer,
+    OverCapacity, RateLimited, UnknownPlaybook."""
     call_id = registry.new_call_id(address)
     if "m=audio" not in offer_sdp:
         raise BadOffer("the offer has no audio (no m=audio line)")
@@ -272,7 +278,7 @@ async def open_webrtc_call(
     )
     call = WebRTCCall(registry, call_id, pc)
     call.session = registry.new_session(call_id, playbook_id, Speaker(OUTPUT_RATE), call.emit)
-    registry.admit(call)
+    registry.admit(call, record=record)
     try:
         await call.accept(offer_sdp)
     except BaseException:

@@ -1,0 +1,509 @@
+"""Outgoing SIP legs: Vocable as the caller (UAC). Independent of sessions and playbooks, so a leg
+can carry an agent's call (``sip_outbound.py``) or one side of a bridge.
+
+Contract::
+
+    leg = await dial(stack, "sip:alice@192.0.2.7:5060", ring_timeout_s=30)
+    leg.on_audio = lambda pcm: ...     # the callee's audio: 8 kHz PCM16, as RTP delivers it
+    leg.send_pcm(frame)                # ours: 8 kHz PCM16, one call per 20 ms frame (320 bytes)
+    leg.on_hangup = lambda reason: ... # the callee hung up (BYE); called once
+    await leg.hangup()                 # BYE (unless the callee hung up), RTP closed, port freed
+
+:func:`dial` sends the INVITE (PCMU and PCMA offered, RFC 4733 digits), retransmits it until the
+callee answers anything (RFC 3261 Timer A, over UDP), and returns an :class:`OutboundLeg` once a
+200 OK is ACKed and its RTP socket is bound. Every other ending raises :class:`DialFailed`, whose
+:class:`DialResult` says which: ``busy`` (486, 600), ``no_answer`` (no final answer within
+``ring_timeout_s``: CANCEL sent; or 408/480), ``rejected`` (any other 3xx-6xx, including an auth
+challenge: digest authentication is not supported), ``failed`` (no route, an unusable SDP
+answer). Cancelling ``dial()`` sends CANCEL (or BYE if the answer won the race) and frees the
+port. Nothing of the leg is left behind whichever way ``dial()`` ends without returning it.
+
+The leg does not pace itself (the caller of ``send_pcm`` does, every 20 ms) nor watch for silent
+media; the :class:`DialStack` comes from the running SIP endpoint (``SipServer.dialer``), which
+routes the callee's in-dialog requests (BYE, re-INVITE) to the leg. Signalling is UDP, sent
+straight to the URI's host and port (no DNS SRV, no outbound proxy, no Record-Route).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import secrets
+import socket
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from aiosipua import (
+    DialogState,
+    IncomingCall,
+    OutgoingCall,
+    SdpMessage,
+    SdpNegotiationError,
+    SipRequest,
+    SipResponse,
+    SipUAC,
+    parse_sdp,
+)
+from aiosipua.rtp_bridge import CallSession
+from aiosipua.transport import SipTransport
+
+from .rtp_ports import NoFreePort, RtpPortLease, RtpPorts
+from .telephony import Encoding, encode
+
+__all__ = [
+    "CODECS",
+    "PHONE_RATE",
+    "DialFailed",
+    "DialOutcome",
+    "DialResult",
+    "DialStack",
+    "OutboundLeg",
+    "dial",
+    "parse_target",
+]
+
+log = logging.getLogger(__name__)
+
+PHONE_RATE = 8000
+SAMPLES_PER_FRAME = 160
+CODECS: dict[int, Encoding] = {0: "ulaw", 8: "alaw"}
+DTMF_PAYLOAD_TYPE = 101
+T1_S = 0.5
+"""RFC 3261 Timer A's first interval: an unanswered INVITE is sent again after it, doubling."""
+BUSY = frozenset({486, 600})
+NO_ANSWER = frozenset({408, 480})
+
+DialOutcome = Literal["answered", "busy", "no_answer", "rejected", "failed"]
+
+
+@dataclass(frozen=True)
+class DialResult:
+    """How a dial ended. ``status``: the final SIP status (None when none came)."""
+
+    outcome: DialOutcome
+    status: int | None
+    reason: str
+
+
+class DialFailed(Exception):
+    """The callee did not answer; :attr:`result` says why."""
+
+    def __init__(self, result: DialResult) -> None:
+        super().__init__(result.reason)
+        self.result = result
+
+
+def parse_target(uri: str) -> tuple[str, int]:
+    """The host and port (default 5060) of a ``sip:[user@]host[:port][;params]`` URI; raises
+    ValueError naming what is wrong."""
+    if not isinstance(uri, str) or not uri.lower().startswith("sip:"):
+        raise ValueError("the callee must be a sip: URI, e.g. sip:alice@192.0.2.7:5060")
+    rest = uri[4:].partition(";")[0].partition("?")[0]
+    hostport = rest.rpartition("@")[2]
+    if hostport.startswith("["):
+        host, _, tail = hostport[1:].partition("]")
+        port_text = tail.removeprefix(":") if tail.startswith(":") else ""
+        if tail and not tail.startswith(":"):
+            raise ValueError(f"bad host in {uri[:100]!r}")
+    else:
+        host, _, port_text = hostport.partition(":")
+    if not host or any(c.isspace() or c in "<>\"'" for c in uri):
+        raise ValueError(f"no host in {uri[:100]!r}")
+    if port_text and not (port_text.isascii() and port_text.isdigit()):
+        raise ValueError(f"bad port in {uri[:100]!r}")
+    port = int(port_text) if port_text else 5060
+    if not 0 < port < 65536:
+        raise ValueError(f"port {port} is out of range")
+    return host, port
+
+
+class _Uac(SipUAC):
+    """aiosipua's UAC plus what it leaves out: an ACK for a non-2xx final answer (RFC 3261
+    17.1.1.3; without it the callee repeats its 486 for 32 s) and a record of which calls have
+    heard anything back (which stops the INVITE's retransmission)."""
+
+    def __init__(self, transport: SipTransport, advertised_addr: tuple[str, int] | None) -> None:
+        super().__init__(transport, advertised_addr=advertised_addr)
+        self.invites: OrderedDict[str, tuple[SipRequest, tuple[str, int]]] = OrderedDict()
+        """Recent INVITEs by Call-ID (bounded), to ACK their final answers, retransmitted too."""
+        self.heard: set[str] = set()
+
+    def track(self, call: OutgoingCall) -> None:
+        self.invites[call.call_id] = (call.invite, call.remote_addr)
+        while len(self.invites) > 256:
+            self.invites.popitem(last=False)
+
+    def forget(self, call_id: str) -> None:
+        self.heard.discard(call_id)
+
+    def handle_response(self, response: SipResponse, addr: tuple[str, int]) -> None:
+        call_id = response.call_id or ""
+        cseq = response.cseq
+        ours = self.invites.get(call_id)
+        if ours is not None and cseq is not None and cseq.method.upper() == "INVITE":
+            self.heard.add(call_id)
+            if response.status_code >= 300:
+                self._ack_failure(ours[0], response, ours[1])
+        super().handle_response(response, addr)
+
+    def _ack_failure(
+        self, invite: SipRequest, response: SipResponse, addr: tuple[str, int]
+    ) -> None:
+        ack = SipRequest(method="ACK", uri=invite.uri)
+        via = invite.headers.get_first("via")
+        if via:
+            ack.headers.append("Via", via)  # the INVITE's branch: same transaction
+        for name in ("From", "Call-ID"):
+            value = invite.headers.get_first(name)
+            if value:
+                ack.headers.set_single(name, value)
+        to = response.headers.get_first("to")
+        if to:
+            ack.headers.set_single("To", to)
+        seq = invite.cseq.seq if invite.cseq else 1
+        ack.headers.set_single("CSeq", f"{seq} ACK")
+        ack.headers.set_single("Max-Forwards", "70")
+        self.transport.send(ack, addr)
+
+
+class DialStack:
+    """What dialing needs of a running SIP endpoint: its UDP transport (through a UAC the
+    endpoint's user agent hands responses to), RTP ports and addresses. The endpoint calls
+    :meth:`peer_hung_up` and :meth:`reoffered` for in-dialog requests it does not know."""
+
+    def __init__(
+        self,
+        transport: SipTransport,
+        rtp_ports: RtpPorts,
+        host: str,
+        *,
+        advertise: str | None = None,
+        signalling_addr: tuple[str, int] | None = None,
+        user_agent: str = "Vocable",
+    ) -> None:
+        self.uac = _Uac(transport, signalling_addr)
+        self.rtp_ports = rtp_ports
+        self.host = host
+        """The address RTP sockets bind to."""
+        self.advertise = advertise
+        self.user_agent = user_agent
+        self.legs: dict[str, OutboundLeg] = {}
+        """Answered legs by SIP Call-ID."""
+        self.peers: set[str] = set()
+        """Addresses being dialed or in a call (their answers pass an allowlist)."""
+
+    def signalling_addr(self) -> tuple[str, int]:
+        return self.uac.advertised_addr or self.uac.transport.local_addr
+
+    def media_ip(self, peer: str) -> str:
+        """The address our SDP names: the advertised one, else the bind address, else the local
+        address that routes to ``peer``."""
+        if self.advertise:
+            return self.advertise
+        if not ipaddress.ip_address(self.host).is_unspecified:
+            return self.host
+        family = socket.AF_INET6 if ":" in peer else socket.AF_INET
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect((peer, 9))  # picks the route, sends nothing
+            return str(probe.getsockname()[0])
+
+    def peer_hung_up(self, sip_call_id: str) -> bool:
+        """The callee's BYE (already answered 200): True when it ended one of our legs."""
+        leg = self.legs.get(sip_call_id)
+        if leg is None:
+            return False
+        leg.peer_hung_up("the callee hung up")
+        return True
+
+    def reoffered(self, invite: IncomingCall) -> bool:
+        """A re-INVITE on one of our legs: answered with our SDP as it stands (a new remote
+        address is followed; hold is not). True when it was ours."""
+        leg = self.legs.get(invite.call_id)
+        if leg is None:
+            return False
+        offer = invite.sdp_offer
+        remote = offer.rtp_address if offer is not None else None
+        if remote is not None and remote[1] != 0:
+            leg.media.update_remote(remote)
+        invite.accept(leg.local_sdp)
+        return True
+
+
+class OutboundLeg:
+    """One answered outgoing call: signalling dialog and RTP. Built by :func:`dial` only."""
+
+    def __init__(
+        self,
+        stack: DialStack,
+        call: OutgoingCall,
+        media: CallSession,
+        local_sdp: SdpMessage,
+        remote_sdp: SdpMessage,
+        port: RtpPortLease,
+        peer: str,
+    ) -> None:
+        self.stack = stack
+        self.call = call
+        self.media = media
+        """The RTP session (aiosipua's ``CallSession``: ``remote_addr``, ``stats``)."""
+        self.local_sdp = local_sdp
+        self.remote_sdp = remote_sdp
+        self.encoding = CODECS[media.chosen_payload_type]
+        self.result = DialResult("answered", 200, "answered")
+        self.on_audio: Callable[[bytes], None] | None = None
+        """The callee's audio as it arrives: 8 kHz PCM16, any length."""
+        self.on_dtmf: Callable[[str], None] | None = None
+        self.on_hangup: Callable[[str], None] | None = None
+        """Called once if the callee ends the call (then call :meth:`hangup` to free it)."""
+        self.ended = asyncio.Event()
+        """Set once :meth:`hangup` has freed everything."""
+        self.by_peer = False
+        self._port = port
+        self._peer = peer
+        self._timestamp = secrets.randbelow(1 << 32)
+        self._closing = False
+        media.on_audio = self._audio
+        media.on_dtmf = self._dtmf
+
+    @property
+    def sip_call_id(self) -> str:
+        return self.call.call_id
+
+    def send_pcm(self, pcm: bytes) -> None:
+        """Send one frame of 8 kHz PCM16 (20 ms: 320 bytes) as G.711 RTP; the caller paces."""
+        if not self._closing:
+            self.media.send_audio(encode(pcm, self.encoding), self._timestamp)
+        self._timestamp = (self._timestamp + len(pcm) // 2) & 0xFFFFFFFF
+
+    def peer_hung_up(self, reason: str) -> None:
+        if self.by_peer or self._closing:
+            return
+        self.by_peer = True
+        if self.on_hangup is not None:
+            self.on_hangup(reason)
+
+    async def hangup(self) -> None:
+        """BYE (unless the callee hung up), close RTP and give the port back. Idempotent."""
+        if self._closing:
+            await self.ended.wait()
+            return
+        self._closing = True
+        try:
+            if not self.by_peer:
+                with contextlib.suppress(ValueError, RuntimeError, OSError):
+                    self.call.hangup(self.stack.uac)
+            await self.media.close()
+        finally:
+            self._port.release()
+            self.stack.legs.pop(self.sip_call_id, None)
+            self.stack.peers.discard(self._peer)
+            self.stack.uac.forget(self.sip_call_id)
+            self.ended.set()
+
+    def _audio(self, pcm: bytes, _timestamp: int) -> None:
+        if self.on_audio is not None:
+            self.on_audio(pcm)
+
+    def _dtmf(self, digit: str, _duration: int) -> None:
+        if self.on_dtmf is not None:
+            self.on_dtmf(digit)
+
+
+async def dial(
+    stack: DialStack,
+    to_uri: str,
+    *,
+    ring_timeout_s: float,
+    from_user: str = "vocable",
+    headers: Mapping[str, str] | None = None,
+    on_ringing: Callable[[], None] | None = None,
+) -> OutboundLeg:
+    """Call ``to_uri`` (see the module docstring); ``headers`` are added to the INVITE,
+    ``on_ringing`` runs on each 180/183. Raises DialFailed, or ValueError for a bad URI."""
+    host, port = parse_target(to_uri)
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(
+            host, port, type=socket.SOCK_DGRAM, family=_family(stack.host)
+        )
+        remote = (str(infos[0][4][0]), int(infos[0][4][1]))
+    except (OSError, IndexError) as exc:
+        raise DialFailed(DialResult("failed", None, f"cannot resolve {host}: {exc}")) from None
+    try:
+        lease = stack.rtp_ports.lease()
+    except NoFreePort as exc:
+        raise DialFailed(DialResult("failed", None, str(exc))) from None
+    stack.peers.add(remote[0])
+    with contextlib.ExitStack() as unless_answered:
+        unless_answered.callback(lease.release)
+        unless_answered.callback(stack.peers.discard, remote[0])
+        leg = await _invite(
+            stack, to_uri, remote, lease, ring_timeout_s, from_user, headers, on_ringing
+        )
+        unless_answered.pop_all()
+    return leg
+
+
+async def _invite(
+    stack: DialStack,
+    to_uri: str,
+    remote: tuple[str, int],
+    lease: RtpPortLease,
+    ring_timeout_s: float,
+    from_user: str,
+    headers: Mapping[str, str] | None,
+    on_ringing: Callable[[], None] | None,
+) -> OutboundLeg:
+    uac = stack.uac
+    media_ip = stack.media_ip(remote[0])
+    offer = _offer(media_ip, lease.port)
+    sip_host, sip_port = stack.signalling_addr()
+    from_uri = f"sip:{from_user}@{_hostport(sip_host, sip_port)}"
+    answered: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
+
+    def settle(status: int, reason: str) -> None:
+        if not answered.done():
+            answered.set_result((status, reason))
+
+    call = uac.send_invite(
+        from_uri,
+        to_uri,
+        remote,
+        offer,
+        extra_headers=dict(headers or {}),
+        user_agent=stack.user_agent,
+    )
+    uac.track(call)
+    call.on_ringing = lambda _call: on_ringing() if on_ringing is not None else None
+    call.on_answer = lambda _call: settle(200, "OK")
+    call.on_rejected = lambda _call, status, reason: settle(status, reason)
+    resend = asyncio.create_task(_retransmit(uac, call), name=f"sip-invite-timer:{call.call_id}")
+    try:
+        async with asyncio.timeout(ring_timeout_s):
+            status, reason = await answered
+    except TimeoutError:
+        _abandon(uac, call)
+        raise DialFailed(
+            DialResult("no_answer", None, f"no answer within {ring_timeout_s:g} s")
+        ) from None
+    except BaseException:  # cancelled: the caller gave up
+        _abandon(uac, call)
+        raise
+    finally:
+        resend.cancel()
+    if status != 200:
+        uac.forget(call.call_id)
+        raise DialFailed(_failure(status, reason))
+    try:
+        return await _connect(stack, call, offer, media_ip, lease, remote[0])
+    except BaseException:
+        with contextlib.suppress(ValueError, RuntimeError, OSError):
+            call.hangup(uac)
+        uac.forget(call.call_id)
+        raise
+
+
+async def _connect(
+    stack: DialStack,
+    call: OutgoingCall,
+    offer: SdpMessage,
+    media_ip: str,
+    lease: RtpPortLease,
+    peer: str,
+) -> OutboundLeg:
+    """The answered call's RTP, from the callee's SDP answer; DialFailed when it is unusable."""
+    answer = call.sdp_answer
+    try:
+        if answer is None:
+            raise ValueError("the answer has no SDP")
+        if answer.rtp_address is None or answer.rtp_address[1] == 0:
+            raise ValueError("the answer declines audio")
+        media = CallSession(
+            local_ip=stack.host,
+            rtp_port=lease.port,
+            offer=answer,  # the callee's answer: picks one of the codecs we offered
+            advertised_ip=None if media_ip == stack.host else media_ip,
+            supported_codecs=list(CODECS),
+            dtmf_payload_type=_dtmf_type(answer),
+            symmetric_rtp=True,
+        )
+    except (SdpNegotiationError, ValueError) as exc:
+        raise DialFailed(DialResult("failed", 200, f"unusable SDP answer: {exc}")) from None
+    await media.start()
+    leg = OutboundLeg(stack, call, media, offer, answer, lease, peer)
+    stack.legs[call.call_id] = leg
+    return leg
+
+
+async def _retransmit(uac: _Uac, call: OutgoingCall) -> None:
+    """Send the INVITE again at T1, 2*T1, 4*T1... until the callee answers anything."""
+    interval = T1_S
+    while True:
+        await asyncio.sleep(interval)
+        if call.call_id in uac.heard or call.dialog.state is not DialogState.EARLY:
+            return
+        uac.transport.send(call.invite, call.remote_addr)
+        interval = min(interval * 2, 4.0)
+
+
+def _abandon(uac: _Uac, call: OutgoingCall) -> None:
+    """Give up on a call: CANCEL while it rings, BYE if the answer came first."""
+    with contextlib.suppress(ValueError, RuntimeError, OSError):
+        if call.dialog.state is DialogState.EARLY:
+            call.cancel(uac)
+        else:
+            call.hangup(uac)
+    uac.forget(call.call_id)
+
+
+def _failure(status: int, reason: str) -> DialResult:
+    text = f"{status} {reason}".strip()
+    if status in BUSY:
+        return DialResult("busy", status, f"busy ({text})")
+    if status in NO_ANSWER:
+        return DialResult("no_answer", status, f"no answer ({text})")
+    if status in (401, 407):
+        return DialResult("rejected", status, f"{text}: digest authentication is not supported")
+    return DialResult("rejected", status, f"rejected ({text})")
+
+
+def _offer(ip: str, port: int) -> SdpMessage:
+    kind = "IP6" if ":" in ip else "IP4"
+    session = str(secrets.randbelow(1 << 31))
+    lines = [
+        "v=0",
+        f"o=vocable {session} {session} IN {kind} {ip}",
+        "s=-",
+        f"c=IN {kind} {ip}",
+        "t=0 0",
+        f"m=audio {port} RTP/AVP 0 8 {DTMF_PAYLOAD_TYPE}",
+        "a=rtpmap:0 PCMU/8000",
+        "a=rtpmap:8 PCMA/8000",
+        f"a=rtpmap:{DTMF_PAYLOAD_TYPE} telephone-event/8000",
+        f"a=fmtp:{DTMF_PAYLOAD_TYPE} 0-16",
+        "a=ptime:20",
+        "a=sendrecv",
+    ]
+    return parse_sdp("\r\n".join(lines) + "\r\n")
+
+
+def _dtmf_type(sdp: SdpMessage) -> int:
+    audio = sdp.audio
+    for codec in audio.codecs if audio is not None else []:
+        if codec.encoding_name.lower() == "telephone-event" and 0 <= codec.payload_type <= 127:
+            return codec.payload_type
+    return DTMF_PAYLOAD_TYPE
+
+
+def _family(host: str) -> int:
+    try:
+        return socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+    except ValueError:
+        return socket.AF_INET
+
+
+def _hostport(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

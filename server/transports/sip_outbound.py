@@ -1,0 +1,281 @@
+"""An outbound agent call: :func:`~.sip_dialer.dial` the callee, then run the playbook's session
+on the leg (``POST /calls``).
+
+The call is admitted (a session slot, the rate limit) before the INVITE goes out, and holds its
+slot while it rings. What it is doing is :attr:`OutboundCall.state`: ``ringing`` -> ``answered``
+-> ``ended``, with :attr:`~OutboundCall.result` (the :data:`DialOutcome`) and a reason; a client
+follows it with ``GET /calls/{id}`` and ``GET /calls/{id}/events``. After the answer,
+:class:`~server.call.pickup.Pickup` decides when the agent greets (never over the callee's
+"Hello?") and whether a voicemail greeting answered, which the playbook's ``voicemail``
+setting handles (hang up, or leave its message once the greeting is over).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from typing import Any, Literal
+
+from playbooks.models import Voicemail
+from server.call.events import VoiceEvent
+from server.call.pickup import Pickup, PickupSettings
+from server.config.server import SipSettings
+from server.runtime.registry import CallRegistry
+
+from .base import TransportCall
+from .client_events import client_view
+from .sip_dialer import DialFailed, DialOutcome, DialStack, OutboundLeg, dial
+from .telephony import CallerAudio, CallerGap, FramePacer
+
+__all__ = ["CallState", "OutboundCall"]
+
+CallState = Literal["ringing", "answered", "ended"]
+AnsweredBy = Literal["person", "voicemail"]
+BACKLOG = 500
+"""Events kept for a client that subscribes late (the first ones of a call matter most)."""
+
+
+class OutboundCall(TransportCall):
+    """One call Vocable places. Create, set :attr:`session`, admit, then :meth:`start`."""
+
+    transport = "SIP outbound"
+
+    def __init__(
+        self,
+        registry: CallRegistry,
+        call_id: str,
+        stack: DialStack,
+        to_uri: str,
+        playbook_id: str,
+        ring_timeout_s: float,
+        settings: SipSettings,
+        voicemail: Voicemail,
+    ) -> None:
+        super().__init__(registry, call_id)
+        self.stack = stack
+        self.to_uri = to_uri
+        self.playbook_id = playbook_id
+        self.ring_timeout_s = ring_timeout_s
+        self.settings = settings
+        self.voicemail = voicemail
+        self.state: CallState = "ringing"
+        self.result: DialOutcome | None = None
+        self.status: int | None = None
+        """The final SIP status of the INVITE (None: none came)."""
+        self.reason: str | None = None
+        self.answered_by: AnsweredBy | None = None
+        self.started_at = time.time()
+        self.answered_at: float | None = None
+        self.ended_at: float | None = None
+        self.leg: OutboundLeg | None = None
+        self.pickup: Pickup | None = None
+        self._audio = CallerAudio("slin", 8000)
+        self._gap: CallerGap | None = None
+        self._dialing: asyncio.Task[Any] | None = None
+        self._backlog: deque[dict[str, Any]] = deque(maxlen=BACKLOG)
+        self._listeners: set[asyncio.Queue[dict[str, Any] | None]] = set()
+
+    # -- what clients see ----------------------------------------------------------------------
+
+    def describe(self) -> dict[str, Any]:
+        """``GET /calls/{id}``."""
+        return {
+            "session_id": self.id,
+            "to": self.to_uri,
+            "playbook": self.playbook_id,
+            "state": self.state,
+            "result": self.result,
+            "status": self.status,
+            "reason": self.reason,
+            "answered_by": self.answered_by,
+            "started_at": self.started_at,
+            "answered_at": self.answered_at,
+            "ended_at": self.ended_at,
+        }
+
+    def listen(self) -> asyncio.Queue[dict[str, Any] | None]:
+        """A queue of this call's events as JSON objects (those so far first); None ends it."""
+        queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        for item in self._backlog:
+            queue.put_nowait(item)
+        if self.state == "ended":
+            queue.put_nowait(None)
+        else:
+            self._listeners.add(queue)
+        return queue
+
+    def unlisten(self, queue: asyncio.Queue[dict[str, Any] | None]) -> None:
+        self._listeners.discard(queue)
+
+    def on_event(self, event: VoiceEvent) -> None:
+        self._publish(client_view(event))
+
+    def _publish(self, item: dict[str, Any]) -> None:
+        self._backlog.append(item)
+        for queue in self._listeners:
+            queue.put_nowait(item)
+
+    def _announce(self, state: CallState, **extra: Any) -> None:
+        self.state = state
+        self._publish(
+            {
+                "type": "call",
+                "t_ms": round(time.monotonic() * 1000, 1),
+                "state": state,
+                "result": self.result,
+                "status": self.status,
+                "reason": self.reason,
+                "answered_by": self.answered_by,
+                **extra,
+            }
+        )
+
+    # -- the call ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Send the INVITE (in the background); the call then follows its course."""
+        self._announce("ringing")
+        self._dialing = self.spawn(self._run(), "sip-dial")
+
+    async def _run(self) -> None:
+        try:
+            leg = await dial(
+                self.stack,
+                self.to_uri,
+                ring_timeout_s=self.ring_timeout_s,
+                from_user=self.playbook_id,
+                headers={"X-Vocable-Session": self.id},
+            )
+        except DialFailed as exc:
+            result = exc.result
+            self.result, self.status, self.reason = result.outcome, result.status, result.reason
+            await self.hangup(result.reason)
+            return
+        except Exception as exc:  # a bug, or a socket error: the call fails, the server goes on
+            self.log.exception("outbound call %s could not be placed", self.id)
+            self.result, self.reason = "failed", f"{type(exc).__name__}: {exc}"
+            await self.hangup(self.reason)
+            return
+        self.leg = leg
+        self.result, self.status = "answered", 200
+        self.answered_at = time.time()
+        self._answered(leg)
+
+    def _answered(self, leg: OutboundLeg) -> None:
+        """Media both ways; the session starts once the pickup says who answered."""
+        if self.hung_up:
+            return
+        self.clock.touch()
+        self._gap = gap = CallerGap(self._heard_silence)
+        leg.on_audio = self._on_audio
+        leg.on_dtmf = self._on_dtmf
+        leg.on_hangup = self._peer_hung_up
+        detect = self.voicemail.detect_after_ms
+        self.pickup = Pickup(PickupSettings(machine_after_ms=detect))
+        pacer = FramePacer(self.session.voice.speaker, self._send, "silence", on_tick=gap.tick)
+        self.spawn(pacer.run(), "sip-pacer")
+        self.watch(self._media_silent)
+        self.log.info("outbound call %s answered by %s (%s)", self.id, self.to_uri, leg.encoding)
+        self._announce("answered")
+
+    def _heard_silence(self, frame: bytes, at: float) -> None:
+        self._frame(frame, at)
+
+    def _on_audio(self, pcm: bytes) -> None:
+        assert self._gap is not None
+        self._gap.heard()
+        for frame in self._audio.frames(pcm):
+            self._frame(frame, self._gap.last_heard_at)
+
+    def _frame(self, frame: bytes, at: float) -> None:
+        """The callee's next 20 ms frame (16 kHz): to the pickup until it decides, then to the
+        session."""
+        pickup = self.pickup
+        if pickup is None or self.hung_up:
+            return
+        if pickup.verdict is None:
+            verdict = pickup.push(frame, at)
+            if verdict == "machine":
+                self.answered_by = "voicemail"
+                self._announce("answered", pickup=verdict, heard_ms=pickup.heard_ms)
+                self.spawn(self._voicemail(), "voicemail")
+            elif verdict is not None:
+                self.answered_by = "person"
+                self._announce("answered", pickup=verdict, heard_ms=pickup.heard_ms)
+                self.session.start()  # the greeting
+            return
+        if pickup.verdict == "machine":
+            pickup.push(frame, at)
+            return
+        self.session.feed(frame, at)
+
+    def _on_dtmf(self, digit: str) -> None:
+        if self._gap is not None:
+            self._gap.heard()
+        self.clock.touch()
+        if self.pickup is not None and self.pickup.verdict in ("person", "silent"):
+            self.session.dtmf(digit)
+
+    async def _send(self, pcm: bytes) -> None:
+        if self.leg is not None:
+            self.leg.send_pcm(pcm)
+
+    def _media_silent(self, now: float) -> str | None:
+        gap = self._gap
+        if gap is not None and now - gap.last_heard_at >= self.settings.media_timeout_s:
+            return "no audio from the callee"
+        return None
+
+    def _peer_hung_up(self, reason: str) -> None:
+        self.spawn(self.hangup(reason), "sip-bye")
+
+    async def _voicemail(self) -> None:
+        """Hang up, or wait for the end of the greeting and leave the message, then hang up."""
+        message = self.voicemail.message
+        if self.voicemail.action == "hangup" or message is None:
+            await self.hangup("voicemail answered: hung up")
+            return
+        pickup = self.pickup
+        assert pickup is not None
+        while not pickup.greeting_over:  # noqa: ASYNC110 - set by the audio callback
+            await asyncio.sleep(0.05)
+        self.clock.touch()
+        speaker = self.session.voice.speaker
+        tts = self.session.voice.voice().tts
+        self._publish({"type": "voicemail", "t_ms": _now_ms(), "message": message})
+        playbacks = []
+        async for pcm in tts.synthesize(message):
+            playbacks.append(speaker.push(pcm, tts.sample_rate))
+        for playback in playbacks:
+            await playback.finished()
+        await asyncio.sleep(0.3)  # the last packets reach the machine before the BYE
+        await self.hangup("voicemail answered: message left")
+
+    # -- ending --------------------------------------------------------------------------------
+
+    async def hangup(self, reason: str) -> None:
+        if not self.hung_up and self.result is None:
+            # ended by us (DELETE, shutdown) before any answer: the INVITE is cancelled
+            self.result, self.reason = "no_answer", reason
+        if not self.hung_up and self.reason is None:
+            self.reason = reason
+        await super().hangup(reason)
+
+    async def close_transport(self, reason: str) -> None:
+        dialing = self._dialing
+        if dialing is not None and dialing is not asyncio.current_task():
+            await asyncio.wait([dialing])  # cancelled by the hang-up: CANCEL sent, port freed
+        if self.leg is not None:
+            await self.leg.hangup()
+
+    def release_resources(self) -> None:
+        self.ended_at = time.time()
+        self._announce("ended")
+        for queue in self._listeners:
+            queue.put_nowait(None)
+        self._listeners.clear()
+
+
+def _now_ms() -> float:
+    return round(time.monotonic() * 1000, 1)

@@ -1,0 +1,467 @@
+"""Outbound calls (``POST /calls``, ``vocable call``) to real SIP peers on 127.0.0.1.
+
+baresip answers automatically as the callee, speaks a WAV file (``aufile``; it hangs up when the
+file ends) and records what it heard (``sndfile``), which real Whisper transcribes; sipp plays
+callees that are busy (486), ring forever, or answer and wait for our BYE, and fails unless
+every message of its scenario came (the ACK of a 486, the CANCEL, the BYE). Real Whisper, Piper
+and webrtcvad on the server; the LLM is scripted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import shutil
+import socket
+import subprocess
+import wave
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestServer
+
+from media import Resampler
+from media.audio import SAMPLE_RATE, pcm_rms_dbfs, silence
+from playbooks import ChatClient, PlaybookError, load_playbooks
+from server.config.server import ServerConfig, SipSettings
+from server.http.app import CALLS, SIP, create_app
+from server.runtime.engines import Engines
+from server.transports.sip_dialer import parse_target
+from tests.calls import synthesizer, transcriber, word_error_rate
+from tests.conftest import EXAMPLES
+from tests.phone import ANSWER, phone_audio
+from tests.processes import run_vocable, spawn, stop_group
+from tests.scripted_llm import ScriptedLLM, answers_by_words
+
+pytestmark = pytest.mark.slow
+
+SIP_FILES = Path(__file__).resolve().parent / "sip"
+RATE = 8000
+FRAME_BYTES = RATE * 20 // 1000 * 2
+LOUD_DBFS = -45.0
+
+GREETING = "Hello, this is Acme calling about your parcel delivery."
+MESSAGE = "This is Acme. Your parcel arrives on Tuesday. Goodbye."
+QUESTION = "When will it arrive?"
+HELLO = "Hello?"
+VOICEMAIL = (
+    "Hi, you have reached the voicemail of Sam Taylor. I cannot take your call right now, "
+    "so please leave your name, your number and a short message after the tone."
+)
+PLAYBOOK = f"""
+id: outreach
+name: Acme delivery calls
+initial_stage: call
+global_system_prompt: You are Acme's phone agent calling a customer. Answer in short sentences.
+voicemail: {{action: leave_message, message: "{MESSAGE}"}}
+stages:
+  - id: call
+    name: Call
+    system_prompt: Tell the customer about their parcel delivery.
+    greeting: {GREETING}
+"""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _speech_ready() -> None:
+    for text in (QUESTION, HELLO, VOICEMAIL):
+        phone_audio(text)
+
+
+@asynccontextmanager
+async def _server(llm: ScriptedLLM, folder: Path, **config: Any) -> AsyncIterator[TestServer]:
+    (folder / "outreach.yaml").write_text(PLAYBOOK)
+    client = ChatClient.connect(llm.base_url, None, "scripted")
+    engines = Engines(transcriber(), synthesizer(), load_playbooks(folder), client)
+    settings = ServerConfig(sip=SipSettings(host="127.0.0.1", port=0), **config)
+    server = TestServer(create_app(settings, engines), host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield server
+    finally:
+        await server.close()
+        await client.client.close()
+
+
+@pytest.fixture
+async def server(llm: ScriptedLLM, tmp_path: Path) -> AsyncIterator[TestServer]:
+    llm.script(answers_by_words({}, ANSWER))
+    (tmp_path / "playbooks").mkdir()
+    async with _server(llm, tmp_path / "playbooks") as server:
+        yield server
+
+
+async def _post(server: TestServer, path: str, body: Any) -> tuple[int, dict[str, Any]]:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(server.make_url(path), json=body) as response,
+    ):
+        return response.status, await response.json()
+
+
+async def _get(server: TestServer, path: str) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as http, http.get(server.make_url(path)) as response:
+        assert response.status == 200, await response.text()
+        result: dict[str, Any] = await response.json()
+        return result
+
+
+async def _events(server: TestServer, session_id: str) -> list[dict[str, Any]]:
+    """Every event of the call, from the server-sent event stream (which ends with it)."""
+    events = []
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(server.make_url(f"/calls/{session_id}/events")) as response,
+    ):
+        assert response.headers["Content-Type"].startswith("text/event-stream")
+        async for line in response.content:
+            if line.startswith(b"data:"):
+                events.append(json.loads(line[5:]))
+    return events
+
+
+async def _wait(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    try:
+        async with asyncio.timeout(timeout_s):
+            while not condition():  # noqa: ASYNC110 - the server and a peer move it
+                await asyncio.sleep(0.05)
+    except TimeoutError:
+        pytest.fail(f"{what} within {timeout_s} s")
+
+
+def _free_port() -> int:
+    """A port free for UDP and TCP on 127.0.0.1."""
+    for _ in range(50):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+            udp.bind(("127.0.0.1", 0))
+            port = int(udp.getsockname()[1])
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp:
+                try:
+                    tcp.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
+    raise OSError("no free port")
+
+
+# -- baresip, the callee that answers ------------------------------------------------------------
+
+
+def _loud(pcm: bytes) -> list[float]:
+    """Start times (s) of the loud 20 ms frames of 8 kHz PCM16."""
+    return [
+        round(i / FRAME_BYTES * 0.02, 2)
+        for i in range(0, len(pcm) - FRAME_BYTES + 1, FRAME_BYTES)
+        if pcm_rms_dbfs(pcm[i : i + FRAME_BYTES]) > LOUD_DBFS
+    ]
+
+
+async def _said(pcm8k: bytes) -> str:
+    resampler = Resampler(RATE, SAMPLE_RATE)
+    return (await transcriber().transcribe(resampler.resample(pcm8k) + resampler.flush())).text
+
+
+def _read_wav(folder: Path, pattern: str) -> bytes:
+    (path,) = folder.glob(pattern)
+    with wave.open(str(path), "rb") as wav:
+        assert (wav.getnchannels(), wav.getsampwidth(), wav.getframerate()) == (1, 2, RATE)
+        return wav.readframes(wav.getnframes())
+
+
+@asynccontextmanager
+async def _baresip_callee(workdir: Path, speech: bytes) -> AsyncIterator[tuple[str, Path]]:
+    """baresip listening on 127.0.0.1 and answering at once; it says ``speech`` (8 kHz PCM16)
+    from the answer on and hangs up at its end. Yields the URI to dial and the folder its
+    recordings land in (``dump-*-dec.wav``: what it heard); it is stopped when the block ends."""
+    baresip = shutil.which("baresip")
+    if baresip is None:
+        pytest.fail("baresip is required: apt-get install baresip-core", pytrace=False)
+    config, recordings, wav = workdir / "baresip", workdir / "recordings", workdir / "callee.wav"
+    config.mkdir()
+    recordings.mkdir()
+    with wave.open(str(wav), "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(RATE)
+        out.writeframes(speech)
+    port = _free_port()
+    template = (SIP_FILES / "baresip" / "config").read_text()
+    (config / "config").write_text(
+        template.format(sip_port=port, speech=wav, recordings=recordings)
+    )
+    (config / "accounts").write_text("<sip:callee@127.0.0.1>;regint=0;answermode=auto\n")
+    seconds = len(speech) / 2 / RATE
+    log = workdir / "baresip.log"
+    with log.open("wb") as output:
+        process = await spawn(
+            baresip,
+            *("-f", str(config), "-t", str(round(seconds + 40))),
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        await asyncio.sleep(0.5)  # listening
+        yield f"sip:callee@127.0.0.1:{port}", recordings
+    finally:
+        await stop_group(process)
+
+
+async def _call_baresip(
+    server: TestServer, workdir: Path, speech: bytes
+) -> tuple[dict[str, Any], list[dict[str, Any]], bytes]:
+    """Place a call to a baresip callee saying ``speech``; returns the call's final description,
+    its events and what baresip heard (8 kHz PCM16 from the answer on)."""
+    seconds = len(speech) / 2 / RATE
+    async with _baresip_callee(workdir, speech) as (uri, recordings):
+        status, body = await _post(server, "/calls", {"to": uri, "playbook": "outreach"})
+        assert status == 201, body
+        session_id = body["session_id"]
+        events = await asyncio.wait_for(_events(server, session_id), seconds + 30)
+        described = await _get(server, f"/calls/{session_id}")
+        await asyncio.sleep(0.5)  # baresip writes its recordings as the call closes
+        heard = _read_wav(recordings, "dump-*-dec.wav")
+    return described, events, heard
+
+
+async def test_a_callee_who_says_hello_hears_the_greeting_after_it_and_talks(
+    server: TestServer, llm: ScriptedLLM, tmp_path: Path
+) -> None:
+    hello, question = phone_audio(HELLO), phone_audio(QUESTION)
+    speech = silence(300, RATE) + hello + silence(7000, RATE) + question + silence(7000, RATE)
+    described, events, heard = await _call_baresip(server, tmp_path, speech)
+
+    assert described["state"] == "ended"
+    assert described["result"] == "answered"
+    assert described["answered_by"] == "person"
+    assert described["reason"] == "the callee hung up"
+    hello_end = 0.3 + len(hello) / 2 / RATE
+    asked = hello_end + 7.0
+    loud = _loud(heard)
+    # not over the callee's "Hello?": the greeting starts once it has ended (500 ms of silence)
+    assert not [at for at in loud if at < hello_end + 0.3], loud[:10]
+    greeting = [at for at in loud if at < asked]
+    assert greeting, "the callee heard no greeting"
+    said = await _said(heard[: int(asked * RATE) * 2])
+    assert word_error_rate(said, GREETING) <= 0.3, said
+    answer = await _said(heard[int(asked * RATE) * 2 :])
+    assert word_error_rate(answer, ANSWER) <= 0.3, answer
+    (turn,) = llm.user_turns  # the question; "Hello?" was answered by the greeting
+    assert word_error_rate(turn, QUESTION) <= 0.3, turn
+    calls = [e for e in events if e["type"] == "call"]
+    assert [e["state"] for e in calls][:2] == ["ringing", "answered"]
+    assert calls[-1]["state"] == "ended"
+    assert any(e["type"] == "transcript" for e in events)
+    assert len(server.app[CALLS]) == 0
+
+
+async def test_a_silent_callee_hears_the_greeting_a_second_after_answering(
+    server: TestServer, tmp_path: Path
+) -> None:
+    described, events, heard = await _call_baresip(server, tmp_path, silence(8000, RATE))
+
+    assert (described["result"], described["answered_by"]) == ("answered", "person")
+    loud = _loud(heard)
+    assert loud, "the callee heard nothing"
+    assert 0.9 <= loud[0] <= 4.0, loud[0]  # waits ~1 s for the callee's words, then greets
+    said = await _said(heard)
+    assert word_error_rate(said, GREETING) <= 0.3, said
+    pickup = [e for e in events if e.get("pickup")]
+    assert pickup, events
+    assert pickup[0]["pickup"] == "silent"
+
+
+async def test_a_voicemail_greeting_gets_the_playbooks_message(
+    server: TestServer, llm: ScriptedLLM, tmp_path: Path
+) -> None:
+    greeting = phone_audio(VOICEMAIL)
+    described, events, heard = await _call_baresip(
+        server, tmp_path, greeting + silence(12000, RATE)
+    )
+
+    assert described["result"] == "answered"
+    assert described["answered_by"] == "voicemail"
+    assert described["reason"] == "voicemail answered: message left"
+    spoke_until = len(greeting) / 2 / RATE
+    loud = _loud(heard)
+    assert not [at for at in loud if at < spoke_until], "the agent talked over the greeting"
+    said = await _said(heard[int(spoke_until * RATE) * 2 :])
+    assert word_error_rate(said, MESSAGE) <= 0.3, said
+    assert llm.requests == []  # no conversation with a machine
+    assert any(e["type"] == "voicemail" for e in events)
+
+
+# -- sipp, the callees that do not answer, and one that waits for our BYE -----------------------
+
+
+@asynccontextmanager
+async def _sipp_callee(workdir: Path, scenario: str) -> AsyncIterator[tuple[str, Any]]:
+    """sipp as a callee (UAS) running ``tests/sip/SCENARIO.xml`` once on 127.0.0.1; yields the
+    URI to dial and a coroutine function returning its exit status (0 iff the scenario
+    completed) and output."""
+    sipp = shutil.which("sipp")
+    if sipp is None:
+        pytest.fail("sipp is required: apt-get install sip-tester", pytrace=False)
+    port = _free_port()
+    process = await spawn(
+        sipp,
+        *("-sf", str(SIP_FILES / f"{scenario}.xml"), "-i", "127.0.0.1", "-p", str(port)),
+        *("-m", "1", "-mi", "127.0.0.1", "-mp", str(random.randrange(40000, 50000, 2))),
+        *("-nostdin", "-timeout", "60", "-timeout_error", "-trace_err"),
+        *("-error_file", str(workdir / "errors.log")),
+        cwd=workdir,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+
+    async def finished() -> tuple[int, str]:
+        output, _ = await asyncio.wait_for(process.communicate(), 30)
+        errors = workdir / "errors.log"
+        detail = errors.read_text(errors="replace")[-2000:] if errors.exists() else ""
+        return int(process.returncode or 0), output.decode(errors="replace")[-2000:] + detail
+
+    try:
+        await asyncio.sleep(0.3)  # listening
+        yield f"sip:callee@127.0.0.1:{port}", finished
+    finally:
+        await stop_group(process)
+
+
+async def _ended(server: TestServer, session_id: str) -> dict[str, Any]:
+    sip = server.app[SIP]
+    await _wait(lambda: sip.outbound[session_id].state == "ended", 20, "the call did not end")
+    return await _get(server, f"/calls/{session_id}")
+
+
+async def test_a_busy_callee_is_busy_and_its_486_acknowledged(
+    server: TestServer, tmp_path: Path
+) -> None:
+    async with _sipp_callee(tmp_path, "callee_busy") as (uri, finished):
+        status, body = await _post(server, "/calls", {"to": uri, "playbook": "outreach"})
+        assert status == 201, body
+        described = await _ended(server, body["session_id"])
+        code, output = await finished()
+    assert code == 0, output  # our ACK of the 486 arrived
+    assert (described["result"], described["status"]) == ("busy", 486)
+    assert "486" in described["reason"]
+    assert len(server.app[CALLS]) == 0
+
+
+async def test_no_answer_is_cancelled_and_a_full_server_refuses_another_call(
+    llm: ScriptedLLM, tmp_path: Path
+) -> None:
+    (tmp_path / "playbooks").mkdir()
+    async with (
+        _server(llm, tmp_path / "playbooks", max_sessions=1) as server,
+        _sipp_callee(tmp_path, "callee_rings") as (uri, finished),
+    ):
+        body = {"to": uri, "playbook": "outreach", "ring_timeout_s": 2}
+        status, placed = await _post(server, "/calls", body)
+        assert status == 201, placed
+        assert (await _get(server, f"/calls/{placed['session_id']}"))["state"] == "ringing"
+        status, refused = await _post(server, "/calls", body)  # the ringing call holds the slot
+        assert status == 503, refused
+        assert "at most 1 calls" in refused["error"]
+        described = await _ended(server, placed["session_id"])
+        code, output = await finished()
+    assert code == 0, output  # CANCEL sent, 487 acknowledged
+    assert described["result"] == "no_answer"
+    assert described["reason"] == "no answer within 2 s"
+
+
+async def test_delete_ends_an_answered_call_with_a_bye(server: TestServer, tmp_path: Path) -> None:
+    async with _sipp_callee(tmp_path, "callee_answers") as (uri, finished):
+        status, body = await _post(server, "/calls", {"to": uri, "playbook": "outreach"})
+        assert status == 201, body
+        session_id = body["session_id"]
+        call = server.app[SIP].outbound[session_id]
+        await _wait(lambda: call.state == "answered", 10, "sipp did not answer")
+        await asyncio.sleep(1.5)  # the greeting starts (the callee is silent)
+        async with (
+            aiohttp.ClientSession() as http,
+            http.delete(server.make_url(f"/sessions/{session_id}")) as response,
+        ):
+            assert response.status == 200
+        code, output = await finished()
+        described = await _get(server, f"/calls/{session_id}")
+    assert code == 0, output  # sipp got our BYE
+    assert described["state"] == "ended"
+    assert described["result"] == "answered"
+    assert described["reason"] == "hung up by the client"
+    assert len(server.app[CALLS]) == 0
+
+
+async def test_vocable_call_places_the_call_and_reports_busy(
+    server: TestServer, tmp_path: Path
+) -> None:
+    async with _sipp_callee(tmp_path, "callee_busy") as (uri, finished):
+        url = str(server.make_url("/"))
+        code, out, err = await run_vocable("call", uri, "--playbook", "outreach", "--url", url)
+        await finished()
+    assert code == 1, err  # not answered
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert "session_id" in lines[0]
+    assert lines[-1]["state"] == "ended"
+    assert lines[-1]["result"] == "busy"
+
+
+async def test_requests_the_server_refuses(llm: ScriptedLLM, tmp_path: Path) -> None:
+    async with _no_sip(llm) as plain:
+        status, body = await _post(plain, "/calls", {"to": "sip:a@127.0.0.1:5060"})
+        assert status == 409
+        assert "--sip" in body["error"]
+    (tmp_path / "playbooks").mkdir()
+    async with _server(llm, tmp_path / "playbooks", auth_token="s3cret") as server:
+        status, _ = await _post(server, "/calls", {"to": "sip:a@127.0.0.1"})
+        assert status == 401
+    async with _server(llm, tmp_path / "playbooks") as server:
+        for body, expected in (
+            ({"to": "tel:+15551234567"}, 400),
+            ({"to": "sip:a@127.0.0.1:99999"}, 400),
+            ({"to": "sip:a@127.0.0.1", "ring_timeout_s": 0}, 400),
+            ({"to": "sip:a@127.0.0.1", "playbook": "nope"}, 404),
+        ):
+            status, answer = await _post(server, "/calls", body)
+            assert status == expected, (body, answer)
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(server.make_url("/calls/nope")) as response,
+        ):
+            assert response.status == 404
+
+
+@asynccontextmanager
+async def _no_sip(llm: ScriptedLLM) -> AsyncIterator[TestServer]:
+    client = ChatClient.connect(llm.base_url, None, "scripted")
+    engines = Engines(transcriber(), synthesizer(), load_playbooks(EXAMPLES), client)
+    server = TestServer(create_app(ServerConfig(), engines), host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield server
+    finally:
+        await server.close()
+        await client.client.close()
+
+
+def test_sip_uris() -> None:
+    assert parse_target("sip:alice@192.0.2.7:5070;transport=udp") == ("192.0.2.7", 5070)
+    assert parse_target("sip:192.0.2.7") == ("192.0.2.7", 5060)
+    assert parse_target("sip:bob@[::1]:5062") == ("::1", 5062)
+    for bad in ("sips:a@host", "sip:", "sip:a@host:0", "sip:a@host:x", "sip:a b@host"):
+        with pytest.raises(ValueError, match=r"sip: URI|host|port"):
+            parse_target(bad)
+
+
+def test_a_voicemail_message_is_required_to_leave_one(tmp_path: Path) -> None:
+    path = tmp_path / "outreach.yaml"
+    path.write_text(PLAYBOOK.replace(f', message: "{MESSAGE}"', ""))
+    with pytest.raises(PlaybookError) as refused:
+        load_playbooks(path)
+    (line,) = refused.value.lines()
+    assert "outreach.yaml:6: voicemail" in line
+    assert "needs a message" in line
