@@ -144,6 +144,18 @@ class VadSegmenter:
         return self._voiced_frames * FRAME_MS if self._utterance is not None else 0
 
     @property
+    def pause_ms(self) -> int:
+        """The silence inside an utterance that emits ``SpeechPaused`` (``settings.pause_ms``
+        until set; 0: never). May change between frames, e.g. shorter while decodes are cheap."""
+        return self._pause_frames * FRAME_MS
+
+    @pause_ms.setter
+    def pause_ms(self, ms: int) -> None:
+        if ms < 0:
+            raise ValueError("pause_ms must not be negative")
+        self._pause_frames = ms // FRAME_MS
+
+    @property
     def onset_ms(self) -> int:
         """Consecutive voiced audio not yet an utterance (shorter than ``start_ms``; 0 while
         speaking or after an unvoiced frame): a sound that may be the start of speech."""
@@ -218,7 +230,7 @@ class VadSegmenter:
             self._silent_run += 1
         forced = len(self._utterance) >= self._max_frames
         if self._silent_run < self._end_frames and not forced:
-            if self._pause_frames and self._silent_run == self._pause_frames:
+            if self._pause_frames and self._silent_run >= self._pause_frames and not self._paused:
                 self._paused = True
                 events.append(
                     SpeechPaused(

@@ -318,3 +318,27 @@ def test_end_now_closes_the_utterance_at_once(speech: bytes) -> None:
     assert not ended.forced
     assert not segmenter.speaking
     assert segmenter.silent_ms == 0
+
+
+@pytest.mark.parametrize("pause_ms", [120, 160])
+def test_the_pause_may_change_between_frames_and_is_emitted_once(
+    speech: bytes, pause_ms: int
+) -> None:
+    segmenter = VadSegmenter(Settings(pause_ms=160))
+    segmenter.pause_ms = pause_ms
+    events = run(segmenter, speech + silence(300), pauses=True)
+    paused = [e for e in events if isinstance(e, SpeechPaused)]
+    assert paused  # the silence after the phrase, at least
+    ended = events[-1]
+    assert isinstance(ended, SpeechEnded)
+    last = paused[-1]
+    assert last.last_voiced_at == ended.last_voiced_at
+    assert index_at(last.at) - index_at(last.last_voiced_at) == pause_ms // FRAME_MS
+    # lowered below the silence already heard: emitted at once, and only once
+    segmenter = VadSegmenter(Settings(pause_ms=0))
+    events = run(segmenter, speech + silence(140), pauses=True)
+    segmenter.pause_ms = 120
+    late = segmenter.push(silence(FRAME_MS), at=T0 + len(speech + silence(140)) / 32000)
+    again = segmenter.push(silence(FRAME_MS), at=T0 + len(speech + silence(160)) / 32000)
+    assert [type(e) for e in late] == [SpeechPaused]
+    assert again == []

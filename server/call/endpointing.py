@@ -13,9 +13,14 @@ A preemptive answer (the LLM started while the end of the turn is still awaited)
 the caller is done, and a lost bet costs an LLM request. It is placed by the silence and the
 words, never by how fast the decode came back, so a call behaves the same on a slow and a fast
 CPU: only ``preempt_lead_ms`` before the turn would end (260 ms of silence after a complete
-sentence, 760 ms after a trailing "and"), past the comma pauses of ordinary speech, and never on
-a single word ("Hello?", "Wait."), which opens a turn more often than it ends one. A decode
-that comes back later than that starts the answer when it arrives.
+sentence, 760 ms after a trailing "and"), past the comma pauses of ordinary speech and the pause
+between a question and what the caller adds to it, and never on a single word ("Hello?",
+"Wait."), which opens a turn more often than it ends one. A decode that comes back later than
+that starts the answer when it arrives.
+
+The pause itself adapts to load, not to speed: ``quick_pause_ms`` (120 ms) while no decode waits
+for a Whisper worker, the configured ``pause_ms`` (160 ms) once decodes queue, since each
+speculative decode at a pause the caller talks through is then a wait for someone.
 """
 
 from __future__ import annotations
@@ -110,12 +115,18 @@ class EndpointSettings:
     160 ms preempts at the 240 ms comma pause of "Friday evening, please.")."""
     preempt_min_words: int = 2
     """Fewer words than this are answered only once the turn has ended."""
+    quick_pause_ms: int = 120
+    """The speculation pause (``VadSettings.pause_ms``) while no decode waits for a Whisper
+    worker: the words are known sooner when a decode costs nobody a wait. 0: always the
+    configured pause."""
 
     def __post_init__(self) -> None:
         if not 0 < self.complete_silence_ms <= self.incomplete_silence_ms:
             raise ValueError("need 0 < complete_silence_ms <= incomplete_silence_ms")
         if not 0 <= self.preempt_lead_ms < self.complete_silence_ms:
             raise ValueError("need 0 <= preempt_lead_ms < complete_silence_ms")
+        if self.quick_pause_ms < 0:
+            raise ValueError("quick_pause_ms must not be negative")
         if self.preempt_min_words < 1:
             raise ValueError("preempt_min_words must be at least 1")
 

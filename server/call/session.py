@@ -289,6 +289,7 @@ class Session:
             tap(self._silence if self.muted else frame)
         if self.muted or self.echo.is_echo(frame, self.voice.speaker.levels):
             frame = self._silence
+        self.vad.pause_ms = self._speculation_pause_ms()
         for event in self.vad.push(frame, at):
             if isinstance(event, SpeechStarted):
                 self._on_speech_started(event)
@@ -371,6 +372,16 @@ class Session:
         return self.voice.barge_in(self.settings.barge_in)
 
     # -- end of turn ---------------------------------------------------------------------------
+
+    def _speculation_pause_ms(self) -> int:
+        """The pause that starts a speculative decode: ``quick_pause_ms`` while no decode
+        waits for a worker (``backlog``, where the transcriber tells it), else the VAD's."""
+        quick = self.settings.endpoint.quick_pause_ms
+        configured = self.settings.vad.pause_ms
+        if not quick or not configured or quick >= configured:
+            return configured
+        backlog = getattr(self.voice.transcriber, "backlog", None)
+        return quick if backlog == 0 else configured
 
     def _speculate(self, paused: SpeechPaused) -> None:
         """Transcribe the utterance so far, unless it cannot become a turn (a short sound over

@@ -391,6 +391,15 @@ class ServeOptions(BaseModel):
             "0: only at the end of the turn",
         ),
     ] = _ENDPOINT.preempt_lead_ms
+    quick_pause_ms: Annotated[
+        Whole,
+        Cli(SPEECH, "MS"),
+        Field(
+            ge=0,
+            description="--speculation-pause-ms while no decode waits for a Whisper worker "
+            "(0: always --speculation-pause-ms)",
+        ),
+    ] = _ENDPOINT.quick_pause_ms
 
     # -- remote speech: each direction is local unless its URL is given
     stt_url: Annotated[
@@ -440,7 +449,9 @@ class ServeOptions(BaseModel):
             barge_in_min_ms=self.barge_in_min_ms,
             barge_in=self.barge_in,
             endpoint=EndpointSettings(
-                speculate=not self.no_speculation, preempt_lead_ms=self.preempt_lead_ms
+                speculate=not self.no_speculation,
+                preempt_lead_ms=self.preempt_lead_ms,
+                quick_pause_ms=self.quick_pause_ms,
             ),
         )
 
