@@ -10,9 +10,15 @@ stays with the agent after a failure.
 A peer that does not take REFER (a 4xx-6xx answer such as 405, 501, 403, or none within
 :data:`REFER_TIMEOUT_S`) gets a bridged transfer when the destination is a SIP URI: Vocable dials
 it (:mod:`.sip_dialer`), and once the person answers, relays audio both ways until either side
-hangs up (which ends both). In a ``warm`` transfer the person first hears the agent's summary in
-the agent's voice, then the caller is joined. A dial that fails (busy, no answer, rejected)
-comes back to the agent like a failed REFER.
+hangs up (which ends both), or the person's side sends no audio for the call's media timeout.
+In a ``warm`` transfer the person first hears the agent's summary in the agent's voice, then the
+caller is joined (a person who hangs up during the summary is a ``rejected`` transfer). A dial
+that fails (busy, no answer, rejected) comes back to the agent like a failed REFER.
+
+The caller's audio goes to the person as it arrives (the caller's phone paces it). The person's
+goes through the call's speaker, which the caller's leg pulls on its own 20 ms clock: the two
+clocks differ a little, and audio arriving in a burst after a network stall would otherwise
+stay queued for the rest of the call, so the queue is kept short (:class:`_Playout`).
 """
 
 from __future__ import annotations
@@ -21,15 +27,19 @@ import asyncio
 import contextlib
 import logging
 import re
+from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 from aiosipua import IncomingCall, SipRequest, SipResponse
 
+from media import Playback, Speaker
+from media.audio import pcm_rms_dbfs
 from playbooks.transfer import FailureReason, TransferOutcome, TransferRequest
 from server.call.clock import CallClock
 from server.call.session import Session
 from server.call.transfer import synthesize
+from server.config.server import SipSettings
 
 from .sip_compat import MessageHandler
 from .sip_dialer import DialFailed, DialStack, dial
@@ -43,6 +53,11 @@ REFER_TIMEOUT_S = 4.0
 T1_S = 0.5
 """RFC 3261 Timer E's first interval: an unanswered REFER is sent again (UDP), doubling."""
 FRAME_BYTES_8K = 320
+MAX_BACKLOG_MS = 200.0
+"""The person's audio queued for the caller beyond this is dropped, whatever it holds."""
+QUIET_BACKLOG_MS = 60.0
+"""Beyond this, quiet frames of the person's audio are dropped (pauses absorb the drift)."""
+QUIET_DBFS = -50.0
 _NON_DIGITS = re.compile(r"[^0-9+]")
 
 
@@ -51,6 +66,8 @@ class TransferredCall(Protocol):
 
     invite: IncomingCall
     clock: CallClock
+    settings: SipSettings
+    hung_up: bool
     relay: Callable[[bytes], None] | None
     """While bridged: where the caller's audio (8 kHz PCM16) goes instead of the session."""
 
@@ -207,13 +224,26 @@ async def _bridge(
         if request.mode == "warm" and request.summary:
             summary = await synthesize(call.session.voice, request.summary, 8000)
             await _play(leg.send_pcm, summary)
+    except Exception:
+        log.exception("the summary for the person could not be spoken")
+        await leg.hangup()
+        return TransferOutcome.failed("failed", "the summary could not be spoken to the person")
     except BaseException:
         await leg.hangup()
         raise
-    speaker = call.session.voice.speaker
+    if leg.by_peer or call.hung_up:  # during the summary
+        await leg.hangup()
+        if call.hung_up:
+            return TransferOutcome.failed("cancelled", "the caller hung up")
+        return TransferOutcome.failed("rejected", "the person hung up before the caller was joined")
+    playout = _Playout(call.session.voice.speaker)
+    loop = asyncio.get_running_loop()
+    heard_at = loop.time()
 
     def to_caller(pcm: bytes) -> None:
-        speaker.push(pcm, 8000)
+        nonlocal heard_at
+        heard_at = loop.time()
+        playout.push(pcm)
 
     def to_person(pcm: bytes) -> None:
         call.clock.touch()  # a bridged call is not idle
@@ -227,8 +257,12 @@ async def _bridge(
     call.relay = to_person
 
     async def held() -> None:
+        """Until the call ends (its tasks are cancelled), or the person's side goes silent."""
+        timeout = call.settings.media_timeout_s
         try:
-            await asyncio.Event().wait()  # until the call ends (its tasks are cancelled)
+            while loop.time() - heard_at < timeout:  # noqa: ASYNC110 - set by RTP callbacks
+                await asyncio.sleep(min(1.0, timeout / 4))
+            await call.hangup("no audio from the person")
         finally:
             call.relay = None
             await leg.hangup()
@@ -236,6 +270,33 @@ async def _bridge(
     call.spawn(held(), "bridge")
     log.info("call bridged to %s", request.destination)
     return TransferOutcome("answered", how="bridge")
+
+
+class _Playout:
+    """The person's audio into the caller's speaker, with the delay kept short: quiet frames
+    are dropped while more than :data:`QUIET_BACKLOG_MS` is queued, any frame while more than
+    :data:`MAX_BACKLOG_MS` is (the caller's leg pulls at its own clock, the person's RTP arrives
+    at theirs, and in bursts after a stall)."""
+
+    def __init__(self, speaker: Speaker) -> None:
+        self.speaker = speaker
+        self.queued: deque[Playback] = deque()
+        self.dropped_ms = 0.0
+
+    @property
+    def backlog_ms(self) -> float:
+        """How much of the person's audio waits in the speaker."""
+        while self.queued and self.queued[0].done:
+            self.queued.popleft()
+        return sum(p.total_ms - p.played_ms for p in self.queued)
+
+    def push(self, pcm: bytes) -> None:
+        """Queue 8 kHz PCM16 from the person, unless it would make the delay too long."""
+        after = self.backlog_ms + len(pcm) / 2 / 8000 * 1000
+        if after > MAX_BACKLOG_MS or (after > QUIET_BACKLOG_MS and pcm_rms_dbfs(pcm) < QUIET_DBFS):
+            self.dropped_ms += len(pcm) / 2 / 8000 * 1000
+            return
+        self.queued.append(self.speaker.push(pcm, 8000))
 
 
 async def _play(send: Callable[[bytes], None], pcm: bytes) -> None:

@@ -1,0 +1,957 @@
+"""Call transfers to a person (``transfer_call``): the conversation's side against the scripted
+LLM, media streams against a stand-in of Twilio's REST API, and SIP with real peers: sipp as the
+caller, answering or refusing REFER, and for bridged transfers baresip as both the caller (which
+refuses REFER) and the person (which answers and speaks), each recording what it heard for
+Whisper. Real Whisper, Piper and webrtcvad in the calls."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import logging
+import random
+import shutil
+import socket
+import subprocess
+import textwrap
+import wave
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from media import Speaker
+from media.audio import pcm_rms_dbfs, silence
+from media.g711 import pcm_to_ulaw
+from playbooks import ChatClient, PlaybookOrchestrator, load_playbook, load_playbooks
+from playbooks.transfer import TRANSFER_TOOL, TransferOutcome, TransferRequest
+from server.call.events import VoiceEvent
+from server.config.server import ServerConfig, SipSettings, TransferApiSettings
+from server.http.app import CALLS, SIP, create_app
+from server.runtime.engines import Engines
+from server.transports.sip import SipCall
+from server.transports.sip_transfer import MAX_BACKLOG_MS, _Playout
+from tests.calls import synthesizer, transcriber, word_error_rate
+from tests.loopback import start_on_loopback
+from tests.phone import phone_audio
+from tests.processes import spawn, stop_group
+from tests.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
+from tests.speech import to_16k, tone
+from tests.test_telephony import TwilioPhone
+
+PUT_ME_THROUGH = "Please put me through to a person."
+SORRY = "Sorry, nobody can take your call right now. How else can I help?"
+SCENARIOS = Path(__file__).parent / "sip"
+
+PLAYBOOK = """
+id: desk
+name: Desk
+initial_stage: help
+global_system_prompt: You are a phone agent.
+transfer: {to: "DESTINATION", say: Let me put you through., ring_timeout_ms: 4000}
+stages:
+  - id: help
+    name: Help
+    system_prompt: Help the caller.
+"""
+
+
+def _playbook(tmp_path: Path, destination: str, **replace: str) -> Path:
+    """A folder holding the desk playbook, transferring to ``destination``."""
+    text = PLAYBOOK.replace("DESTINATION", destination)
+    for old, new in replace.items():
+        assert text.count(old) == 1
+        text = text.replace(old, new)
+    folder = tmp_path / "playbooks"
+    folder.mkdir(exist_ok=True)
+    (folder / "desk.yaml").write_text(textwrap.dedent(text))
+    return folder
+
+
+def _transfers_then(
+    after: str, summary: str = "Wants a human."
+) -> Callable[[dict[str, Any]], Reply]:
+    """The LLM: a request for a person gets ``transfer_call`` (with ``summary``); a transfer's
+    result gets ``after``; anything else a short answer."""
+
+    def reply(body: dict[str, Any]) -> Reply:
+        if not body.get("stream"):
+            return Reply(content='{"intent": "none", "confidence": 0}')
+        last = body["messages"][-1]
+        if last["role"] == "tool":
+            return Reply(content=after)
+        if "person" in str(last.get("content", "")).lower():
+            arguments = {"reason": "the caller asked for a person", "summary": summary}
+            return Reply(tool_calls=[ScriptedToolCall(TRANSFER_TOOL, arguments)])
+        return Reply(content="I can help with that.")
+
+    return reply
+
+
+def _tool_results(llm: ScriptedLLM) -> list[dict[str, Any]]:
+    """The transfer results the LLM was given, in order."""
+    found: list[dict[str, Any]] = []
+    for request in llm.requests:
+        for message in request["messages"]:
+            if message["role"] == "tool" and json.loads(message["content"]) not in found:
+                found.append(json.loads(message["content"]))
+    return found
+
+
+async def _wait(condition: Callable[[], bool], timeout_s: float) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not condition():  # noqa: ASYNC110 - state spread over the server, LLM and peers
+            await asyncio.sleep(0.05)
+
+
+# -- the conversation ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def conversation(
+    llm: ScriptedLLM, tmp_path: Path
+) -> AsyncIterator[Callable[[], PlaybookOrchestrator]]:
+    client = ChatClient.connect(llm.base_url, None, "m")
+    playbook = load_playbook(_playbook(tmp_path, "sip:desk@pbx.example.com") / "desk.yaml")
+    try:
+        yield lambda: PlaybookOrchestrator(playbook, client)
+    finally:
+        await client.client.close()
+
+
+async def test_a_failed_transfer_comes_back_to_the_llm_and_the_turn_goes_on(
+    llm: ScriptedLLM, conversation: Callable[[], PlaybookOrchestrator]
+) -> None:
+    llm.script(_transfers_then(SORRY))
+    orchestrator = conversation()
+    asked: list[TransferRequest] = []
+
+    async def busy(request: TransferRequest) -> TransferOutcome:
+        asked.append(request)
+        return TransferOutcome.failed("busy", "SIP/2.0 486 Busy Here")
+
+    orchestrator.transferrer = busy
+    events: list[str] = []
+    orchestrator.on(lambda event: events.append(event.type))
+    answer = await orchestrator.respond(PUT_ME_THROUGH)
+
+    assert answer == SORRY
+    (request,) = asked
+    assert (request.destination, request.mode, request.say) == (
+        "sip:desk@pbx.example.com",
+        "blind",
+        "Let me put you through.",
+    )
+    first = llm.requests[0]
+    (tool,) = [t for t in first["tools"] if t["function"]["name"] == TRANSFER_TOOL]
+    assert tool["function"]["parameters"]["required"] == ["reason"]
+    assert f"put the caller through to a person with {TRANSFER_TOOL}" in str(
+        first["messages"][0]["content"]
+    )
+    (result,) = _tool_results(llm)
+    assert result["transferred"] is False
+    assert result["reason"] == "busy"
+    assert result["detail"] == "SIP/2.0 486 Busy Here"
+    assert result["said_to_caller"] == "Let me put you through."
+    assert events.index("transfer_started") < events.index("transfer_failed")
+    assert "transfer_answered" not in events
+    # the history records the transfer: the call, its result, then the answer
+    roles = [m["role"] for m in orchestrator.conversation.messages]
+    assert roles == ["user", "assistant", "tool", "assistant"]
+    assert orchestrator.conversation.messages[1]["tool_calls"][0]["function"]["name"] == (
+        TRANSFER_TOOL
+    )
+
+
+async def test_a_transfer_that_went_through_ends_the_turn_without_an_answer(
+    llm: ScriptedLLM, conversation: Callable[[], PlaybookOrchestrator]
+) -> None:
+    llm.script(_transfers_then("never asked"))
+    orchestrator = conversation()
+
+    async def answered(request: TransferRequest) -> TransferOutcome:
+        return TransferOutcome("answered", how="refer")
+
+    orchestrator.transferrer = answered
+    events: list[dict[str, Any]] = []
+    orchestrator.on(lambda event: events.append(event.to_dict()))
+    assert await orchestrator.respond(PUT_ME_THROUGH) == ""
+    assert len(llm.requests) == 1  # no answer round: the caller is with the person
+    (result,) = _tool_results_of(orchestrator)
+    assert result == {
+        "transferred": True,
+        "destination": "sip:desk@pbx.example.com",
+        "said_to_caller": "Let me put you through.",
+        "how": "refer",
+    }
+    (done,) = [e for e in events if e["type"] == "transfer_answered"]
+    assert done == {
+        "type": "transfer_answered",
+        "destination": "sip:desk@pbx.example.com",
+        "mode": "blind",
+        "how": "refer",
+    }
+    assert [m["role"] for m in orchestrator.conversation.messages] == ["user", "assistant", "tool"]
+
+
+def _tool_results_of(orchestrator: PlaybookOrchestrator) -> list[dict[str, Any]]:
+    messages = orchestrator.conversation.messages
+    return [json.loads(m["content"]) for m in messages if m["role"] == "tool"]
+
+
+async def test_without_a_phone_line_a_transfer_is_not_supported(
+    llm: ScriptedLLM, conversation: Callable[[], PlaybookOrchestrator]
+) -> None:
+    llm.script(_transfers_then(SORRY))
+    assert await conversation().respond(PUT_ME_THROUGH) == SORRY
+    (result,) = _tool_results(llm)
+    assert (result["transferred"], result["reason"]) == (False, "not_supported")
+
+
+async def test_a_warm_transfer_needs_a_summary(
+    llm: ScriptedLLM, tmp_path: Path, conversation: Callable[[], PlaybookOrchestrator]
+) -> None:
+    folder = _playbook(tmp_path, "+15550100", **{"ring_timeout_ms": "mode: warm, ring_timeout_ms"})
+    client = ChatClient.connect(llm.base_url, None, "m")
+    orchestrator = PlaybookOrchestrator(load_playbook(folder / "desk.yaml"), client)
+    asked: list[TransferRequest] = []
+
+    async def busy(request: TransferRequest) -> TransferOutcome:
+        asked.append(request)
+        return TransferOutcome.failed("no_answer")
+
+    orchestrator.transferrer = busy
+    llm.script(
+        [
+            Reply(tool_calls=[ScriptedToolCall(TRANSFER_TOOL, {"reason": "wants a person"})]),
+            Reply(tool_calls=[ScriptedToolCall(TRANSFER_TOOL, {"reason": "x", "summary": "S."})]),
+            Reply(content=SORRY),
+        ]
+    )
+    try:
+        assert await orchestrator.respond(PUT_ME_THROUGH) == SORRY
+    finally:
+        await client.client.close()
+    tool = next(t for t in llm.requests[0]["tools"] if t["function"]["name"] == TRANSFER_TOOL)
+    assert tool["function"]["parameters"]["required"] == ["reason", "summary"]
+    missing, no_answer = _tool_results(llm)
+    assert "summary is required" in missing["error"]
+    assert no_answer["reason"] == "no_answer"
+    (request,) = asked  # the call without a summary never reached the line
+    assert (request.mode, request.summary, request.destination) == ("warm", "S.", "+15550100")
+
+
+# -- a server on the test playbook -----------------------------------------------------------------
+
+
+@asynccontextmanager
+async def _server(
+    llm: ScriptedLLM, folder: Path, config: ServerConfig
+) -> AsyncIterator[TestServer]:
+    client = ChatClient.connect(llm.base_url, None, "scripted")
+    engines = Engines(transcriber(), synthesizer(), load_playbooks(folder), client)
+    server = TestServer(create_app(config, engines), host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield server
+    finally:
+        await server.close()
+        await client.client.close()
+
+
+async def _metric_lines(server: TestServer, prefix: str) -> list[str]:
+    async with aiohttp.ClientSession() as http, http.get(server.make_url("/metrics")) as response:
+        text = await response.text()
+    return [line for line in text.splitlines() if line.startswith(prefix)]
+
+
+# -- media streams: the stream event and Twilio's REST API -----------------------------------------
+
+
+@dataclass
+class TwilioApi:
+    """A stand-in for Twilio's REST API: the Calls resource of one account, as Twilio answers
+    it (200 with the call's JSON, or Twilio's error JSON with ``status``)."""
+
+    status: int = 200
+    requests: list[tuple[str, str | None, dict[str, str]]] = field(default_factory=list)
+    """(path, Authorization header, form fields) of each request."""
+    base_url: str = ""
+
+    async def handle(self, request: web.Request) -> web.Response:
+        form = await request.post()
+        self.requests.append(
+            (
+                request.path,
+                request.headers.get("Authorization"),
+                {k: str(v) for k, v in form.items()},
+            )
+        )
+        sid = request.match_info["call"]
+        if self.status != 200:
+            message = f"The requested resource {request.path} was not found"
+            body = {"code": 20404, "message": message, "status": self.status}
+            return web.json_response(body, status=self.status)
+        return web.json_response({"sid": sid, "status": "in-progress"})
+
+
+@pytest.fixture
+async def twilio_api() -> AsyncIterator[TwilioApi]:
+    api = TwilioApi()
+    app = web.Application()
+    app.router.add_post("/2010-04-01/Accounts/{account}/Calls/{call}.json", api.handle)
+    runner, port = await start_on_loopback(app)
+    api.base_url = f"http://127.0.0.1:{port}"
+    try:
+        yield api
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.slow
+async def test_a_media_stream_is_transferred_through_the_providers_api(
+    llm: ScriptedLLM, tmp_path: Path, twilio_api: TwilioApi
+) -> None:
+    llm.script(_transfers_then("never asked"))
+    folder = _playbook(tmp_path, "+15550100")
+    api = TransferApiSettings(twilio_api.base_url, password="auth-token")
+    async with (
+        _server(llm, folder, ServerConfig(transfer_api=api)) as server,
+        aiohttp.ClientSession() as http,
+    ):
+        phone = TwilioPhone(await http.ws_connect(server.make_url("/twilio/media")))
+        await phone.start("desk")
+        await phone.say(silence(300, 8000) + phone_audio(PUT_ME_THROUGH) + silence(600, 8000))
+        await asyncio.wait_for(phone.reader, 30)  # Vocable closes the stream once handed over
+        (path, authorization, form), *_ = twilio_api.requests
+        assert path == "/2010-04-01/Accounts/AC0001/Calls/CA0001.json"
+        assert authorization == "Basic " + base64.b64encode(b"AC0001:auth-token").decode()
+        assert form == {
+            "Twiml": '<Response><Dial timeout="4"><Number>+15550100</Number></Dial></Response>'
+        }
+        (event,) = [d for _, d in phone.heard.control if d["event"] == "transfer"]
+        assert event["transfer"]["to"] == "+15550100"
+        assert event["transfer"]["twiml"] == form["Twiml"]
+        assert "put you through" in (await phone.heard.said()).lower()
+        assert phone.closed_with is not None
+        assert phone.closed_with[1] == "transferred to +15550100"
+        await _wait(lambda: len(server.app[CALLS]) == 0, 5)
+        metrics = await _metric_lines(server, "vocable_transfers_total")
+    assert 'vocable_transfers_total{outcome="answered",reason=""} 1.0' in metrics
+    assert _tool_results(llm) == []  # no request followed the transfer
+
+
+@pytest.mark.slow
+async def test_a_refused_api_call_is_told_to_the_caller_and_the_call_goes_on(
+    llm: ScriptedLLM, tmp_path: Path, twilio_api: TwilioApi
+) -> None:
+    twilio_api.status = 404
+    llm.script(_transfers_then(SORRY))
+    folder = _playbook(tmp_path, "sip:desk@pbx.example.com")
+    api = TransferApiSettings(twilio_api.base_url, username="SK0001", password="secret")
+    async with (
+        _server(llm, folder, ServerConfig(transfer_api=api)) as server,
+        aiohttp.ClientSession() as http,
+    ):
+        phone = TwilioPhone(await http.ws_connect(server.make_url("/twilio/media")))
+        await phone.start("desk")
+        await phone.say(silence(300, 8000) + phone_audio(PUT_ME_THROUGH) + silence(600, 8000))
+        await _wait(lambda: any(r["messages"][-1]["role"] == "tool" for r in llm.requests), 30)
+        await asyncio.sleep(6)  # the apology plays
+        (_, authorization, form), *_ = twilio_api.requests
+        assert authorization == "Basic " + base64.b64encode(b"SK0001:secret").decode()
+        assert "<Sip>sip:desk@pbx.example.com</Sip>" in form["Twiml"]
+        (result,) = _tool_results(llm)
+        assert (result["transferred"], result["reason"]) == (False, "refused")
+        assert result["detail"] == "the provider's API answered 404"
+        said = (await phone.heard.said()).lower()
+        assert "put you through" in said
+        assert "nobody can take your call" in said
+        assert phone.closed_with is None  # the call goes on
+        assert len(server.app[CALLS]) == 1
+        metrics = await _metric_lines(server, "vocable_transfers_total")
+        await phone.stop()
+    assert 'vocable_transfers_total{outcome="failed",reason="refused"} 1.0' in metrics
+    assert 'vocable_transfers_total{outcome="started",reason=""} 1.0' in metrics
+
+
+# -- SIP: REFER with sipp as the caller ------------------------------------------------------------
+
+BYE_FROM_VOCABLE = """
+  <recv request="BYE" timeout="20000"/>
+  <send>
+    <![CDATA[
+SIP/2.0 200 OK
+[last_Via:]
+[last_From:]
+[last_To:]
+[last_Call-ID:]
+[last_CSeq:]
+Content-Length: 0
+
+    ]]>
+  </send>
+"""
+BYE_FROM_CALLER = """
+  <pause milliseconds="8000"/>
+  <send retrans="500">
+    <![CDATA[
+BYE sip:[service]@[remote_ip]:[remote_port] SIP/2.0
+Via: SIP/2.0/[transport] [local_ip]:[local_port];branch=[branch]
+From: sipp <sip:caller@[local_ip]:[local_port]>;tag=[pid]SIPpTag00[call_number]
+To: <sip:[service]@[remote_ip]:[remote_port]>[peer_tag_param]
+Call-ID: [call_id]
+CSeq: 3 BYE
+Contact: <sip:caller@[local_ip]:[local_port]>
+Max-Forwards: 70
+Content-Length: 0
+
+    ]]>
+  </send>
+  <recv response="200" crlf="true"/>
+"""
+
+
+def _sipp() -> str:
+    path = shutil.which("sipp")
+    if path is None:
+        pytest.fail("sipp is missing: apt-get install -y sip-tester (make test does this)")
+    return path
+
+
+async def _sipp_call(tmp_path: Path, port: int, scenario: str, **fill: str) -> tuple[int, str]:
+    """sipp places one call with ``scenario`` (a file of tests/sip, its braces filled, the
+    caller saying PUT_ME_THROUGH); sipp's exit status (0: the scenario held) and output."""
+    speech = tmp_path / "speech.ulaw"
+    speech.write_bytes(pcm_to_ulaw(silence(300, 8000) + phone_audio(PUT_ME_THROUGH)))
+    text = (SCENARIOS / scenario).read_text().replace("{speech}", str(speech))
+    for key, value in fill.items():
+        text = text.replace("{" + key + "}", value)
+    path = tmp_path / scenario
+    path.write_text(text)
+    errors = tmp_path / "errors.log"
+    process = await spawn(
+        _sipp(),
+        f"127.0.0.1:{port}",
+        *("-sf", str(path), "-s", "desk", "-m", "1", "-i", "127.0.0.1", "-p", "0"),
+        *("-mi", "127.0.0.1", "-mp", str(random.randrange(30000, 40000, 2)), "-nostdin"),
+        *("-timeout", "90", "-timeout_error", "-trace_err", "-error_file", str(errors)),
+        cwd=tmp_path,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        output, _ = await asyncio.wait_for(process.communicate(), 120)
+    finally:
+        await stop_group(process)
+    detail = errors.read_text(errors="replace")[-3000:] if errors.exists() else ""
+    return int(process.returncode or 0), output.decode(errors="replace")[-3000:] + detail
+
+
+def _sip_config() -> ServerConfig:
+    return ServerConfig(sip=SipSettings(host="127.0.0.1", port=0))
+
+
+@pytest.mark.slow
+async def test_a_sip_caller_that_takes_refer_is_transferred_blind(
+    llm: ScriptedLLM, tmp_path: Path
+) -> None:
+    llm.script(_transfers_then("never asked"))
+    folder = _playbook(tmp_path, "sip:human@127.0.0.1:5999")
+    async with _server(llm, folder, _sip_config()) as server:
+        status, output = await _sipp_call(
+            tmp_path,
+            server.app[SIP].port,
+            "refer.xml",
+            refer_to=r"^ *.sip:human@127\.0\.0\.1:5999.$",
+            final="200 OK",
+            ending=BYE_FROM_VOCABLE,
+        )
+        assert status == 0, output  # Refer-To matched, and Vocable hung up after the NOTIFY
+        await _wait(lambda: len(server.app[CALLS]) == 0, 5)
+        metrics = await _metric_lines(server, "vocable_transfers_total")
+    assert 'vocable_transfers_total{outcome="answered",reason=""} 1.0' in metrics
+    assert [r["messages"][-1]["role"] for r in llm.requests if r.get("stream")] == ["user"]
+
+
+@pytest.mark.slow
+async def test_a_busy_person_is_told_to_the_llm_and_the_sip_call_goes_on(
+    llm: ScriptedLLM, tmp_path: Path
+) -> None:
+    llm.script(_transfers_then(SORRY))
+    folder = _playbook(tmp_path, "+1 555 0100")
+    async with _server(llm, folder, _sip_config()) as server:
+        status, output = await _sipp_call(
+            tmp_path,
+            server.app[SIP].port,
+            "refer.xml",
+            refer_to=r"^ *.sip:\+15550100@127\.0\.0\.1.$",  # the number, at the caller's side
+            final="486 Busy Here",
+            ending=BYE_FROM_CALLER,
+        )
+        assert status == 0, output
+        metrics = await _metric_lines(server, "vocable_transfers_total")
+    (result,) = _tool_results(llm)
+    assert (result["transferred"], result["reason"]) == (False, "busy")
+    assert result["detail"] == "SIP/2.0 486 Busy Here"
+    assert 'vocable_transfers_total{outcome="failed",reason="busy"} 1.0' in metrics
+
+
+@pytest.mark.slow
+async def test_a_refused_refer_without_a_sip_destination_fails_and_the_call_goes_on(
+    llm: ScriptedLLM, tmp_path: Path
+) -> None:
+    llm.script(_transfers_then(SORRY))
+    folder = _playbook(tmp_path, "+15550100")  # a number: no bridge can be dialed
+    async with _server(llm, folder, _sip_config()) as server:
+        status, output = await _sipp_call(
+            tmp_path,
+            server.app[SIP].port,
+            "refer_refused.xml",
+            status="405 Method Not Allowed",
+            hold_ms="8000",
+        )
+        assert status == 0, output
+    (result,) = _tool_results(llm)
+    assert (result["transferred"], result["reason"]) == (False, "refused")
+    assert result["detail"] == "REFER answered 405 Method Not Allowed"
+
+
+@pytest.mark.slow
+async def test_a_refused_refer_is_bridged_and_a_busy_person_comes_back_to_the_agent(
+    llm: ScriptedLLM, tmp_path: Path
+) -> None:
+    """The caller's phone refuses REFER: Vocable dials the person itself (sipp as the person,
+    busy); the busy line is the tool's result and the call goes on."""
+    llm.script(_transfers_then(SORRY))
+    human_port = random.randrange(20000, 29000)
+    human = await spawn(
+        _sipp(),
+        *("-sf", str(SCENARIOS / "human_busy.xml"), "-i", "127.0.0.1", "-p", str(human_port)),
+        *("-m", "1", "-nostdin", "-timeout", "60", "-timeout_error"),
+        cwd=tmp_path,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        folder = _playbook(tmp_path, f"sip:human@127.0.0.1:{human_port}")
+        async with _server(llm, folder, _sip_config()) as server:
+            status, output = await _sipp_call(
+                tmp_path,
+                server.app[SIP].port,
+                "refer_refused.xml",
+                status="501 Not Implemented",
+                hold_ms="8000",
+            )
+            assert status == 0, output
+        human_output, _ = await asyncio.wait_for(human.communicate(), 10)
+        assert human.returncode == 0, human_output.decode(errors="replace")[-2000:]
+    finally:
+        await stop_group(human)
+    (result,) = _tool_results(llm)
+    assert (result["transferred"], result["reason"]) == (False, "busy")
+    assert "486" in result["detail"]
+
+
+# -- SIP: bridged transfers with baresip as the caller and as the person ---------------------------
+
+HUMAN = "You are through to the billing team. My name is Sam."
+"""What the person says once they answer."""
+LATER = "Thank you, I need to change my delivery address."
+"""What the caller says to the person once joined (warm transfer)."""
+SUMMARY = "The caller wants to change the delivery address of an order."
+"""The warm transfer's summary (the LLM's ``summary`` argument)."""
+RATE = 8000
+FRAME_BYTES = RATE * 20 // 1000 * 2
+
+
+@dataclass
+class Baresip:
+    """A running baresip (a real SIP phone): it speaks a WAV file (``aufile``; it hangs up
+    when the file ends) and records what it heard (``sndfile``)."""
+
+    process: asyncio.subprocess.Process
+    folder: Path
+    sip_port: int
+
+    @property
+    def log(self) -> Path:
+        return self.folder / "baresip.log"
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace").replace("\r", "\n")
+
+    def log_tail(self) -> str:
+        return "\n".join(self.log_text().splitlines()[-40:])
+
+    def call_over(self) -> bool:
+        """Whether its call has ended (it hung up, or heard a BYE)."""
+        return "terminated (duration" in self.log_text()
+
+    def heard(self) -> bytes:
+        """What it heard (its decoder's output) as 8 kHz PCM16, from the call's audio start."""
+        (path,) = (self.folder / "recordings").glob("dump-*-dec.wav")
+        with wave.open(str(path), "rb") as wav:
+            assert (wav.getnchannels(), wav.getsampwidth(), wav.getframerate()) == (1, 2, RATE)
+            return wav.readframes(wav.getnframes())
+
+    async def stop(self) -> None:
+        """Quit (its recordings are written out), killed if it must be."""
+        if self.process.returncode is None:
+            self.process.terminate()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.process.wait(), 5)
+        await stop_group(self.process)
+
+
+def _free_sip_port() -> int:
+    """A port free for UDP and TCP on 127.0.0.1 (baresip listens on both)."""
+    for _ in range(50):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+            udp.bind(("127.0.0.1", 0))
+            port = int(udp.getsockname()[1])
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp:
+                try:
+                    tcp.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
+    raise OSError("no free port for baresip")
+
+
+async def _baresip(
+    folder: Path, account: str, speech: bytes, *, dial: str | None = None
+) -> Baresip:
+    """Start baresip in ``folder`` with one local account (``account``: its user and
+    parameters, e.g. ``human;answermode=auto``) saying ``speech`` (8 kHz PCM16) in each call;
+    it dials ``dial`` if given. It quits by itself a while after the speech would end."""
+    path = shutil.which("baresip")
+    if path is None:
+        pytest.fail("baresip is missing: apt-get install -y baresip-core", pytrace=False)
+    config, recordings, wav_path = folder / "config", folder / "recordings", folder / "speech.wav"
+    for made in (config, recordings):
+        made.mkdir(parents=True)
+    with wave.open(str(wav_path), "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(RATE)
+        wav.writeframes(speech)
+    port = _free_sip_port()
+    template = (SCENARIOS / "baresip" / "config").read_text()
+    (config / "config").write_text(
+        template.format(sip_port=port, speech=wav_path, recordings=recordings)
+    )
+    user, _, parameters = account.partition(";")
+    (config / "accounts").write_text(f"<sip:{user}@127.0.0.1>;regint=0;{parameters}\n")
+    seconds = round(len(speech) / 2 / RATE + 30)
+    with (folder / "baresip.log").open("wb") as output:
+        process = await spawn(
+            path,
+            *("-f", str(config), "-t", str(seconds)),
+            *(("-e", f"/dial {dial}") if dial else ()),
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+    return Baresip(process, folder, port)
+
+
+def _utterances(pcm: bytes, gap_s: float = 1.0) -> list[tuple[float, float]]:
+    """Spans (start, end seconds) of loud 20 ms frames in 8 kHz ``pcm``; pauses shorter than
+    ``gap_s`` join words into one utterance."""
+    spans: list[tuple[float, float]] = []
+    for i in range(0, len(pcm) - FRAME_BYTES + 1, FRAME_BYTES):
+        if pcm_rms_dbfs(pcm[i : i + FRAME_BYTES]) <= -45:
+            continue
+        at = i / FRAME_BYTES * 0.02
+        if spans and at - spans[-1][1] < gap_s:
+            spans[-1] = (spans[-1][0], at + 0.02)
+        else:
+            spans.append((at, at + 0.02))
+    return spans
+
+
+async def _transcripts(pcm: bytes) -> list[str]:
+    """Whisper's words for each utterance of 8 kHz ``pcm``, in order."""
+    said = []
+    for start, end in _utterances(pcm):
+        piece = pcm[int(max(0.0, start - 0.2) * RATE) * 2 : int((end + 0.3) * RATE) * 2]
+        said.append((await transcriber().transcribe(to_16k(piece, RATE))).text)
+    return said
+
+
+def _said(transcripts: list[str], expected: str) -> bool:
+    return any(word_error_rate(text, expected) <= 0.3 for text in transcripts)
+
+
+def _call_events(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, dict[str, Any]]]:
+    """Every event of every SIP call, as (type, data), in order."""
+    seen: list[tuple[str, dict[str, Any]]] = []
+    original = SipCall.on_event
+
+    def record(call: SipCall, event: VoiceEvent) -> None:
+        seen.append((event.type, dict(event.data)))
+        original(call, event)
+
+    monkeypatch.setattr(SipCall, "on_event", record)
+    return seen
+
+
+async def _until(
+    condition: Callable[[], bool], timeout_s: float, what: str, *peers: Baresip
+) -> None:
+    try:
+        await _wait(condition, timeout_s)
+    except TimeoutError:
+        logs = "\n\n".join(f"{peer.folder.name}:\n{peer.log_tail()}" for peer in peers)
+        pytest.fail(f"{what} within {timeout_s} s\n{logs}")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _speech_ready() -> None:
+    """Piper's take of every phrase, made before any call (not on a call's event loop)."""
+    for text in (PUT_ME_THROUGH, HUMAN, LATER, SUMMARY):
+        phone_audio(text)
+
+
+@dataclass
+class Bridged:
+    """A bridged transfer as the two phones and the server saw it."""
+
+    caller: Baresip
+    human: Baresip
+    events: list[tuple[str, dict[str, Any]]]
+    metrics: list[str]
+    ended: str
+    """Why Vocable ended the caller's call (its log line)."""
+
+
+async def _bridged_call(
+    llm: ScriptedLLM,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    *,
+    caller_speech: bytes,
+    human_speech: bytes,
+    warm: bool = False,
+) -> Bridged:
+    """baresip calls the desk playbook saying ``caller_speech`` and refuses REFER
+    (``call_transfer=no``), so Vocable dials the person: a second baresip that answers at once
+    and says ``human_speech``. Whichever phone's speech ends first hangs up; returns once both
+    legs are over."""
+    caplog.set_level(logging.INFO, logger="server.transports.sip")
+    events = _call_events(monkeypatch)
+    human = await _baresip(tmp_path / "human", "human;answermode=auto", human_speech)
+    warm_mode = {"ring_timeout_ms": "mode: warm, ring_timeout_ms"} if warm else {}
+    folder = _playbook(tmp_path, f"sip:human@127.0.0.1:{human.sip_port}", **warm_mode)
+    try:
+        async with _server(llm, folder, _sip_config()) as server:
+            sip = server.app[SIP]
+            caller = await _baresip(
+                tmp_path / "caller",
+                "caller;call_transfer=no",
+                caller_speech,
+                dial=f"sip:desk@127.0.0.1:{sip.port}",
+            )
+            try:
+                await _until(lambda: bool(sip.calls), 10, "no call was answered", caller)
+                (call,) = sip.calls.values()
+                longest = max(len(caller_speech), len(human_speech)) / 2 / RATE
+                await _until(call.ended.is_set, longest + 20, "the call went on", caller, human)
+                dialer = sip.dialer
+                assert dialer is not None
+                await _until(lambda: not dialer.legs, 5, "the person's leg is left", human)
+                for phone in (caller, human):  # each phone's call is over (BYE sent or heard)
+                    await _until(phone.call_over, 5, f"{phone.folder.name}'s call went on", phone)
+            finally:
+                await caller.stop()
+            metrics = await _metric_lines(server, "vocable_transfers_total")
+    finally:
+        await human.stop()
+    (ended,) = [r.getMessage() for r in caplog.records if f"call {call.id} ended" in r.getMessage()]
+    return Bridged(caller, human, events, metrics, ended)
+
+
+def _assert_bridged(bridged: Bridged, mode: str) -> None:
+    types = [t for t, _ in bridged.events if t.startswith("transfer_")]
+    assert types == ["transfer_started", "transfer_answered"], types
+    (answered,) = [d for t, d in bridged.events if t == "transfer_answered"]
+    assert (answered["how"], answered["mode"]) == ("bridge", mode)
+    assert 'vocable_transfers_total{outcome="answered",reason=""} 1.0' in bridged.metrics
+
+
+@pytest.mark.slow
+async def test_a_refused_refer_is_bridged_and_the_caller_hears_the_person(
+    llm: ScriptedLLM,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A blind transfer the caller's phone refuses becomes a bridge: the caller hears the
+    person's words, and the person hanging up ends the caller's leg too."""
+    llm.script(_transfers_then("never asked"))
+    bridged = await _bridged_call(
+        llm,
+        tmp_path,
+        monkeypatch,
+        caplog,
+        caller_speech=silence(500, RATE) + phone_audio(PUT_ME_THROUGH) + silence(60_000, RATE),
+        human_speech=silence(1000, RATE) + phone_audio(HUMAN) + silence(1500, RATE),
+    )
+    _assert_bridged(bridged, "blind")
+    assert bridged.ended.endswith("ended: the person hung up"), bridged.ended
+    assert "session closed" in bridged.caller.log_text()  # Vocable's BYE ended the caller's call
+    heard = await _transcripts(bridged.caller.heard())
+    assert len(heard) == 2, heard
+    assert word_error_rate(heard[0], "Let me put you through.") <= 0.25, heard
+    assert word_error_rate(heard[1], HUMAN) <= 0.25, heard
+
+
+@pytest.mark.slow
+async def test_a_warm_transfer_tells_the_person_the_summary_then_joins_the_caller(
+    llm: ScriptedLLM,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A warm bridged transfer: the person hears the summary in the agent's voice (and the
+    caller does not), then the two hear each other; the caller hanging up ends the person's
+    leg too."""
+    arguments = {"reason": "the caller asked for a person", "summary": SUMMARY}
+    llm.script([Reply(tool_calls=[ScriptedToolCall(TRANSFER_TOOL, arguments)])])
+    summary_ms = len(phone_audio(SUMMARY)) * 1000 // 2 // RATE
+    bridged = await _bridged_call(
+        llm,
+        tmp_path,
+        monkeypatch,
+        caplog,
+        caller_speech=silence(500, RATE)
+        + phone_audio(PUT_ME_THROUGH)
+        + silence(18_000, RATE)  # the agent's line, the dial, the summary, the person's line
+        + phone_audio(LATER)
+        + silence(1500, RATE),
+        human_speech=silence(summary_ms + 2500, RATE)  # listens to the summary
+        + phone_audio(HUMAN)
+        + silence(60_000, RATE),
+        warm=True,
+    )
+    _assert_bridged(bridged, "warm")
+    assert bridged.ended.endswith("ended: caller hung up"), bridged.ended
+    assert "session closed" in bridged.human.log_text()  # Vocable's BYE ended the person's call
+    told = await _transcripts(bridged.human.heard())
+    assert len(told) == 2, told
+    assert word_error_rate(told[0], SUMMARY) <= 0.25, told  # the summary first
+    assert word_error_rate(told[1], LATER) <= 0.25, told  # then the caller, joined
+    heard = await _transcripts(bridged.caller.heard())
+    assert len(heard) == 2, heard
+    assert word_error_rate(heard[0], "Let me put you through.") <= 0.25, heard
+    assert word_error_rate(heard[1], HUMAN) <= 0.25, heard
+
+
+@pytest.mark.slow
+async def test_a_person_who_hangs_up_during_the_summary_is_a_failed_transfer(
+    llm: ScriptedLLM,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The person answers and hangs up before the warm summary ends: the caller is not joined
+    to a dead line; the agent is told, says so, and the call goes on until the caller ends it."""
+    llm.script(_transfers_then(SORRY, summary=SUMMARY))
+    bridged = await _bridged_call(
+        llm,
+        tmp_path,
+        monkeypatch,
+        caplog,
+        caller_speech=silence(500, RATE) + phone_audio(PUT_ME_THROUGH) + silence(16_000, RATE),
+        human_speech=silence(1000, RATE),  # then baresip hangs up, mid-summary
+        warm=True,
+    )
+    types = [t for t, _ in bridged.events if t.startswith("transfer_")]
+    assert types == ["transfer_started", "transfer_failed"], types
+    (result,) = _tool_results(llm)
+    assert (result["transferred"], result["reason"]) == (False, "rejected")
+    assert result["detail"] == "the person hung up before the caller was joined"
+    assert bridged.ended.endswith("ended: caller hung up"), bridged.ended
+    heard = await _transcripts(bridged.caller.heard())
+    assert len(heard) == 2, heard
+    assert word_error_rate(heard[0], "Let me put you through.") <= 0.25, heard
+    assert word_error_rate(heard[1], SORRY) <= 0.25, heard
+
+
+@pytest.mark.slow
+async def test_a_bridge_whose_person_sends_no_audio_ends_after_the_media_timeout(
+    llm: ScriptedLLM, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The person's side answers and then sends no RTP at all (sipp as the person): a vanished
+    line is not held open for the caller; both legs end after the media timeout."""
+    caplog.set_level(logging.INFO, logger="server.transports.sip")
+    llm.script(_transfers_then("never asked"))
+    human_port = _free_sip_port()
+    human = await spawn(
+        _sipp(),
+        *("-sf", str(SCENARIOS / "callee_answers.xml"), "-i", "127.0.0.1", "-p", str(human_port)),
+        *("-mi", "127.0.0.1", "-mp", str(_free_sip_port() & ~1)),
+        *("-m", "1", "-nostdin", "-timeout", "60", "-timeout_error"),
+        cwd=tmp_path,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    folder = _playbook(tmp_path, f"sip:human@127.0.0.1:{human_port}")
+    config = ServerConfig(sip=SipSettings(host="127.0.0.1", port=0, media_timeout_s=3.0))
+    speech = silence(500, RATE) + phone_audio(PUT_ME_THROUGH) + silence(40_000, RATE)
+    try:
+        async with _server(llm, folder, config) as server:
+            sip = server.app[SIP]
+            caller = await _baresip(
+                tmp_path / "caller",
+                "caller;call_transfer=no",
+                speech,
+                dial=f"sip:desk@127.0.0.1:{sip.port}",
+            )
+            try:
+                await _until(lambda: bool(sip.calls), 10, "no call was answered", caller)
+                (call,) = sip.calls.values()
+                await _until(call.ended.is_set, 30, "the call went on", caller)
+                await _until(caller.call_over, 5, "the caller's call went on", caller)
+            finally:
+                await caller.stop()
+        human_output, _ = await asyncio.wait_for(human.communicate(), 10)
+        assert human.returncode == 0, human_output.decode(errors="replace")[-2000:]  # BYE came
+    finally:
+        await stop_group(human)
+    assert f"SIP call {call.id} ended: no audio from the person" in caplog.text
+    assert "session closed" in caller.log_text()
+
+
+async def test_the_persons_audio_waits_for_the_caller_no_longer_than_a_moment() -> None:
+    """A burst of the person's audio (after a network stall, or a faster clock) is cut to
+    MAX_BACKLOG_MS queued; quiet frames go first, beyond QUIET_BACKLOG_MS."""
+    speaker = Speaker(RATE)
+    playout = _Playout(speaker)
+    loud, quiet = tone(RATE, 20), bytes(FRAME_BYTES)
+    for _ in range(25):  # 500 ms at once
+        playout.push(loud)
+    assert playout.backlog_ms == MAX_BACKLOG_MS
+    assert playout.dropped_ms == 300
+    for _ in range(6):  # 120 ms played: 80 ms left
+        assert speaker.pull() == loud
+    playout.push(quiet)  # a pause in the person's words is dropped while anything waits
+    assert (playout.backlog_ms, playout.dropped_ms) == (80, 320)
+    playout.push(loud)
+    assert playout.backlog_ms == 100
+    for _ in range(5):
+        speaker.pull()
+    assert playout.backlog_ms == 0
+    playout.push(quiet)  # nothing waits: a quiet frame is queued like any other
+    playout.push(quiet)
+    assert (playout.backlog_ms, playout.dropped_ms) == (40, 320)
