@@ -30,7 +30,14 @@ from server.runtime.registry import CallRegistry
 
 from .base import TransportCall
 from .client_events import client_view
-from .tracks import OUTPUT_RATE, SpeakerTrack, caller_frames, hear_promptly
+from .tracks import (
+    OUTPUT_RATE,
+    OpusPackets,
+    SpeakerTrack,
+    caller_frames,
+    hear_promptly,
+    negotiated_opus,
+)
 
 __all__ = ["BadOffer", "WebRTCCall", "open_webrtc_call"]
 
@@ -85,13 +92,16 @@ class WebRTCCall(TransportCall):
         for transceiver in self.pc.getTransceivers():
             if transceiver.kind == "audio":
                 hear_promptly(transceiver.receiver)
-        self.pc.addTrack(SpeakerTrack(self.session.voice.speaker))
+        speaker = SpeakerTrack(self.session.voice.speaker)
+        self.pc.addTrack(speaker)
         try:
             await self.pc.setLocalDescription(await self.pc.createAnswer())
         except OSError:  # gathering candidates failed: ours, not the offer's
             raise
         except Exception as exc:  # an offer aiortc took but cannot answer (e.g. a lost a=mid)
             raise BadOffer(f"cannot answer this SDP offer: {_reason(exc)}") from exc
+        if negotiated_opus(self.pc.localDescription.sdp):
+            speaker.opus = OpusPackets()
         self.spawn(self._connect_deadline(), "connect-deadline")
         return str(self.pc.localDescription.sdp)
 
