@@ -6,18 +6,28 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 
+import av
+import numpy as np
 import pytest
 from aiohttp.test_utils import TestServer
 from aiortc import RTCPeerConnection
 from aiortc.rtp import RtpPacket
 
 from benchmarks.client import WebRTCCaller
+from media.audio import pcm_rms_dbfs
 from server.call.session import SessionSettings
 from server.config.server import ServerConfig
 from server.http.app import CALLS
 from server.runtime.registry import NO_LLM_LINE
 from server.transports.client_events import CLIENT_ERRORS
-from server.transports.tracks import PromptAudioBuffer, hear_promptly
+from server.transports.tracks import (
+    OUTPUT_RATE,
+    SILENCE_TAIL_FRAMES,
+    OpusPackets,
+    PromptAudioBuffer,
+    hear_promptly,
+    negotiated_opus,
+)
 from tests.calls import (
     piper_speech,
     synthesize_ahead,
@@ -27,6 +37,7 @@ from tests.calls import (
     words,
 )
 from tests.scripted_llm import Reply, ScriptedLLM, answers_by_words
+from tests.speech import tone
 
 pytestmark = pytest.mark.slow
 
@@ -243,3 +254,36 @@ def test_a_late_or_lost_caller_packet_costs_its_audio_never_a_delay() -> None:
     after_gap = buffer.add(_opus_packet(65539 + 100))[1]
     assert after_gap is not None
     assert after_gap.timestamp == 960 * (65539 + 100) % 2**32
+
+
+def test_the_agents_voice_is_sent_as_opus_packets_and_silence_as_one_cached_packet() -> None:
+    opus = OpusPackets()
+    voice = tone(OUTPUT_RATE, 200)
+    frames = [voice[i : i + 1920] for i in range(0, len(voice), 1920)]
+    silence_frame = bytes(1920)
+    stream = [(frame, False) for frame in frames] + [(silence_frame, True)] * 8
+    packets = [opus.packet(pcm, n * 960, silent=silent) for n, (pcm, silent) in enumerate(stream)]
+    assert [p.pts for p in packets] == [n * 960 for n in range(len(stream))]
+    tail = [bytes(p) for p in packets[len(frames) + SILENCE_TAIL_FRAMES :]]
+    assert len(set(tail)) == 1  # after a short encoded tail, one packet stands for silence
+    decoder = av.CodecContext.create("libopus", "r")
+    decoded = b"".join(
+        bytes(frame.planes[0])[: frame.samples * 2 * len(frame.layout.channels)]
+        for packet in packets
+        for frame in decoder.decode(packet)
+    )
+    heard = np.frombuffer(decoded, dtype=np.int16)
+    sound_end = len(frames) * 960 * len(decoder.layout.channels)
+    assert pcm_rms_dbfs(heard[960:sound_end].tobytes()) > -30  # the tone came through
+    assert pcm_rms_dbfs(heard[sound_end + 4 * 960 :].tobytes()) < -60  # then silence
+
+
+def test_the_server_encodes_itself_only_when_opus_was_negotiated() -> None:
+    opus_first = (
+        "v=0\r\no=- 1 1 IN IP4 127.0.0.1\r\ns=-\r\nt=0 0\r\n"
+        "m=audio 9 UDP/TLS/RTP/SAVPF 111 0\r\nc=IN IP4 127.0.0.1\r\n"
+        "a=rtpmap:111 opus/48000/2\r\na=rtpmap:0 PCMU/8000\r\n"
+    )
+    pcmu_first = opus_first.replace("SAVPF 111 0", "SAVPF 0 111")
+    assert negotiated_opus(opus_first)
+    assert not negotiated_opus(pcmu_first)

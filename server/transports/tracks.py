@@ -160,8 +160,12 @@ def _silence_packet(bitrate: int) -> bytes:
 def negotiated_opus(sdp: str) -> bool:
     """Whether the first audio codec of ``sdp`` (the one aiortc sends with) is Opus."""
     for media in SessionDescription.parse(sdp).media:
-        if media.kind == "audio" and media.rtp.codecs:
-            return media.rtp.codecs[0].mimeType.lower() == "audio/opus"
+        if media.kind == "audio" and media.fmt:
+            first = str(media.fmt[0])
+            return any(
+                str(codec.payloadType) == first and codec.mimeType.lower() == "audio/opus"
+                for codec in media.rtp.codecs
+            )
     return False
 
 
