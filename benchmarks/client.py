@@ -21,7 +21,13 @@ from aiortc import MediaStreamTrack, RTCPeerConnection, RTCSessionDescription
 from media import FRAME_BYTES, FRAME_MS, Speaker, VadSegmenter
 from media.audio import SAMPLE_RATE, pcm_rms_dbfs
 from media.speaker import Playback
-from server.transports.tracks import OUTPUT_RATE, SpeakerTrack, caller_frames
+from server.transports.tracks import (
+    OUTPUT_RATE,
+    OpusPackets,
+    SpeakerTrack,
+    caller_frames,
+    negotiated_opus,
+)
 
 __all__ = ["SILENCE_DBFS", "ReceivedFrame", "SpokenUtterance", "WebRTCCaller", "voiced_span_ms"]
 
@@ -92,7 +98,8 @@ class WebRTCCaller:
         """Offer, get the answer, and start media; raises RuntimeError if the server refuses."""
         self.channel = self.pc.createDataChannel("events")
         self.channel.on("message", self._on_message)
-        self.pc.addTrack(SpeakerTrack(self.microphone))
+        microphone = SpeakerTrack(self.microphone)
+        self.pc.addTrack(microphone)
         self.pc.on("track", self._on_track)
         await self.pc.setLocalDescription(await self.pc.createOffer())
         body = {"sdp": self.pc.localDescription.sdp, "type": "offer", **offer_extra}
@@ -106,6 +113,8 @@ class WebRTCCaller:
                 raise RuntimeError(f"offer refused: {response.status} {answer}")
         self.session_id = answer["session_id"]
         await self.pc.setRemoteDescription(RTCSessionDescription(answer["sdp"], answer["type"]))
+        if negotiated_opus(answer["sdp"]):  # a browser's encoder is native code: keep ours cheap
+            microphone.opus = OpusPackets()
 
     def say(self, pcm16k: bytes) -> SpokenUtterance:
         """Queue speech on the microphone (after anything still playing)."""

@@ -34,10 +34,11 @@ because which who when where the a an our your my their his her its this these t
 PHRASE_OPENERS = frozenset(_PHRASE_OPENERS_TEXT.split())
 """Words a spoken phrase starts with, before which a first chunk may end mid-clause."""
 _LEANING_TEXT = """is are was were be been being am has have had do does did will would shall should
-can could may might must not no to of as than so very too just also"""
+can could may might must not no to of as than so very too just also over under through across
+around between against without within along behind beyond near off onto upon via per like"""
 _LEANING = PHRASE_OPENERS | frozenset(_LEANING_TEXT.split())
-"""Words that lean on the next one ("is", "will", "to", "the"): a chunk never ends on one, as in
-"Your order is" or "arrive on"."""
+"""Words that lean on the next one ("is", "will", "to", "the", "over"): a chunk never ends on
+one, as in "Your order is" or "jumps over"."""
 _NEXT_WORD = re.compile(r"\s+([A-Za-z']+)(?=[\s,;:.!?])")
 _ENDS_SPOKEN_BREAK = ".!?…,;:"
 

@@ -198,10 +198,11 @@ class RemoteSynthesizer:
         found = self._variants[settings] = RemoteSynthesizer(changed, _shared=self._client)
         return found
 
-    async def synthesize(self, text: str) -> AsyncGenerator[bytes, None]:
+    async def synthesize(self, text: str, *, urgent: bool = False) -> AsyncGenerator[bytes, None]:
         """PCM16 mono at :attr:`sample_rate` in pieces of at most ``PIECE_MS``, as the answer
-        streams in. Raises :class:`RemoteInferenceError` (possibly after some audio, if the
-        stream breaks); closing the generator or cancelling its consumer aborts the request."""
+        streams in (``urgent`` changes nothing: the server schedules its own work). Raises
+        :class:`RemoteInferenceError` (possibly after some audio, if the stream breaks); closing
+        the generator or cancelling its consumer aborts the request."""
         if not text.strip():
             return
         settings = self.settings

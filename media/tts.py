@@ -12,10 +12,12 @@ import asyncio
 import json
 import threading
 from collections.abc import AsyncGenerator, AsyncIterator, Generator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
+
+from .priority_pool import URGENT, PriorityPool
 
 __all__ = [
     "PIECE_MS",
@@ -62,10 +64,11 @@ class TextToSpeech(Protocol):
         """The rate of every piece :meth:`synthesize` yields (fixed for the engine's life)."""
         ...
 
-    def synthesize(self, text: str) -> AsyncIterator[bytes]:
+    def synthesize(self, text: str, *, urgent: bool = False) -> AsyncIterator[bytes]:
         """``text`` as PCM16 mono at :attr:`sample_rate`, in pieces of at most ``PIECE_MS``, the
         first as early as possible; raises when synthesis fails. Closing the iterator (or
-        cancelling its consumer) stops the synthesis promptly."""
+        cancelling its consumer) stops the synthesis promptly. ``urgent``: somebody waits in
+        silence for it (an answer's first words): an engine shared by calls does it first."""
         ...
 
     async def aclose(self) -> None:
@@ -113,9 +116,7 @@ class Synthesizer:
         self.settings = settings
         self.sample_rate: int = int(voice.config.sample_rate)
         self.voice_id = model.stem if model is not None else "piper"
-        self._executor = ThreadPoolExecutor(
-            max_workers=settings.workers, thread_name_prefix="piper"
-        )
+        self._executor = PriorityPool(settings.workers, thread_name_prefix="piper")
         self._voices: dict[Path, Any] = {} if model is None else {model.resolve(): voice}
         self._loading = threading.Lock()
         self._variants: dict[VoiceSettings, _Variant] = {}
@@ -163,22 +164,24 @@ class Synthesizer:
                 voice = self._voices[key] = PiperVoice.load(model, config_path=config)
         return voice
 
-    async def synthesize(self, text: str) -> AsyncGenerator[bytes, None]:
+    async def synthesize(self, text: str, *, urgent: bool = False) -> AsyncGenerator[bytes, None]:
         """PCM16 mono at :attr:`sample_rate`, piece by piece (each at most ``PIECE_MS``).
 
-        Each Piper step runs in the worker pool; cancelling stops after the step in flight.
+        Each Piper step runs in the worker pool, ``urgent`` ones before the others waiting;
+        cancelling stops after the step in flight.
         """
-        async for piece in self._stream(self._chunks(text), self.sample_rate):
+        async for piece in self._stream(self._chunks(text), self.sample_rate, urgent):
             yield piece
 
     async def _stream(
-        self, chunks: Generator[bytes, None, None], sample_rate: int
+        self, chunks: Generator[bytes, None, None], sample_rate: int, urgent: bool
     ) -> AsyncGenerator[bytes, None]:
         piece_bytes = sample_rate * PIECE_MS // 1000 * 2
+        priority = URGENT if urgent else URGENT + 1
         step: Future[object] | None = None
         try:
             while True:
-                step = self._executor.submit(next, chunks, _DONE)
+                step = self._executor.submit(next, chunks, _DONE, priority=priority)
                 pcm = await asyncio.wrap_future(step)
                 if pcm is _DONE:
                     return
@@ -233,7 +236,7 @@ class _Variant:
             config = json.loads(self._model.with_name(self._model.name + ".json").read_text())
             self.sample_rate = int(config["audio"]["sample_rate"])
 
-    async def synthesize(self, text: str) -> AsyncGenerator[bytes, None]:
+    async def synthesize(self, text: str, *, urgent: bool = False) -> AsyncGenerator[bytes, None]:
         owner = self._owner
         voice = owner._voice
         if self._model is not None:
@@ -241,7 +244,7 @@ class _Variant:
             voice = await asyncio.wrap_future(step)
         settings = self.settings
         chunks = owner._voiced_chunks(text, voice, settings.speaking_rate, settings.speaker)
-        async for piece in owner._stream(chunks, self.sample_rate):
+        async for piece in owner._stream(chunks, self.sample_rate, urgent):
             yield piece
 
     async def aclose(self) -> None:

@@ -412,6 +412,10 @@ def phrases() -> SentenceChunker:
         # never after a word that leans on the next
         ("Your order is on its way.", ["Your order is on its way."]),
         ("We want to be with you now.", ["We want to be with you now."]),
+        (
+            "The quick brown fox jumps over the lazy dog.",
+            ["The quick brown fox jumps over the lazy dog."],
+        ),
         # a clause boundary decided first wins
         (
             "Absolutely, everything looks fine, so we are done.",

@@ -194,6 +194,26 @@ async def test_a_complete_question_is_answered_from_the_speculative_transcript(
 
 
 @pytest.mark.slow
+async def test_no_speculative_decode_queues_behind_waiting_decodes(
+    llm: ScriptedLLM, support: LoadedPlaybook, calls: list[VoiceCall]
+) -> None:
+    speech = piper_speech(QUESTION) + silence(200)
+    stt = await primed(0.0, speech)
+    stt.backlog = EndpointSettings().skip_backlog  # other calls' decodes wait for the worker
+    call = _call(calls, support, llm, stt=stt)
+    await call.say(speech)
+    await call.wait_idle()
+
+    (transcript,) = call.of_type("transcript")
+    assert transcript.data["speculative"] is False  # decoded once, at the end of the turn
+    assert {"my", "order"} <= set(words(transcript.data["text"]))
+    speculations = call.session.speculations
+    assert speculations["skipped"] >= 1
+    assert speculations["used"] == speculations["wasted"] == speculations["preempted"] == 0
+    assert stt.calls == 1
+
+
+@pytest.mark.slow
 @DECODE_TIMES
 async def test_a_pause_after_a_trailing_and_does_not_end_the_turn(
     decode_s: float, llm: ScriptedLLM, support: LoadedPlaybook, calls: list[VoiceCall]

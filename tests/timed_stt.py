@@ -49,6 +49,9 @@ class TimedTranscriber:
         self.misses = 0
         """Transcriptions whose decode was not primed (they took the decode's time as well)."""
         self.calls = 0
+        self.backlog: int | None = None
+        """Decodes the session is told wait for a worker (``Transcriber.backlog``); None: not
+        told, as of a remote transcriber."""
 
     async def prime(self, script: bytes, vad: VadSettings | None = None) -> None:
         """Decode ahead what a call fed ``script`` (after silence) will ask for: the audio at

@@ -20,7 +20,8 @@ that starts the answer when it arrives.
 
 The pause itself adapts to load, not to speed: ``quick_pause_ms`` (120 ms) while no decode waits
 for a Whisper worker, the configured ``pause_ms`` (160 ms) once decodes queue, since each
-speculative decode at a pause the caller talks through is then a wait for someone.
+speculative decode at a pause the caller talks through is then a wait for someone; with
+``skip_backlog`` decodes waiting, there is no speculative decode at all.
 """
 
 from __future__ import annotations
@@ -115,6 +116,10 @@ class EndpointSettings:
     160 ms preempts at the 240 ms comma pause of "Friday evening, please.")."""
     preempt_min_words: int = 2
     """Fewer words than this are answered only once the turn has ended."""
+    skip_backlog: int = 1
+    """Skip a speculative decode when this many decodes already wait for a Whisper worker: it
+    would queue behind them (and push later callers' real decodes back) for words the end of
+    the turn may transcribe anyway. 0: never skip."""
     quick_pause_ms: int = 120
     """The speculation pause (``VadSettings.pause_ms``) while no decode waits for a Whisper
     worker: the words are known sooner when a decode costs nobody a wait. 0: always the
@@ -125,8 +130,8 @@ class EndpointSettings:
             raise ValueError("need 0 < complete_silence_ms <= incomplete_silence_ms")
         if not 0 <= self.preempt_lead_ms < self.complete_silence_ms:
             raise ValueError("need 0 <= preempt_lead_ms < complete_silence_ms")
-        if self.quick_pause_ms < 0:
-            raise ValueError("quick_pause_ms must not be negative")
+        if self.quick_pause_ms < 0 or self.skip_backlog < 0:
+            raise ValueError("quick_pause_ms and skip_backlog must not be negative")
         if self.preempt_min_words < 1:
             raise ValueError("preempt_min_words must be at least 1")
 

@@ -155,7 +155,13 @@ class Session:
         self.vad = VadSegmenter(vad, clock)
         self.echo = EchoGate(self.settings.echo)
         self._speculation: Speculation | None = None
-        self.speculations = {"used": 0, "wasted": 0, "preempted": 0, "preempted_wasted": 0}
+        self.speculations = {
+            "used": 0,
+            "wasted": 0,
+            "preempted": 0,
+            "preempted_wasted": 0,
+            "skipped": 0,
+        }
         """Speculative transcriptions whose result became the turn's, and those thrown away;
         turns started on one before the end of the turn, and those undone."""
         self._phase = Phase.LISTENING
@@ -380,15 +386,25 @@ class Session:
         configured = self.settings.vad.pause_ms
         if not quick or not configured or quick >= configured:
             return configured
+        return quick if self._decode_backlog() == 0 else configured
+
+    def _decode_backlog(self) -> int | None:
+        """Decodes waiting for a Whisper worker; None if the transcriber does not tell."""
         backlog = getattr(self.voice.transcriber, "backlog", None)
-        return quick if backlog == 0 else configured
+        return backlog if isinstance(backlog, int) else None
 
     def _speculate(self, paused: SpeechPaused) -> None:
         """Transcribe the utterance so far, unless it cannot become a turn (a short sound over
-        the agent, which only a barge-in would make one)."""
+        the agent, which only a barge-in would make one) or decodes already queue
+        (``EndpointSettings.skip_backlog``: counted as ``skipped``)."""
         if not self.settings.endpoint.speculate:
             return
         if self._phase in AUDIBLE and not self._interrupted_this_utterance:
+            return
+        skip = self.settings.endpoint.skip_backlog
+        backlog = self._decode_backlog()
+        if skip and backlog is not None and backlog >= skip:
+            self._count("skipped")
             return
         self._discard_speculation()
         task = asyncio.create_task(

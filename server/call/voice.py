@@ -373,7 +373,7 @@ class _Speech:
         trim_onset = self.onset_pending or (self.joining and not interim)
         joins = joins_next(sentence) and not interim
         held = bytearray()  # a joining chunk, whose trailing silence may span pieces
-        async for pcm in spoken.tts.synthesize(sentence):
+        async for pcm in spoken.tts.synthesize(sentence, urgent=self.onset_pending):
             if generation != self.generation:
                 held.clear()
                 break

@@ -1,0 +1,89 @@
+"""A thread pool that runs the most urgent waiting work first.
+
+Speech synthesis is shared by every call of the process. When calls pile up, a caller waiting in
+silence for an answer's first words should not wait behind another call's third sentence, which
+nobody will hear before its first two have played: work is taken by ``priority`` (lower first),
+then in the order it came.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+__all__ = ["URGENT", "PriorityPool"]
+
+T = TypeVar("T")
+
+URGENT = 0
+"""The priority of work somebody is waiting for now (an answer's first words)."""
+_NORMAL = 1
+
+
+class PriorityPool:
+    """``workers`` threads (started on first use) running submitted calls, most urgent first.
+
+    Same contract as ``concurrent.futures.ThreadPoolExecutor.submit`` and ``shutdown``, with a
+    keyword-only ``priority`` (lower runs sooner; equal ones in submission order).
+    """
+
+    def __init__(self, workers: int, thread_name_prefix: str = "pool") -> None:
+        if workers < 1:
+            raise ValueError("a pool needs at least one worker")
+        self._workers = workers
+        self._name = thread_name_prefix
+        self._queue: list[tuple[int, int, Future[Any], Callable[..., Any], tuple[Any, ...]]] = []
+        self._order = itertools.count()
+        self._ready = threading.Condition()
+        self._threads: list[threading.Thread] = []
+        self._closed = False
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, priority: int = _NORMAL) -> Future[T]:
+        future: Future[T] = Future()
+        with self._ready:
+            if self._closed:
+                raise RuntimeError("cannot submit to a pool that was shut down")
+            heapq.heappush(self._queue, (priority, next(self._order), future, fn, args))
+            if len(self._threads) < self._workers:
+                thread = threading.Thread(
+                    target=self._work, name=f"{self._name}_{len(self._threads)}", daemon=True
+                )
+                self._threads.append(thread)
+                thread.start()
+            self._ready.notify()
+        return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """No more work; waiting work is cancelled if ``cancel_futures``, else still run."""
+        with self._ready:
+            self._closed = True
+            if cancel_futures:
+                for _priority, _order, future, _fn, _args in self._queue:
+                    future.cancel()
+                self._queue.clear()
+            self._ready.notify_all()
+        if wait:
+            for thread in self._threads:
+                if thread is not threading.current_thread():
+                    thread.join()
+
+    def _work(self) -> None:
+        while True:
+            with self._ready:
+                while not self._queue and not self._closed:
+                    self._ready.wait()
+                if not self._queue:
+                    return
+                _priority, _order, future, fn, args = heapq.heappop(self._queue)
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                result = fn(*args)
+            except BaseException as exc:  # handed to whoever waits on the future
+                future.set_exception(exc)
+            else:
+                future.set_result(result)

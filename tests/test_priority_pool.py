@@ -1,0 +1,52 @@
+"""The priority pool behind speech synthesis: urgent work first, then in order; futures behave
+like a thread pool's."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from media.priority_pool import URGENT, PriorityPool
+
+
+def test_waiting_work_runs_most_urgent_first_then_in_submission_order() -> None:
+    pool = PriorityPool(1, thread_name_prefix="test")
+    gate = threading.Event()
+    ran: list[str] = []
+    blocker = pool.submit(gate.wait, 5)  # the one worker is busy until the gate opens
+    futures = [
+        pool.submit(ran.append, "later sentence 1"),
+        pool.submit(ran.append, "later sentence 2"),
+        pool.submit(ran.append, "first words A", priority=URGENT),
+        pool.submit(ran.append, "first words B", priority=URGENT),
+    ]
+    gate.set()
+    assert blocker.result(timeout=5) is True
+    for future in futures:
+        future.result(timeout=5)
+    assert ran == ["first words A", "first words B", "later sentence 1", "later sentence 2"]
+    pool.shutdown()
+
+
+def test_an_exception_reaches_the_future_and_the_worker_goes_on() -> None:
+    pool = PriorityPool(2)
+    failed = pool.submit(int, "not a number")
+    with pytest.raises(ValueError, match="invalid literal"):
+        failed.result(timeout=5)
+    assert pool.submit(sum, [1, 2, 3]).result(timeout=5) == 6
+    pool.shutdown()
+
+
+def test_shutdown_cancels_waiting_work_when_asked_and_refuses_more() -> None:
+    pool = PriorityPool(1)
+    gate = threading.Event()
+    running = pool.submit(gate.wait, 5)
+    waiting = pool.submit(str, "never")
+    pool.shutdown(wait=False, cancel_futures=True)
+    assert waiting.cancelled()
+    gate.set()
+    assert running.result(timeout=5) is True
+    with pytest.raises(RuntimeError, match="shut down"):
+        pool.submit(str, "too late")
+    pool.shutdown(wait=True)
