@@ -29,7 +29,7 @@ from .identity import identity_block, language_instruction, stage_persona
 from .llm import ChatClient, ChatRequest, ToolCallRequest
 from .loader import LoadedPlaybook
 from .models import Delegation, Playbook, Stage
-from .tools import InvalidToolCall, Tool, ToolError
+from .tools import InvalidToolCall, Tool, ToolError, tool_arguments
 
 __all__ = ["DELEGATE_TOOL", "Delegator", "WorkerResult", "delegate_tool_schema", "worker_prompt"]
 
@@ -125,12 +125,7 @@ class _Call:
 
 def _parse(arguments: str, delegation: Delegation) -> tuple[str, list[str]]:
     """The task and the workers a ``delegate`` call asks for; raises InvalidToolCall."""
-    try:
-        parsed = json.loads(arguments or "{}")
-    except json.JSONDecodeError:
-        raise InvalidToolCall("arguments are not valid JSON") from None
-    if not isinstance(parsed, dict):
-        raise InvalidToolCall("arguments must be a JSON object")
+    parsed = tool_arguments(arguments)
     task = parsed.get("task")
     if not isinstance(task, str) or not task.strip():
         raise InvalidToolCall("task is required: say what the workers should do")

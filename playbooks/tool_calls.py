@@ -20,7 +20,7 @@ from .events import EventType
 from .history import Conversation, Message
 from .llm import ToolCallRequest
 from .models import LLMDecisionCondition, Transition
-from .tools import InvalidToolCall, ToolError
+from .tools import InvalidToolCall, ToolError, tool_arguments
 from .transfer import TRANSFER_TOOL
 
 __all__ = ["CANCELLED_RESULT", "ToolCalls", "ToolHost"]
@@ -244,12 +244,7 @@ class ToolCalls:
         """The transition a ``playbook_transition`` call asks for, with its reason, data and
         handoff summary; raises InvalidToolCall."""
         engine = self._host.engine
-        try:
-            arguments = json.loads(call.arguments or "{}")
-        except json.JSONDecodeError:
-            raise InvalidToolCall("arguments are not valid JSON") from None
-        if not isinstance(arguments, dict):
-            raise InvalidToolCall("arguments must be a JSON object")
+        arguments = tool_arguments(call.arguments)
         target = arguments.get("target_stage")
         transition = engine.decision_for(str(target)) if target else None
         if transition is None:

@@ -34,6 +34,17 @@ class InvalidToolCall(ToolError):
     tool that failed while running."""
 
 
+def tool_arguments(arguments: str) -> dict[str, Any]:
+    """A tool call's JSON arguments as an object (none: empty); raises InvalidToolCall."""
+    try:
+        parsed = json.loads(arguments or "{}")
+    except json.JSONDecodeError:
+        raise InvalidToolCall("arguments are not valid JSON") from None
+    if not isinstance(parsed, dict):
+        raise InvalidToolCall("arguments must be a JSON object")
+    return parsed
+
+
 @dataclass(frozen=True)
 class Tool:
     """A callable with its LLM-facing description; built by :func:`tool` or ``from_function``."""

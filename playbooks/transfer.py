@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .models import Transfer
-from .tools import InvalidToolCall
+from .tools import InvalidToolCall, tool_arguments
 
 __all__ = [
     "TRANSFER_TOOL",
@@ -148,12 +148,7 @@ def transfer_prompt(transfer: Transfer) -> str:
 
 def parse_transfer_call(arguments: str, transfer: Transfer) -> TransferRequest:
     """The request a ``transfer_call`` call makes; raises InvalidToolCall."""
-    try:
-        parsed = json.loads(arguments or "{}")
-    except json.JSONDecodeError:
-        raise InvalidToolCall("arguments are not valid JSON") from None
-    if not isinstance(parsed, dict):
-        raise InvalidToolCall("arguments must be a JSON object")
+    parsed = tool_arguments(arguments)
     summary = parsed.get("summary")
     summary = summary.strip() if isinstance(summary, str) and summary.strip() else None
     if summary is None and transfer.mode == "warm":

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 from aiohttp.test_utils import TestServer
 
-from media import Speaker, SpeechToText, TextToSpeech
+from media import Speaker, SpeechToText, TextToSpeech, joins_next
 from media.audio import SAMPLE_RATE, silence
 from playbooks import (
     ChatClient,
@@ -41,6 +41,7 @@ from tests.speech import (
 
 __all__ = [
     "VoiceCall",
+    "base_url",
     "espeak_speech",
     "loudest",
     "piper_speech",
@@ -52,6 +53,20 @@ __all__ = [
     "word_error_rate",
     "words",
 ]
+
+
+def sentences_of(chunks: list[str]) -> list[str]:
+    """``agent_sentence`` texts as sentences: an answer's first phrase ("Your parcel arrives",
+    see ``media.joins_next``) joined to the chunk that goes on with it."""
+    sentences: list[str] = []
+    joining = False
+    for chunk in chunks:
+        if joining and sentences:
+            sentences[-1] += " " + chunk
+        else:
+            sentences.append(chunk)
+        joining = joins_next(chunk)
+    return sentences
 
 
 def synthesize_ahead(*phrases: str) -> None:
@@ -148,16 +163,21 @@ def start_call(
     return call
 
 
+def base_url(server: TestServer) -> str:
+    """The server's root URL without a trailing slash (``http://127.0.0.1:PORT``)."""
+    return str(server.make_url("")).rstrip("/")
+
+
 @asynccontextmanager
 async def voice_server(
-    llm_url: str | None, config: ServerConfig | None = None
+    llm_url: str | None, config: ServerConfig | None = None, playbooks: Path | None = None
 ) -> AsyncIterator[TestServer]:
-    """The real app on 127.0.0.1 with the shared models and the example playbooks; no LLM when
-    ``llm_url`` is None."""
+    """The real app on 127.0.0.1 with the shared models and the playbooks of ``playbooks`` (a
+    folder or file; the example playbooks when None); no LLM when ``llm_url`` is None."""
     from tests.conftest import EXAMPLES
 
     llm = ChatClient.connect(llm_url, None, "scripted") if llm_url else None
-    engines = Engines(transcriber(), synthesizer(), load_playbooks(EXAMPLES), llm)
+    engines = Engines(transcriber(), synthesizer(), load_playbooks(playbooks or EXAMPLES), llm)
     server = TestServer(create_app(config or ServerConfig(), engines), host="127.0.0.1")
     await server.start_server()
     try:

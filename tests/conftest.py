@@ -16,6 +16,7 @@ from tests import processes
 from tests.scripted_llm import ScriptedLLM
 
 if TYPE_CHECKING:
+    from benchmarks.client import WebRTCCaller
     from tests.calls import VoiceCall
 
 REPO = Path(__file__).resolve().parent.parent
@@ -52,6 +53,17 @@ async def llm() -> AsyncIterator[ScriptedLLM]:
     """A running scripted LLM with an empty script; call ``llm.script([...])``."""
     async with ScriptedLLM() as server:
         yield server
+
+
+@pytest.fixture
+async def caller() -> AsyncIterator[WebRTCCaller]:
+    """A WebRTC caller (aiortc, as a browser calls); ``await caller.connect(base_url(server))``
+    starts its call. Closed after the test."""
+    from benchmarks.client import WebRTCCaller
+
+    caller = WebRTCCaller()
+    yield caller
+    await caller.close()
 
 
 class FakeSleep:

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import uuid
@@ -25,6 +26,7 @@ from typing import Any
 
 __all__ = [
     "RUN_MARKER",
+    "free_port",
     "kill_group",
     "kill_started",
     "leftovers",
@@ -80,6 +82,22 @@ async def run_vocable(
     out, err = await asyncio.wait_for(process.communicate(stdin.encode()), timeout_s)
     assert process.returncode is not None
     return process.returncode, out.decode(), err.decode()
+
+
+def free_port() -> int:
+    """A port that is free for both UDP and TCP on 127.0.0.1 when this returns (for a peer that
+    listens on both, like baresip, or on either). Raises ``OSError`` if 50 tries find none."""
+    for _ in range(50):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+            udp.bind(("127.0.0.1", 0))
+            port = int(udp.getsockname()[1])
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp:
+                try:
+                    tcp.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
+    raise OSError("no port free for both UDP and TCP on 127.0.0.1")
 
 
 def popen(command: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:

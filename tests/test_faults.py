@@ -36,6 +36,7 @@ from server.runtime.observability import ServerMetrics
 from tests.calls import (
     VoiceCall,
     piper_speech,
+    sentences_of,
     start_call,
     synthesize_ahead,
     synthesizer,
@@ -160,7 +161,7 @@ async def _converse(faulty: VoiceCall, healthy: VoiceCall, timeout_s: float = 30
 
 
 def _spoken(call: VoiceCall) -> list[str]:
-    return [event.data["text"] for event in call.of_type("agent_sentence")]
+    return sentences_of([event.data["text"] for event in call.of_type("agent_sentence")])
 
 
 async def _heard(pcm: bytes) -> str:
@@ -455,7 +456,8 @@ async def test_a_peer_vanishing_mid_turn_ends_its_call_cleanly(llm: ScriptedLLM)
 
             await healthy.wait_for("tts_end", timeout_s=40)
             assert healthy.of_type("error") == []
-            assert [e["text"] for e in healthy.of_type("agent_sentence")] == [HEALTHY_ANSWER]
+            spoken = [e["text"] for e in healthy.of_type("agent_sentence")]
+            assert sentences_of(spoken) == [HEALTHY_ANSWER]
             await asyncio.sleep(0.3)  # the last frames in flight
             said = await _heard(bytes(healthy.heard))
             assert word_error_rate(said, HEALTHY_ANSWER) <= 0.25

@@ -12,12 +12,8 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import shutil
-import socket
-import subprocess
-import wave
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,24 +22,21 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from media import Resampler
-from media.audio import SAMPLE_RATE, pcm_rms_dbfs, silence
-from playbooks import ChatClient, PlaybookError, load_playbooks
+from media.audio import SAMPLE_RATE, silence
+from playbooks import PlaybookError, load_playbooks
 from server.config.server import ServerConfig, SipSettings
-from server.http.app import CALLS, SIP, create_app
-from server.runtime.engines import Engines
+from server.http.app import CALLS, SIP
 from server.transports.sip_dialer import parse_target
-from tests.calls import synthesizer, transcriber, word_error_rate
-from tests.conftest import EXAMPLES
+from tests.baresip import RATE, Baresip, loud_frames, start_baresip, until
+from tests.calls import transcriber, voice_server, word_error_rate
 from tests.phone import ANSWER, phone_audio
-from tests.processes import run_vocable, spawn, stop_group
+from tests.processes import free_port, run_vocable, stop_group
 from tests.scripted_llm import ScriptedLLM, answers_by_words
+from tests.sipp import sipp_result, start_sipp
 
 pytestmark = pytest.mark.slow
 
 SIP_FILES = Path(__file__).resolve().parent / "sip"
-RATE = 8000
-FRAME_BYTES = RATE * 20 // 1000 * 2
-LOUD_DBFS = -45.0
 
 GREETING = "Hello, this is Acme calling about your parcel delivery."
 MESSAGE = "This is Acme. Your parcel arrives on Tuesday. Goodbye."
@@ -73,19 +66,14 @@ def _speech_ready() -> None:
         phone_audio(text)
 
 
-@asynccontextmanager
-async def _server(llm: ScriptedLLM, folder: Path, **config: Any) -> AsyncIterator[TestServer]:
+def _server(
+    llm: ScriptedLLM, folder: Path, **config: Any
+) -> AbstractAsyncContextManager[TestServer]:
+    """The app with SIP on 127.0.0.1 and ``config``, on the outreach playbook (written into
+    ``folder``), its LLM the scripted one."""
     (folder / "outreach.yaml").write_text(PLAYBOOK)
-    client = ChatClient.connect(llm.base_url, None, "scripted")
-    engines = Engines(transcriber(), synthesizer(), load_playbooks(folder), client)
     settings = ServerConfig(sip=SipSettings(host="127.0.0.1", port=0), **config)
-    server = TestServer(create_app(settings, engines), host="127.0.0.1")
-    await server.start_server()
-    try:
-        yield server
-    finally:
-        await server.close()
-        await client.client.close()
+    return voice_server(llm.base_url, settings, folder)
 
 
 @pytest.fixture
@@ -125,40 +113,7 @@ async def _events(server: TestServer, session_id: str) -> list[dict[str, Any]]:
     return events
 
 
-async def _wait(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    try:
-        async with asyncio.timeout(timeout_s):
-            while not condition():  # noqa: ASYNC110 - the server and a peer move it
-                await asyncio.sleep(0.05)
-    except TimeoutError:
-        pytest.fail(f"{what} within {timeout_s} s")
-
-
-def _free_port() -> int:
-    """A port free for UDP and TCP on 127.0.0.1."""
-    for _ in range(50):
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
-            udp.bind(("127.0.0.1", 0))
-            port = int(udp.getsockname()[1])
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp:
-                try:
-                    tcp.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-                return port
-    raise OSError("no free port")
-
-
 # -- baresip, the callee that answers ------------------------------------------------------------
-
-
-def _loud(pcm: bytes) -> list[float]:
-    """Start times (s) of the loud 20 ms frames of 8 kHz PCM16."""
-    return [
-        round(i / FRAME_BYTES * 0.02, 2)
-        for i in range(0, len(pcm) - FRAME_BYTES + 1, FRAME_BYTES)
-        if pcm_rms_dbfs(pcm[i : i + FRAME_BYTES]) > LOUD_DBFS
-    ]
 
 
 async def _said(pcm8k: bytes) -> str:
@@ -166,50 +121,19 @@ async def _said(pcm8k: bytes) -> str:
     return (await transcriber().transcribe(resampler.resample(pcm8k) + resampler.flush())).text
 
 
-def _read_wav(folder: Path, pattern: str) -> bytes:
-    (path,) = folder.glob(pattern)
-    with wave.open(str(path), "rb") as wav:
-        assert (wav.getnchannels(), wav.getsampwidth(), wav.getframerate()) == (1, 2, RATE)
-        return wav.readframes(wav.getnframes())
-
-
 @asynccontextmanager
-async def _baresip_callee(workdir: Path, speech: bytes) -> AsyncIterator[tuple[str, Path]]:
+async def _baresip_callee(workdir: Path, speech: bytes) -> AsyncIterator[tuple[str, Baresip]]:
     """baresip listening on 127.0.0.1 and answering at once; it says ``speech`` (8 kHz PCM16)
-    from the answer on and hangs up at its end. Yields the URI to dial and the folder its
-    recordings land in (``dump-*-dec.wav``: what it heard); it is stopped when the block ends."""
-    baresip = shutil.which("baresip")
-    if baresip is None:
-        pytest.fail("baresip is required: apt-get install baresip-core", pytrace=False)
-    config, recordings, wav = workdir / "baresip", workdir / "recordings", workdir / "callee.wav"
-    config.mkdir()
-    recordings.mkdir()
-    with wave.open(str(wav), "wb") as out:
-        out.setnchannels(1)
-        out.setsampwidth(2)
-        out.setframerate(RATE)
-        out.writeframes(speech)
-    port = _free_port()
-    template = (SIP_FILES / "baresip" / "config").read_text()
-    (config / "config").write_text(
-        template.format(sip_port=port, speech=wav, recordings=recordings)
+    from the answer on and hangs up at its end. Yields the URI to dial and the phone (what it
+    heard: :meth:`Baresip.heard`); it is stopped when the block ends."""
+    callee = await start_baresip(
+        workdir / "callee", speech, account="callee;answermode=auto", linger_s=40
     )
-    (config / "accounts").write_text("<sip:callee@127.0.0.1>;regint=0;answermode=auto\n")
-    seconds = len(speech) / 2 / RATE
-    log = workdir / "baresip.log"
-    with log.open("wb") as output:
-        process = await spawn(
-            baresip,
-            *("-f", str(config), "-t", str(round(seconds + 40))),
-            stdin=subprocess.DEVNULL,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-        )
     try:
         await asyncio.sleep(0.5)  # listening
-        yield f"sip:callee@127.0.0.1:{port}", recordings
+        yield callee.uri("callee"), callee
     finally:
-        await stop_group(process)
+        await callee.stop()
 
 
 async def _call_baresip(
@@ -218,14 +142,14 @@ async def _call_baresip(
     """Place a call to a baresip callee saying ``speech``; returns the call's final description,
     its events and what baresip heard (8 kHz PCM16 from the answer on)."""
     seconds = len(speech) / 2 / RATE
-    async with _baresip_callee(workdir, speech) as (uri, recordings):
+    async with _baresip_callee(workdir, speech) as (uri, callee):
         status, body = await _post(server, "/calls", {"to": uri, "playbook": "outreach"})
         assert status == 201, body
         session_id = body["session_id"]
         events = await asyncio.wait_for(_events(server, session_id), seconds + 30)
         described = await _get(server, f"/calls/{session_id}")
         await asyncio.sleep(0.5)  # baresip writes its recordings as the call closes
-        heard = _read_wav(recordings, "dump-*-dec.wav")
+        heard = callee.heard()
     return described, events, heard
 
 
@@ -242,7 +166,7 @@ async def test_a_callee_who_says_hello_hears_the_greeting_after_it_and_talks(
     assert described["reason"] == "the callee hung up"
     hello_end = 0.3 + len(hello) / 2 / RATE
     asked = hello_end + 7.0
-    loud = _loud(heard)
+    loud = loud_frames(heard)
     # not over the callee's "Hello?": the greeting starts once it has ended (500 ms of silence)
     assert not [at for at in loud if at < hello_end + 0.3], loud[:10]
     greeting = [at for at in loud if at < asked]
@@ -266,7 +190,7 @@ async def test_a_silent_callee_hears_the_greeting_a_second_after_answering(
     described, events, heard = await _call_baresip(server, tmp_path, silence(8000, RATE))
 
     assert (described["result"], described["answered_by"]) == ("answered", "person")
-    loud = _loud(heard)
+    loud = loud_frames(heard)
     assert loud, "the callee heard nothing"
     assert 0.9 <= loud[0] <= 4.0, loud[0]  # waits ~1 s for the callee's words, then greets
     said = await _said(heard)
@@ -288,7 +212,7 @@ async def test_a_voicemail_greeting_gets_the_playbooks_message(
     assert described["answered_by"] == "voicemail"
     assert described["reason"] == "voicemail answered: message left"
     spoke_until = len(greeting) / 2 / RATE
-    loud = _loud(heard)
+    loud = loud_frames(heard)
     assert not [at for at in loud if at < spoke_until], "the agent talked over the greeting"
     said = await _said(heard[int(spoke_until * RATE) * 2 :])
     assert word_error_rate(said, MESSAGE) <= 0.3, said
@@ -304,26 +228,16 @@ async def _sipp_callee(workdir: Path, scenario: str) -> AsyncIterator[tuple[str,
     """sipp as a callee (UAS) running ``tests/sip/SCENARIO.xml`` once on 127.0.0.1; yields the
     URI to dial and a coroutine function returning its exit status (0 iff the scenario
     completed) and output."""
-    sipp = shutil.which("sipp")
-    if sipp is None:
-        pytest.fail("sipp is required: apt-get install sip-tester", pytrace=False)
-    port = _free_port()
-    process = await spawn(
-        sipp,
+    port = free_port()
+    process = await start_sipp(
+        workdir,
         *("-sf", str(SIP_FILES / f"{scenario}.xml"), "-i", "127.0.0.1", "-p", str(port)),
         *("-m", "1", "-mi", "127.0.0.1", "-mp", str(random.randrange(40000, 50000, 2))),
-        *("-nostdin", "-timeout", "60", "-timeout_error", "-trace_err"),
-        *("-error_file", str(workdir / "errors.log")),
-        cwd=workdir,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
+        *("-timeout", "60", "-timeout_error"),
     )
 
     async def finished() -> tuple[int, str]:
-        output, _ = await asyncio.wait_for(process.communicate(), 30)
-        errors = workdir / "errors.log"
-        detail = errors.read_text(errors="replace")[-2000:] if errors.exists() else ""
-        return int(process.returncode or 0), output.decode(errors="replace")[-2000:] + detail
+        return await sipp_result(process, workdir, 30)
 
     try:
         await asyncio.sleep(0.3)  # listening
@@ -334,7 +248,7 @@ async def _sipp_callee(workdir: Path, scenario: str) -> AsyncIterator[tuple[str,
 
 async def _ended(server: TestServer, session_id: str) -> dict[str, Any]:
     sip = server.app[SIP]
-    await _wait(lambda: sip.outbound[session_id].state == "ended", 20, "the call did not end")
+    await until(lambda: sip.outbound[session_id].state == "ended", 20, "the call did not end")
     return await _get(server, f"/calls/{session_id}")
 
 
@@ -380,7 +294,7 @@ async def test_delete_ends_an_answered_call_with_a_bye(server: TestServer, tmp_p
         assert status == 201, body
         session_id = body["session_id"]
         call = server.app[SIP].outbound[session_id]
-        await _wait(lambda: call.state == "answered", 10, "sipp did not answer")
+        await until(lambda: call.state == "answered", 10, "sipp did not answer")
         await asyncio.sleep(1.5)  # the greeting starts (the callee is silent)
         async with (
             aiohttp.ClientSession() as http,
@@ -411,7 +325,7 @@ async def test_vocable_call_places_the_call_and_reports_busy(
 
 
 async def test_requests_the_server_refuses(llm: ScriptedLLM, tmp_path: Path) -> None:
-    async with _no_sip(llm) as plain:
+    async with voice_server(llm.base_url) as plain:  # no --sip
         status, body = await _post(plain, "/calls", {"to": "sip:a@127.0.0.1:5060"})
         assert status == 409
         assert "--sip" in body["error"]
@@ -433,19 +347,6 @@ async def test_requests_the_server_refuses(llm: ScriptedLLM, tmp_path: Path) -> 
             http.get(server.make_url("/calls/nope")) as response,
         ):
             assert response.status == 404
-
-
-@asynccontextmanager
-async def _no_sip(llm: ScriptedLLM) -> AsyncIterator[TestServer]:
-    client = ChatClient.connect(llm.base_url, None, "scripted")
-    engines = Engines(transcriber(), synthesizer(), load_playbooks(EXAMPLES), client)
-    server = TestServer(create_app(ServerConfig(), engines), host="127.0.0.1")
-    await server.start_server()
-    try:
-        yield server
-    finally:
-        await server.close()
-        await client.client.close()
 
 
 def test_sip_uris() -> None:

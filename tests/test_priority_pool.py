@@ -12,9 +12,15 @@ from media.priority_pool import URGENT, PriorityPool
 
 def test_waiting_work_runs_most_urgent_first_then_in_submission_order() -> None:
     pool = PriorityPool(1, thread_name_prefix="test")
-    gate = threading.Event()
+    started, gate = threading.Event(), threading.Event()
     ran: list[str] = []
-    blocker = pool.submit(gate.wait, 5)  # the one worker is busy until the gate opens
+
+    def hold() -> bool:
+        started.set()
+        return gate.wait(5)
+
+    blocker = pool.submit(hold)  # the one worker is busy until the gate opens
+    assert started.wait(5)
     futures = [
         pool.submit(ran.append, "later sentence 1"),
         pool.submit(ran.append, "later sentence 2"),
@@ -40,9 +46,15 @@ def test_an_exception_reaches_the_future_and_the_worker_goes_on() -> None:
 
 def test_shutdown_cancels_waiting_work_when_asked_and_refuses_more() -> None:
     pool = PriorityPool(1)
-    gate = threading.Event()
-    running = pool.submit(gate.wait, 5)
+    started, gate = threading.Event(), threading.Event()
+
+    def hold() -> bool:
+        started.set()
+        return gate.wait(5)
+
+    running = pool.submit(hold)
     waiting = pool.submit(str, "never")
+    assert started.wait(5)  # the worker is busy with the first: the second waits
     pool.shutdown(wait=False, cancel_futures=True)
     assert waiting.cancelled()
     gate.set()

@@ -13,13 +13,12 @@ import signal
 import stat
 import time
 import wave
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from aiohttp.test_utils import TestServer
 
 from benchmarks.client import WebRTCCaller
 from media.audio import SAMPLE_RATE, silence
@@ -28,7 +27,14 @@ from server.call.recorder import RECORDING_RATE, CallRecorder, FailureReason, St
 from server.call.recordings import Recordings, RecordingSettings, wants_recording
 from server.config.server import ServerConfig, SipSettings
 from server.http.app import CALLS, METRICS, SIP
-from tests.calls import piper_speech, synthesize_ahead, transcriber, voice_server, word_error_rate
+from tests.calls import (
+    base_url,
+    piper_speech,
+    synthesize_ahead,
+    transcriber,
+    voice_server,
+    word_error_rate,
+)
 from tests.phone import ANSWER, INTERRUPTION, LONG_ANSWER, PARCEL, phone_audio
 from tests.scripted_llm import NO_INTENT, Reply, ScriptedLLM, ScriptedToolCall
 from tests.sip_phone import SipPhone
@@ -62,17 +68,6 @@ def _reply(body: dict[str, Any]) -> Reply:
 def _speech_ready() -> None:
     synthesize_ahead(PARCEL, OPTIONS, INTERRUPTION)
     phone_audio(QUESTION)
-
-
-@pytest.fixture
-async def caller() -> AsyncIterator[WebRTCCaller]:
-    caller = WebRTCCaller()
-    yield caller
-    await caller.close()
-
-
-def _base(server: TestServer) -> str:
-    return str(server.make_url("")).rstrip("/")
 
 
 # -- reading a recording -------------------------------------------------------------------------
@@ -139,7 +134,7 @@ async def test_a_webrtc_call_is_recorded_as_heard_with_its_turns_and_a_barge_in(
     llm.script(_reply)
     config = ServerConfig(recording=RecordingSettings(directory, notice=NOTICE))
     async with voice_server(llm.base_url, config) as server:
-        await caller.connect(_base(server), playbook="support")
+        await caller.connect(base_url(server), playbook="support")
         await caller.wait_for("tts_end", count=2, timeout_s=40)  # the notice, the greeting
         caller.say(piper_speech(PARCEL))
         await caller.wait_for("tts_end", count=3, timeout_s=40)
@@ -248,7 +243,7 @@ async def test_a_webrtc_call_that_opts_out_leaves_no_files_and_hears_no_notice(
     config = ServerConfig(recording=RecordingSettings(directory, notice=NOTICE))
     async with voice_server(llm.base_url, config) as server:
         caller.offer_headers["X-Vocable-Record"] = "off"
-        await caller.connect(_base(server), playbook="support")
+        await caller.connect(base_url(server), playbook="support")
         await caller.wait_for("tts_end", timeout_s=40)
         await server.app[CALLS].hangup(caller.session_id)
     assert caller.of_type("agent_sentence")[0]["text"].startswith("Hello")
@@ -267,7 +262,7 @@ async def test_a_recording_that_cannot_be_written_is_an_event_and_the_call_goes_
     async with voice_server(llm.base_url, config) as server:
         directory.rmdir()
         directory.write_text("not a directory any more")
-        await caller.connect(_base(server), playbook="support")
+        await caller.connect(base_url(server), playbook="support")
         failed = await caller.wait_for("recording_failed", timeout_s=20)
         assert (failed["reason"], failed["message"]) == (
             "write",

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import shutil
 import time
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
@@ -25,9 +24,9 @@ from server.config.server import ServerConfig, SipSettings
 from server.http.app import CALLS, SIP
 from tests.calls import transcriber, voice_server, word_error_rate
 from tests.phone import ANSWER, INTERRUPTION, LONG_ANSWER, phone_audio
-from tests.processes import spawn, stop_group
 from tests.scripted_llm import ScriptedLLM, answers_by_words
 from tests.sip_phone import SipPhone, offer_sdp
+from tests.sipp import run_sipp
 
 pytestmark = pytest.mark.slow
 
@@ -49,13 +48,6 @@ async def _wait(condition: Any, timeout_s: float) -> None:
 def _speech_ready() -> None:
     for text in (QUESTION, INTERRUPTION):
         phone_audio(text)
-
-
-def _sipp() -> str:
-    path = shutil.which("sipp")
-    if path is None:
-        pytest.fail("sipp is missing: apt-get install -y sip-tester (make test does this)")
-    return path
 
 
 def _server(llm: ScriptedLLM, **sip: Any) -> AbstractAsyncContextManager[TestServer]:
@@ -94,47 +86,15 @@ async def _run_sipp(
     scenario.write_text(
         template.replace("{speech}", str(speech)).replace("{hold_ms}", str(hold_ms))
     )
-    process = await spawn(
-        _sipp(),
+    return await run_sipp(
+        tmp_path,
         f"127.0.0.1:{port}",
-        "-sf",
-        str(scenario),
-        "-s",
-        "support",
-        "-t",
-        transport,
-        "-m",
-        str(calls),
-        "-l",
-        str(calls),
-        "-r",
-        str(calls),
-        "-i",
-        "127.0.0.1",
-        "-p",
-        "0",
-        "-mi",
-        "127.0.0.1",
-        "-mp",
-        str(random.randrange(30000, 40000, 2)),
-        "-nostdin",
-        "-timeout",
-        "90",
-        "-timeout_error",
-        "-trace_err",
-        "-error_file",
-        str(tmp_path / "errors.log"),
-        cwd=tmp_path,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
+        *("-sf", str(scenario), "-s", "support", "-t", transport),
+        *("-m", str(calls), "-l", str(calls), "-r", str(calls)),
+        *("-i", "127.0.0.1", "-p", "0"),
+        *("-mi", "127.0.0.1", "-mp", str(random.randrange(30000, 40000, 2))),
+        *("-timeout", "90", "-timeout_error"),
     )
-    try:
-        output, _ = await asyncio.wait_for(process.communicate(), 120)
-    finally:
-        await stop_group(process)
-    errors = tmp_path / "errors.log"
-    detail = errors.read_text(errors="replace")[-3000:] if errors.exists() else ""
-    return int(process.returncode or 0), output.decode(errors="replace")[-3000:] + detail
 
 
 @pytest.mark.parametrize("transport", ["u1", "t1"], ids=["udp", "tcp"])

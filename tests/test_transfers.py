@@ -8,17 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
+import functools
 import json
 import logging
 import random
-import shutil
-import socket
-import subprocess
 import textwrap
-import wave
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,21 +25,22 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from media import Speaker
-from media.audio import pcm_rms_dbfs, silence
+from media.audio import silence
 from media.g711 import pcm_to_ulaw
-from playbooks import ChatClient, PlaybookOrchestrator, load_playbook, load_playbooks
+from playbooks import ChatClient, PlaybookOrchestrator, load_playbook
 from playbooks.transfer import TRANSFER_TOOL, TransferOutcome, TransferRequest
 from server.call.events import VoiceEvent
 from server.config.server import ServerConfig, SipSettings, TransferApiSettings
-from server.http.app import CALLS, SIP, create_app
-from server.runtime.engines import Engines
+from server.http.app import CALLS, SIP
 from server.transports.sip import SipCall
 from server.transports.sip_transfer import MAX_BACKLOG_MS, _Playout
-from tests.calls import synthesizer, transcriber, word_error_rate
+from tests.baresip import FRAME_BYTES, RATE, Baresip, start_baresip, until, utterances
+from tests.calls import transcriber, voice_server, word_error_rate
 from tests.loopback import start_on_loopback
 from tests.phone import phone_audio
-from tests.processes import spawn, stop_group
+from tests.processes import free_port, stop_group
 from tests.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
+from tests.sipp import run_sipp, sipp_result, start_sipp
 from tests.speech import to_16k, tone
 from tests.test_telephony import TwilioPhone
 
@@ -252,19 +249,11 @@ async def test_a_warm_transfer_needs_a_summary(
 # -- a server on the test playbook -----------------------------------------------------------------
 
 
-@asynccontextmanager
-async def _server(
+def _server(
     llm: ScriptedLLM, folder: Path, config: ServerConfig
-) -> AsyncIterator[TestServer]:
-    client = ChatClient.connect(llm.base_url, None, "scripted")
-    engines = Engines(transcriber(), synthesizer(), load_playbooks(folder), client)
-    server = TestServer(create_app(config, engines), host="127.0.0.1")
-    await server.start_server()
-    try:
-        yield server
-    finally:
-        await server.close()
-        await client.client.close()
+) -> AbstractAsyncContextManager[TestServer]:
+    """The app with ``config`` on the playbooks in ``folder``, its LLM the scripted one."""
+    return voice_server(llm.base_url, config, folder)
 
 
 async def _metric_lines(server: TestServer, prefix: str) -> list[str]:
@@ -316,13 +305,13 @@ async def twilio_api() -> AsyncIterator[TwilioApi]:
         await runner.cleanup()
 
 
-@pytest.mark.slow
-async def test_a_media_stream_is_transferred_through_the_providers_api(
-    llm: ScriptedLLM, tmp_path: Path, twilio_api: TwilioApi
-) -> None:
-    llm.script(_transfers_then("never asked"))
-    folder = _playbook(tmp_path, "+15550100")
-    api = TransferApiSettings(twilio_api.base_url, password="auth-token")
+@asynccontextmanager
+async def _media_stream_asks(
+    llm: ScriptedLLM, folder: Path, api: TransferApiSettings
+) -> AsyncIterator[tuple[TestServer, TwilioPhone]]:
+    """A server on the playbooks in ``folder`` transferring media streams through ``api``;
+    a Twilio media stream to the desk playbook says PUT_ME_THROUGH. Yields the server and the
+    phone once it has said it; the server and the HTTP session end with the block."""
     async with (
         _server(llm, folder, ServerConfig(transfer_api=api)) as server,
         aiohttp.ClientSession() as http,
@@ -330,6 +319,17 @@ async def test_a_media_stream_is_transferred_through_the_providers_api(
         phone = TwilioPhone(await http.ws_connect(server.make_url("/twilio/media")))
         await phone.start("desk")
         await phone.say(silence(300, 8000) + phone_audio(PUT_ME_THROUGH) + silence(600, 8000))
+        yield server, phone
+
+
+@pytest.mark.slow
+async def test_a_media_stream_is_transferred_through_the_providers_api(
+    llm: ScriptedLLM, tmp_path: Path, twilio_api: TwilioApi
+) -> None:
+    llm.script(_transfers_then("never asked"))
+    folder = _playbook(tmp_path, "+15550100")
+    api = TransferApiSettings(twilio_api.base_url, password="auth-token")
+    async with _media_stream_asks(llm, folder, api) as (server, phone):
         await asyncio.wait_for(phone.reader, 30)  # Vocable closes the stream once handed over
         (path, authorization, form), *_ = twilio_api.requests
         assert path == "/2010-04-01/Accounts/AC0001/Calls/CA0001.json"
@@ -357,13 +357,7 @@ async def test_a_refused_api_call_is_told_to_the_caller_and_the_call_goes_on(
     llm.script(_transfers_then(SORRY))
     folder = _playbook(tmp_path, "sip:desk@pbx.example.com")
     api = TransferApiSettings(twilio_api.base_url, username="SK0001", password="secret")
-    async with (
-        _server(llm, folder, ServerConfig(transfer_api=api)) as server,
-        aiohttp.ClientSession() as http,
-    ):
-        phone = TwilioPhone(await http.ws_connect(server.make_url("/twilio/media")))
-        await phone.start("desk")
-        await phone.say(silence(300, 8000) + phone_audio(PUT_ME_THROUGH) + silence(600, 8000))
+    async with _media_stream_asks(llm, folder, api) as (server, phone):
         await _wait(lambda: any(r["messages"][-1]["role"] == "tool" for r in llm.requests), 30)
         await asyncio.sleep(6)  # the apology plays
         (_, authorization, form), *_ = twilio_api.requests
@@ -420,16 +414,13 @@ Content-Length: 0
 """
 
 
-def _sipp() -> str:
-    path = shutil.which("sipp")
-    if path is None:
-        pytest.fail("sipp is missing: apt-get install -y sip-tester (make test does this)")
-    return path
-
-
-async def _sipp_call(tmp_path: Path, port: int, scenario: str, **fill: str) -> tuple[int, str]:
-    """sipp places one call with ``scenario`` (a file of tests/sip, its braces filled, the
-    caller saying PUT_ME_THROUGH); sipp's exit status (0: the scenario held) and output."""
+async def _sipp_call(
+    llm: ScriptedLLM, tmp_path: Path, destination: str, scenario: str, **fill: str
+) -> list[str]:
+    """A server on the desk playbook, transferring to ``destination``, takes one call from sipp
+    with ``scenario`` (a file of tests/sip, its braces filled, the caller saying
+    PUT_ME_THROUGH). Asserts that the scenario held (sipp exits 0) and that no call is left
+    within 5 s after; returns the server's ``vocable_transfers_total`` lines."""
     speech = tmp_path / "speech.ulaw"
     speech.write_bytes(pcm_to_ulaw(silence(300, 8000) + phone_audio(PUT_ME_THROUGH)))
     text = (SCENARIOS / scenario).read_text().replace("{speech}", str(speech))
@@ -437,27 +428,42 @@ async def _sipp_call(tmp_path: Path, port: int, scenario: str, **fill: str) -> t
         text = text.replace("{" + key + "}", value)
     path = tmp_path / scenario
     path.write_text(text)
-    errors = tmp_path / "errors.log"
-    process = await spawn(
-        _sipp(),
-        f"127.0.0.1:{port}",
-        *("-sf", str(path), "-s", "desk", "-m", "1", "-i", "127.0.0.1", "-p", "0"),
-        *("-mi", "127.0.0.1", "-mp", str(random.randrange(30000, 40000, 2)), "-nostdin"),
-        *("-timeout", "90", "-timeout_error", "-trace_err", "-error_file", str(errors)),
-        cwd=tmp_path,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    try:
-        output, _ = await asyncio.wait_for(process.communicate(), 120)
-    finally:
-        await stop_group(process)
-    detail = errors.read_text(errors="replace")[-3000:] if errors.exists() else ""
-    return int(process.returncode or 0), output.decode(errors="replace")[-3000:] + detail
+    async with _server(llm, _playbook(tmp_path, destination), _sip_config()) as server:
+        status, output = await run_sipp(
+            tmp_path,
+            f"127.0.0.1:{server.app[SIP].port}",
+            *("-sf", str(path), "-s", "desk", "-m", "1", "-i", "127.0.0.1", "-p", "0"),
+            *("-mi", "127.0.0.1", "-mp", str(random.randrange(30000, 40000, 2))),
+            *("-timeout", "90", "-timeout_error"),
+        )
+        assert status == 0, output
+        await _wait(lambda: len(server.app[CALLS]) == 0, 5)
+        return await _metric_lines(server, "vocable_transfers_total")
 
 
 def _sip_config() -> ServerConfig:
     return ServerConfig(sip=SipSettings(host="127.0.0.1", port=0))
+
+
+@asynccontextmanager
+async def _sipp_person(tmp_path: Path, scenario: str) -> AsyncIterator[str]:
+    """sipp as the person Vocable dials, running ``tests/sip/SCENARIO`` once on 127.0.0.1;
+    yields the URI to dial. When the block ends without an error, asserts that the scenario
+    held (sipp exits 0 within 10 s; for a person who answers, Vocable's BYE came); sipp is
+    stopped either way."""
+    workdir, port = tmp_path / "person", free_port()
+    person = await start_sipp(
+        workdir,
+        *("-sf", str(SCENARIOS / scenario), "-i", "127.0.0.1", "-p", str(port)),
+        *("-mi", "127.0.0.1", "-mp", str(free_port() & ~1)),
+        *("-m", "1", "-timeout", "60", "-timeout_error"),
+    )
+    try:
+        yield f"sip:human@127.0.0.1:{port}"
+        status, output = await sipp_result(person, workdir, 10)
+        assert status == 0, output
+    finally:
+        await stop_group(person)
 
 
 @pytest.mark.slow
@@ -465,19 +471,15 @@ async def test_a_sip_caller_that_takes_refer_is_transferred_blind(
     llm: ScriptedLLM, tmp_path: Path
 ) -> None:
     llm.script(_transfers_then("never asked"))
-    folder = _playbook(tmp_path, "sip:human@127.0.0.1:5999")
-    async with _server(llm, folder, _sip_config()) as server:
-        status, output = await _sipp_call(
-            tmp_path,
-            server.app[SIP].port,
-            "refer.xml",
-            refer_to=r"^ *.sip:human@127\.0\.0\.1:5999.$",
-            final="200 OK",
-            ending=BYE_FROM_VOCABLE,
-        )
-        assert status == 0, output  # Refer-To matched, and Vocable hung up after the NOTIFY
-        await _wait(lambda: len(server.app[CALLS]) == 0, 5)
-        metrics = await _metric_lines(server, "vocable_transfers_total")
+    metrics = await _sipp_call(  # Refer-To matched, and Vocable hung up after the NOTIFY
+        llm,
+        tmp_path,
+        "sip:human@127.0.0.1:5999",
+        "refer.xml",
+        refer_to=r"^ *.sip:human@127\.0\.0\.1:5999.$",
+        final="200 OK",
+        ending=BYE_FROM_VOCABLE,
+    )
     assert 'vocable_transfers_total{outcome="answered",reason=""} 1.0' in metrics
     assert [r["messages"][-1]["role"] for r in llm.requests if r.get("stream")] == ["user"]
 
@@ -487,18 +489,15 @@ async def test_a_busy_person_is_told_to_the_llm_and_the_sip_call_goes_on(
     llm: ScriptedLLM, tmp_path: Path
 ) -> None:
     llm.script(_transfers_then(SORRY))
-    folder = _playbook(tmp_path, "+1 555 0100")
-    async with _server(llm, folder, _sip_config()) as server:
-        status, output = await _sipp_call(
-            tmp_path,
-            server.app[SIP].port,
-            "refer.xml",
-            refer_to=r"^ *.sip:\+15550100@127\.0\.0\.1.$",  # the number, at the caller's side
-            final="486 Busy Here",
-            ending=BYE_FROM_CALLER,
-        )
-        assert status == 0, output
-        metrics = await _metric_lines(server, "vocable_transfers_total")
+    metrics = await _sipp_call(
+        llm,
+        tmp_path,
+        "+1 555 0100",
+        "refer.xml",
+        refer_to=r"^ *.sip:\+15550100@127\.0\.0\.1.$",  # the number, at the caller's side
+        final="486 Busy Here",
+        ending=BYE_FROM_CALLER,
+    )
     (result,) = _tool_results(llm)
     assert (result["transferred"], result["reason"]) == (False, "busy")
     assert result["detail"] == "SIP/2.0 486 Busy Here"
@@ -510,16 +509,14 @@ async def test_a_refused_refer_without_a_sip_destination_fails_and_the_call_goes
     llm: ScriptedLLM, tmp_path: Path
 ) -> None:
     llm.script(_transfers_then(SORRY))
-    folder = _playbook(tmp_path, "+15550100")  # a number: no bridge can be dialed
-    async with _server(llm, folder, _sip_config()) as server:
-        status, output = await _sipp_call(
-            tmp_path,
-            server.app[SIP].port,
-            "refer_refused.xml",
-            status="405 Method Not Allowed",
-            hold_ms="8000",
-        )
-        assert status == 0, output
+    await _sipp_call(
+        llm,
+        tmp_path,
+        "+15550100",  # a number: no bridge can be dialed
+        "refer_refused.xml",
+        status="405 Method Not Allowed",
+        hold_ms="8000",
+    )
     (result,) = _tool_results(llm)
     assert (result["transferred"], result["reason"]) == (False, "refused")
     assert result["detail"] == "REFER answered 405 Method Not Allowed"
@@ -532,30 +529,15 @@ async def test_a_refused_refer_is_bridged_and_a_busy_person_comes_back_to_the_ag
     """The caller's phone refuses REFER: Vocable dials the person itself (sipp as the person,
     busy); the busy line is the tool's result and the call goes on."""
     llm.script(_transfers_then(SORRY))
-    human_port = random.randrange(20000, 29000)
-    human = await spawn(
-        _sipp(),
-        *("-sf", str(SCENARIOS / "human_busy.xml"), "-i", "127.0.0.1", "-p", str(human_port)),
-        *("-m", "1", "-nostdin", "-timeout", "60", "-timeout_error"),
-        cwd=tmp_path,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    try:
-        folder = _playbook(tmp_path, f"sip:human@127.0.0.1:{human_port}")
-        async with _server(llm, folder, _sip_config()) as server:
-            status, output = await _sipp_call(
-                tmp_path,
-                server.app[SIP].port,
-                "refer_refused.xml",
-                status="501 Not Implemented",
-                hold_ms="8000",
-            )
-            assert status == 0, output
-        human_output, _ = await asyncio.wait_for(human.communicate(), 10)
-        assert human.returncode == 0, human_output.decode(errors="replace")[-2000:]
-    finally:
-        await stop_group(human)
+    async with _sipp_person(tmp_path, "human_busy.xml") as human:  # its 486 was acknowledged
+        await _sipp_call(
+            llm,
+            tmp_path,
+            human,
+            "refer_refused.xml",
+            status="501 Not Implemented",
+            hold_ms="8000",
+        )
     (result,) = _tool_results(llm)
     assert (result["transferred"], result["reason"]) == (False, "busy")
     assert "486" in result["detail"]
@@ -569,120 +551,12 @@ LATER = "Thank you, I need to change my delivery address."
 """What the caller says to the person once joined (warm transfer)."""
 SUMMARY = "The caller wants to change the delivery address of an order."
 """The warm transfer's summary (the LLM's ``summary`` argument)."""
-RATE = 8000
-FRAME_BYTES = RATE * 20 // 1000 * 2
-
-
-@dataclass
-class Baresip:
-    """A running baresip (a real SIP phone): it speaks a WAV file (``aufile``; it hangs up
-    when the file ends) and records what it heard (``sndfile``)."""
-
-    process: asyncio.subprocess.Process
-    folder: Path
-    sip_port: int
-
-    @property
-    def log(self) -> Path:
-        return self.folder / "baresip.log"
-
-    def log_text(self) -> str:
-        return self.log.read_text(errors="replace").replace("\r", "\n")
-
-    def log_tail(self) -> str:
-        return "\n".join(self.log_text().splitlines()[-40:])
-
-    def call_over(self) -> bool:
-        """Whether its call has ended (it hung up, or heard a BYE)."""
-        return "terminated (duration" in self.log_text()
-
-    def heard(self) -> bytes:
-        """What it heard (its decoder's output) as 8 kHz PCM16, from the call's audio start."""
-        (path,) = (self.folder / "recordings").glob("dump-*-dec.wav")
-        with wave.open(str(path), "rb") as wav:
-            assert (wav.getnchannels(), wav.getsampwidth(), wav.getframerate()) == (1, 2, RATE)
-            return wav.readframes(wav.getnframes())
-
-    async def stop(self) -> None:
-        """Quit (its recordings are written out), killed if it must be."""
-        if self.process.returncode is None:
-            self.process.terminate()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.process.wait(), 5)
-        await stop_group(self.process)
-
-
-def _free_sip_port() -> int:
-    """A port free for UDP and TCP on 127.0.0.1 (baresip listens on both)."""
-    for _ in range(50):
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
-            udp.bind(("127.0.0.1", 0))
-            port = int(udp.getsockname()[1])
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp:
-                try:
-                    tcp.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-                return port
-    raise OSError("no free port for baresip")
-
-
-async def _baresip(
-    folder: Path, account: str, speech: bytes, *, dial: str | None = None
-) -> Baresip:
-    """Start baresip in ``folder`` with one local account (``account``: its user and
-    parameters, e.g. ``human;answermode=auto``) saying ``speech`` (8 kHz PCM16) in each call;
-    it dials ``dial`` if given. It quits by itself a while after the speech would end."""
-    path = shutil.which("baresip")
-    if path is None:
-        pytest.fail("baresip is missing: apt-get install -y baresip-core", pytrace=False)
-    config, recordings, wav_path = folder / "config", folder / "recordings", folder / "speech.wav"
-    for made in (config, recordings):
-        made.mkdir(parents=True)
-    with wave.open(str(wav_path), "wb") as wav:
-        wav.setnchannels(1)
-        wav.setsampwidth(2)
-        wav.setframerate(RATE)
-        wav.writeframes(speech)
-    port = _free_sip_port()
-    template = (SCENARIOS / "baresip" / "config").read_text()
-    (config / "config").write_text(
-        template.format(sip_port=port, speech=wav_path, recordings=recordings)
-    )
-    user, _, parameters = account.partition(";")
-    (config / "accounts").write_text(f"<sip:{user}@127.0.0.1>;regint=0;{parameters}\n")
-    seconds = round(len(speech) / 2 / RATE + 30)
-    with (folder / "baresip.log").open("wb") as output:
-        process = await spawn(
-            path,
-            *("-f", str(config), "-t", str(seconds)),
-            *(("-e", f"/dial {dial}") if dial else ()),
-            stdin=subprocess.DEVNULL,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-        )
-    return Baresip(process, folder, port)
-
-
-def _utterances(pcm: bytes, gap_s: float = 1.0) -> list[tuple[float, float]]:
-    """Spans (start, end seconds) of loud 20 ms frames in 8 kHz ``pcm``; pauses shorter than
-    ``gap_s`` join words into one utterance."""
-    spans: list[tuple[float, float]] = []
-    for i in range(0, len(pcm) - FRAME_BYTES + 1, FRAME_BYTES):
-        if pcm_rms_dbfs(pcm[i : i + FRAME_BYTES]) <= -45:
-            continue
-        at = i / FRAME_BYTES * 0.02
-        if spans and at - spans[-1][1] < gap_s:
-            spans[-1] = (spans[-1][0], at + 0.02)
-        else:
-            spans.append((at, at + 0.02))
-    return spans
 
 
 async def _transcripts(pcm: bytes) -> list[str]:
     """Whisper's words for each utterance of 8 kHz ``pcm``, in order."""
     said = []
-    for start, end in _utterances(pcm):
+    for start, end in utterances(pcm, gap_s=1.0):
         piece = pcm[int(max(0.0, start - 0.2) * RATE) * 2 : int((end + 0.3) * RATE) * 2]
         said.append((await transcriber().transcribe(to_16k(piece, RATE))).text)
     return said
@@ -705,14 +579,35 @@ def _call_events(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, dict[str, A
     return seen
 
 
-async def _until(
-    condition: Callable[[], bool], timeout_s: float, what: str, *peers: Baresip
-) -> None:
+async def _assert_heard(phone: Baresip, *expected: str) -> None:
+    """What ``phone`` heard was ``expected``: one utterance for each, in order, each with a
+    word error rate of at most 0.25."""
+    heard = await _transcripts(phone.heard())
+    assert len(heard) == len(expected), heard
+    for said, text in zip(heard, expected, strict=True):
+        assert word_error_rate(said, text) <= 0.25, heard
+
+
+@asynccontextmanager
+async def _calling_the_desk(
+    tmp_path: Path, server: TestServer, speech: bytes
+) -> AsyncIterator[tuple[Baresip, SipCall]]:
+    """baresip calls the desk playbook on ``server`` saying ``speech`` and refuses REFER
+    (``call_transfer=no``); yields it and Vocable's call once that is answered (the test fails
+    if not within 10 s). The caller is stopped when the block ends."""
+    sip = server.app[SIP]
+    caller = await start_baresip(
+        tmp_path / "caller",
+        speech,
+        account="caller;call_transfer=no",
+        dial=f"sip:desk@127.0.0.1:{sip.port}",
+    )
     try:
-        await _wait(condition, timeout_s)
-    except TimeoutError:
-        logs = "\n\n".join(f"{peer.folder.name}:\n{peer.log_tail()}" for peer in peers)
-        pytest.fail(f"{what} within {timeout_s} s\n{logs}")
+        await until(lambda: bool(sip.calls), 10, "no call was answered", caller)
+        (call,) = sip.calls.values()
+        yield caller, call
+    finally:
+        await caller.stop()
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -750,35 +645,40 @@ async def _bridged_call(
     legs are over."""
     caplog.set_level(logging.INFO, logger="server.transports.sip")
     events = _call_events(monkeypatch)
-    human = await _baresip(tmp_path / "human", "human;answermode=auto", human_speech)
+    human = await start_baresip(tmp_path / "human", human_speech, account="human;answermode=auto")
     warm_mode = {"ring_timeout_ms": "mode: warm, ring_timeout_ms"} if warm else {}
-    folder = _playbook(tmp_path, f"sip:human@127.0.0.1:{human.sip_port}", **warm_mode)
+    folder = _playbook(tmp_path, human.uri("human"), **warm_mode)
     try:
         async with _server(llm, folder, _sip_config()) as server:
-            sip = server.app[SIP]
-            caller = await _baresip(
-                tmp_path / "caller",
-                "caller;call_transfer=no",
-                caller_speech,
-                dial=f"sip:desk@127.0.0.1:{sip.port}",
-            )
-            try:
-                await _until(lambda: bool(sip.calls), 10, "no call was answered", caller)
-                (call,) = sip.calls.values()
+            async with _calling_the_desk(tmp_path, server, caller_speech) as (caller, call):
                 longest = max(len(caller_speech), len(human_speech)) / 2 / RATE
-                await _until(call.ended.is_set, longest + 20, "the call went on", caller, human)
-                dialer = sip.dialer
+                await until(call.ended.is_set, longest + 20, "the call went on", caller, human)
+                dialer = server.app[SIP].dialer
                 assert dialer is not None
-                await _until(lambda: not dialer.legs, 5, "the person's leg is left", human)
+                await until(lambda: not dialer.legs, 5, "the person's leg is left", human)
                 for phone in (caller, human):  # each phone's call is over (BYE sent or heard)
-                    await _until(phone.call_over, 5, f"{phone.folder.name}'s call went on", phone)
-            finally:
-                await caller.stop()
+                    await until(phone.call_over, 5, f"{phone.folder.name}'s call went on", phone)
             metrics = await _metric_lines(server, "vocable_transfers_total")
     finally:
         await human.stop()
     (ended,) = [r.getMessage() for r in caplog.records if f"call {call.id} ended" in r.getMessage()]
     return Bridged(caller, human, events, metrics, ended)
+
+
+BridgedCall = Callable[..., Awaitable[Bridged]]
+"""``await bridged_call(caller_speech=..., human_speech=..., warm=...)``: see _bridged_call."""
+
+
+@pytest.fixture
+def bridged_call(
+    llm: ScriptedLLM,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> BridgedCall:
+    """:func:`_bridged_call` with the test's scripted LLM, folder, monkeypatch and log capture:
+    the test passes only the phones' speech (and ``warm``)."""
+    return functools.partial(_bridged_call, llm, tmp_path, monkeypatch, caplog)
 
 
 def _assert_bridged(bridged: Bridged, mode: str) -> None:
@@ -791,37 +691,24 @@ def _assert_bridged(bridged: Bridged, mode: str) -> None:
 
 @pytest.mark.slow
 async def test_a_refused_refer_is_bridged_and_the_caller_hears_the_person(
-    llm: ScriptedLLM,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
+    llm: ScriptedLLM, bridged_call: BridgedCall
 ) -> None:
     """A blind transfer the caller's phone refuses becomes a bridge: the caller hears the
     person's words, and the person hanging up ends the caller's leg too."""
     llm.script(_transfers_then("never asked"))
-    bridged = await _bridged_call(
-        llm,
-        tmp_path,
-        monkeypatch,
-        caplog,
+    bridged = await bridged_call(
         caller_speech=silence(500, RATE) + phone_audio(PUT_ME_THROUGH) + silence(60_000, RATE),
         human_speech=silence(1000, RATE) + phone_audio(HUMAN) + silence(1500, RATE),
     )
     _assert_bridged(bridged, "blind")
     assert bridged.ended.endswith("ended: the person hung up"), bridged.ended
     assert "session closed" in bridged.caller.log_text()  # Vocable's BYE ended the caller's call
-    heard = await _transcripts(bridged.caller.heard())
-    assert len(heard) == 2, heard
-    assert word_error_rate(heard[0], "Let me put you through.") <= 0.25, heard
-    assert word_error_rate(heard[1], HUMAN) <= 0.25, heard
+    await _assert_heard(bridged.caller, "Let me put you through.", HUMAN)
 
 
 @pytest.mark.slow
 async def test_a_warm_transfer_tells_the_person_the_summary_then_joins_the_caller(
-    llm: ScriptedLLM,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
+    llm: ScriptedLLM, bridged_call: BridgedCall
 ) -> None:
     """A warm bridged transfer: the person hears the summary in the agent's voice (and the
     caller does not), then the two hear each other; the caller hanging up ends the person's
@@ -829,11 +716,7 @@ async def test_a_warm_transfer_tells_the_person_the_summary_then_joins_the_calle
     arguments = {"reason": "the caller asked for a person", "summary": SUMMARY}
     llm.script([Reply(tool_calls=[ScriptedToolCall(TRANSFER_TOOL, arguments)])])
     summary_ms = len(phone_audio(SUMMARY)) * 1000 // 2 // RATE
-    bridged = await _bridged_call(
-        llm,
-        tmp_path,
-        monkeypatch,
-        caplog,
+    bridged = await bridged_call(
         caller_speech=silence(500, RATE)
         + phone_audio(PUT_ME_THROUGH)
         + silence(18_000, RATE)  # the agent's line, the dial, the summary, the person's line
@@ -847,31 +730,18 @@ async def test_a_warm_transfer_tells_the_person_the_summary_then_joins_the_calle
     _assert_bridged(bridged, "warm")
     assert bridged.ended.endswith("ended: caller hung up"), bridged.ended
     assert "session closed" in bridged.human.log_text()  # Vocable's BYE ended the person's call
-    told = await _transcripts(bridged.human.heard())
-    assert len(told) == 2, told
-    assert word_error_rate(told[0], SUMMARY) <= 0.25, told  # the summary first
-    assert word_error_rate(told[1], LATER) <= 0.25, told  # then the caller, joined
-    heard = await _transcripts(bridged.caller.heard())
-    assert len(heard) == 2, heard
-    assert word_error_rate(heard[0], "Let me put you through.") <= 0.25, heard
-    assert word_error_rate(heard[1], HUMAN) <= 0.25, heard
+    await _assert_heard(bridged.human, SUMMARY, LATER)  # the summary first, then the caller
+    await _assert_heard(bridged.caller, "Let me put you through.", HUMAN)
 
 
 @pytest.mark.slow
 async def test_a_person_who_hangs_up_during_the_summary_is_a_failed_transfer(
-    llm: ScriptedLLM,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
+    llm: ScriptedLLM, bridged_call: BridgedCall
 ) -> None:
     """The person answers and hangs up before the warm summary ends: the caller is not joined
     to a dead line; the agent is told, says so, and the call goes on until the caller ends it."""
     llm.script(_transfers_then(SORRY, summary=SUMMARY))
-    bridged = await _bridged_call(
-        llm,
-        tmp_path,
-        monkeypatch,
-        caplog,
+    bridged = await bridged_call(
         caller_speech=silence(500, RATE) + phone_audio(PUT_ME_THROUGH) + silence(16_000, RATE),
         human_speech=silence(1000, RATE),  # then baresip hangs up, mid-summary
         warm=True,
@@ -882,10 +752,7 @@ async def test_a_person_who_hangs_up_during_the_summary_is_a_failed_transfer(
     assert (result["transferred"], result["reason"]) == (False, "rejected")
     assert result["detail"] == "the person hung up before the caller was joined"
     assert bridged.ended.endswith("ended: caller hung up"), bridged.ended
-    heard = await _transcripts(bridged.caller.heard())
-    assert len(heard) == 2, heard
-    assert word_error_rate(heard[0], "Let me put you through.") <= 0.25, heard
-    assert word_error_rate(heard[1], SORRY) <= 0.25, heard
+    await _assert_heard(bridged.caller, "Let me put you through.", SORRY)
 
 
 @pytest.mark.slow
@@ -896,39 +763,15 @@ async def test_a_bridge_whose_person_sends_no_audio_ends_after_the_media_timeout
     line is not held open for the caller; both legs end after the media timeout."""
     caplog.set_level(logging.INFO, logger="server.transports.sip")
     llm.script(_transfers_then("never asked"))
-    human_port = _free_sip_port()
-    human = await spawn(
-        _sipp(),
-        *("-sf", str(SCENARIOS / "callee_answers.xml"), "-i", "127.0.0.1", "-p", str(human_port)),
-        *("-mi", "127.0.0.1", "-mp", str(_free_sip_port() & ~1)),
-        *("-m", "1", "-nostdin", "-timeout", "60", "-timeout_error"),
-        cwd=tmp_path,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    folder = _playbook(tmp_path, f"sip:human@127.0.0.1:{human_port}")
     config = ServerConfig(sip=SipSettings(host="127.0.0.1", port=0, media_timeout_s=3.0))
     speech = silence(500, RATE) + phone_audio(PUT_ME_THROUGH) + silence(40_000, RATE)
-    try:
-        async with _server(llm, folder, config) as server:
-            sip = server.app[SIP]
-            caller = await _baresip(
-                tmp_path / "caller",
-                "caller;call_transfer=no",
-                speech,
-                dial=f"sip:desk@127.0.0.1:{sip.port}",
-            )
-            try:
-                await _until(lambda: bool(sip.calls), 10, "no call was answered", caller)
-                (call,) = sip.calls.values()
-                await _until(call.ended.is_set, 30, "the call went on", caller)
-                await _until(caller.call_over, 5, "the caller's call went on", caller)
-            finally:
-                await caller.stop()
-        human_output, _ = await asyncio.wait_for(human.communicate(), 10)
-        assert human.returncode == 0, human_output.decode(errors="replace")[-2000:]  # BYE came
-    finally:
-        await stop_group(human)
+    async with (
+        _sipp_person(tmp_path, "callee_answers.xml") as human,  # and Vocable's BYE came
+        _server(llm, _playbook(tmp_path, human), config) as server,
+        _calling_the_desk(tmp_path, server, speech) as (caller, call),
+    ):
+        await until(call.ended.is_set, 30, "the call went on", caller)
+        await until(caller.call_over, 5, "the caller's call went on", caller)
     assert f"SIP call {call.id} ended: no audio from the person" in caplog.text
     assert "session closed" in caller.log_text()
 

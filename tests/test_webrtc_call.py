@@ -29,6 +29,7 @@ from server.transports.tracks import (
     negotiated_opus,
 )
 from tests.calls import (
+    base_url,
     piper_speech,
     synthesize_ahead,
     transcriber,
@@ -60,23 +61,12 @@ async def server(llm: ScriptedLLM) -> AsyncIterator[TestServer]:
         yield server
 
 
-@pytest.fixture
-async def caller() -> AsyncIterator[WebRTCCaller]:
-    caller = WebRTCCaller()
-    yield caller
-    await caller.close()
-
-
-def _base(server: TestServer) -> str:
-    return str(server.make_url("")).rstrip("/")
-
-
 async def test_a_call_over_webrtc_hears_the_scripted_answer(
     server: TestServer, caller: WebRTCCaller, llm: ScriptedLLM
 ) -> None:
     answer = "Your order is on its way. It will arrive on Tuesday."
     llm.script(answers_by_words({"parcel": answer}, "Go on."))
-    await caller.connect(_base(server), playbook="support")
+    await caller.connect(base_url(server), playbook="support")
     await caller.wait_for("tts_end", timeout_s=30)  # the greeting
     greeting_bytes = len(caller.heard)
     caller.say(piper_speech("Hello, where is my parcel?"))
@@ -118,7 +108,7 @@ async def test_barge_in_over_webrtc_silences_the_agent_at_the_client(
         ]
     )
     llm.script(answers_by_words({"delivery options": long_answer}, "Sure, go ahead."))
-    await caller.connect(_base(server), playbook="support")
+    await caller.connect(base_url(server), playbook="support")
     await caller.wait_for("tts_end", timeout_s=30)  # the greeting: two sentences
     caller.say(piper_speech("What are your delivery options?"))
     await caller.wait_for("agent_sentence", count=3, timeout_s=40)  # greeting had 2 sentences
@@ -138,7 +128,7 @@ async def test_typed_text_mute_and_bad_messages_over_the_data_channel(
     server: TestServer, caller: WebRTCCaller, llm: ScriptedLLM
 ) -> None:
     llm.script([Reply(content="Typed questions work too.")])
-    await caller.connect(_base(server), playbook="support")
+    await caller.connect(base_url(server), playbook="support")
     await caller.wait_for("tts_end", timeout_s=30)  # the greeting
     caller.send({"type": "mute", "muted": True})
     caller.send({"type": "text", "text": "Can I type instead?"})
@@ -163,7 +153,7 @@ async def test_typed_text_mute_and_bad_messages_over_the_data_channel(
 async def test_a_vanishing_peer_frees_its_session(
     server: TestServer, caller: WebRTCCaller, llm: ScriptedLLM
 ) -> None:
-    await caller.connect(_base(server), playbook="restaurant")
+    await caller.connect(base_url(server), playbook="restaurant")
     await caller.wait_for("agent_sentence", timeout_s=30)
     calls = server.app[CALLS]
     (call,) = calls.calls.values()
@@ -194,7 +184,7 @@ async def test_a_call_is_hung_up_at_the_call_limits(
     """A silent caller: hung up after 1 s idle (no greeting, so the agent is quiet at once), or
     2 s after the call started while the greeting still plays."""
     async with voice_server(llm.base_url, config) as server:
-        await caller.connect(_base(server), playbook="support")
+        await caller.connect(base_url(server), playbook="support")
         started = time.monotonic()
         (call,) = server.app[CALLS].calls.values()
         hangup = await caller.wait_for("hangup", timeout_s=after_s + 15)
@@ -211,7 +201,7 @@ async def test_without_an_llm_the_agent_says_so_in_one_sentence(
     """The caller's ``error`` event says what failed in fixed words; the exception's own text
     goes to the server log only."""
     async with voice_server(None) as server:
-        await caller.connect(_base(server), playbook="support")
+        await caller.connect(base_url(server), playbook="support")
         await caller.wait_for("tts_end", timeout_s=30)  # the greeting still plays
         caller.send({"type": "text", "text": "Hello?"})
         await caller.wait_for("tts_end", count=2, timeout_s=30)

@@ -204,16 +204,22 @@ async def _offer(request: web.Request) -> web.Response:
         )
     except BadOffer as exc:
         return json_error(400, str(exc))
-    except UnknownPlaybook as exc:
-        return json_error(404, str(exc))
-    except OverCapacity as exc:
-        return json_error(503, str(exc), **{"Retry-After": str(exc.retry_after_s)})
-    except RateLimited as exc:
-        return json_error(429, str(exc), **{"Retry-After": f"{exc.retry_after_s:.0f}"})
+    except (UnknownPlaybook, OverCapacity, RateLimited) as exc:
+        return _refused(exc)
     request.app[METRICS].sessions.inc()
     return web.json_response(
         {"sdp": call.pc.localDescription.sdp, "type": "answer", "session_id": call.id}
     )
+
+
+def _refused(exc: UnknownPlaybook | OverCapacity | RateLimited) -> web.Response:
+    """The answer to a call the registry would not start: 404, or 503 / 429 with when to try
+    again."""
+    if isinstance(exc, UnknownPlaybook):
+        return json_error(404, str(exc))
+    if isinstance(exc, OverCapacity):
+        return json_error(503, str(exc), **{"Retry-After": str(exc.retry_after_s)})
+    return json_error(429, str(exc), **{"Retry-After": f"{exc.retry_after_s:.0f}"})
 
 
 async def _media_stream(request: web.Request) -> web.StreamResponse:
@@ -225,7 +231,7 @@ async def _media_stream(request: web.Request) -> web.StreamResponse:
     try:
         calls.check_capacity()
     except OverCapacity as exc:
-        return json_error(503, str(exc), **{"Retry-After": str(exc.retry_after_s)})
+        return _refused(exc)
     ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=MAX_MESSAGE_BYTES)
     await ws.prepare(request)
     try:
@@ -287,12 +293,8 @@ async def _place_call(request: web.Request) -> web.Response:
         call = sip.place_call(to, playbook, ring_timeout_s=ring, address=_client_address(request))
     except ValueError as exc:
         return json_error(400, str(exc))
-    except UnknownPlaybook as exc:
-        return json_error(404, str(exc))
-    except OverCapacity as exc:
-        return json_error(503, str(exc), **{"Retry-After": str(exc.retry_after_s)})
-    except RateLimited as exc:
-        return json_error(429, str(exc), **{"Retry-After": f"{exc.retry_after_s:.0f}"})
+    except (UnknownPlaybook, OverCapacity, RateLimited) as exc:
+        return _refused(exc)
     request.app[METRICS].sessions.inc()
     return web.json_response({"session_id": call.id}, status=201)
 

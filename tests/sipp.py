@@ -1,0 +1,66 @@
+"""sipp (the Debian ``sip-tester`` package) as a test's SIP peer: it runs an XML scenario
+(``tests/sip``) as a caller or a callee and exits 0 only if every call followed it. Each sipp
+runs in its own process group (``tests.processes``), so nothing outlives the test."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.processes import spawn, stop_group
+
+__all__ = ["run_sipp", "sipp_result", "start_sipp"]
+
+
+def _error_log(workdir: Path) -> Path:
+    """Where sipp in ``workdir`` (created if missing) traces its errors."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    return workdir / "errors.log"
+
+
+def _sipp() -> str:
+    path = shutil.which("sipp")
+    if path is None:
+        pytest.fail(
+            "sipp is missing: apt-get install -y sip-tester (make test does this)", pytrace=False
+        )
+    return path
+
+
+async def start_sipp(workdir: Path, *args: str) -> asyncio.subprocess.Process:
+    """Start ``sipp ARGS -nostdin`` in ``workdir`` (created if missing) with its output piped
+    and its errors traced to ``workdir/errors.log``; read its result with :func:`sipp_result`.
+    Fails the test if sipp is not installed."""
+    return await spawn(
+        _sipp(),
+        *args,
+        *("-nostdin", "-trace_err", "-error_file", str(_error_log(workdir))),
+        cwd=workdir,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+
+
+async def sipp_result(
+    process: asyncio.subprocess.Process, workdir: Path, timeout_s: float
+) -> tuple[int, str]:
+    """Wait up to ``timeout_s`` (``TimeoutError`` beyond) for a sipp from :func:`start_sipp` to
+    end: its exit status (0 iff every call followed the scenario) and the tails of its output
+    and its error log, for an assertion's message."""
+    output, _ = await asyncio.wait_for(process.communicate(), timeout_s)
+    errors = _error_log(workdir)
+    detail = errors.read_text(errors="replace")[-3000:] if errors.exists() else ""
+    return int(process.returncode or 0), output.decode(errors="replace")[-3000:] + detail
+
+
+async def run_sipp(workdir: Path, *args: str, timeout_s: float = 120.0) -> tuple[int, str]:
+    """Run sipp as :func:`start_sipp` does to its end; its result as :func:`sipp_result` gives
+    it. sipp is killed (with its group) if it is still running when this returns or fails."""
+    process = await start_sipp(workdir, *args)
+    try:
+        return await sipp_result(process, workdir, timeout_s)
+    finally:
+        await stop_group(process)
