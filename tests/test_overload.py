@@ -192,3 +192,48 @@ async def test_an_overloaded_server_refuses_new_calls_on_every_transport() -> No
             session_id = (await admitted.json())["session_id"]
         async with http.delete(f"{base}/sessions/{session_id}") as ended:
             assert ended.status == 200
+
+
+def _costed(settings: OverloadSettings, calls: list[int]) -> tuple[LoadGauge, Clock]:
+    clock = Clock()
+    gauge = LoadGauge(
+        settings,
+        lambda: 0,
+        clock=clock,
+        cpu_time=lambda: clock.cpu,
+        cores=2,
+        calls=lambda: calls[0],
+    )
+    return gauge, clock
+
+
+def test_a_burst_is_refused_by_the_calls_measured_cost_before_its_load_shows() -> None:
+    settings = OverloadSettings(capacity_cpu_percent=75, assumed_call_cpu_percent=15)
+    calls = [0]
+    gauge, clock = _costed(settings, calls)
+    assert gauge.capacity() == 10  # 2 cores x 75 % / 15 % a call, until measured
+    calls[0] = 2  # two calls talking, using 20 % of a core each (40 % of one core in all)
+    _feed(gauge, clock, 60.0, lag_s=0.0, cpu_share=0.2)  # the estimate converges on it
+    assert gauge.call_cost == pytest.approx(0.20, abs=0.001)
+    assert gauge.capacity() == 7
+    assert gauge.full(6) is None
+    full = gauge.full(7)
+    assert full is not None
+    assert full.reason == "7 calls fill it (about 7 fit, at 20 % of a core each)"
+    assert full.retry_after_s == 2
+    # a burst arrives: its calls are idle so far, and the cost learned moves a little
+    calls[0] = 7
+    _feed(gauge, clock, 2.0, lag_s=0.0, cpu_share=0.2)
+    assert gauge.call_cost >= 0.75 * 0.20
+    assert gauge.full(9) is not None
+
+
+def test_the_cost_is_learned_only_while_the_same_calls_are_live() -> None:
+    calls = [1]
+    gauge, clock = _costed(OverloadSettings(assumed_call_cpu_percent=15), calls)
+    for count in (1, 2, 3, 4):  # a call joins every 0.5 s: never a steady window
+        calls[0] = count
+        _feed(gauge, clock, 0.5, lag_s=0.0, cpu_share=0.5)
+    assert gauge.call_cost == pytest.approx(0.15)
+    unchecked, _ = _costed(OverloadSettings(capacity_cpu_percent=0), calls)
+    assert unchecked.full(100) is None

@@ -249,6 +249,17 @@ class ServeOptions(BaseModel):
             "its cores over 2 s; 0: never for this",
         ),
     ] = _OVERLOAD.max_cpu_percent
+    overload_capacity_cpu_percent: Annotated[
+        Number,
+        Cli(CALLS, "PERCENT"),
+        Field(
+            ge=0,
+            le=100,
+            description="refuse a new call when the live calls, each at its measured CPU cost, "
+            "fill this share of the cores (a burst is refused before its load shows); 0: never "
+            "for this",
+        ),
+    ] = _OVERLOAD.capacity_cpu_percent
     idle_timeout_s: Annotated[
         Number,
         Cli(CALLS, "S"),

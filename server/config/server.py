@@ -195,6 +195,7 @@ class ServerConfig:
                 max_loop_lag_ms=options.overload_loop_lag_ms,
                 max_decode_backlog=options.overload_decode_backlog,
                 max_cpu_percent=options.overload_cpu_percent,
+                capacity_cpu_percent=options.overload_capacity_cpu_percent,
             ),
             rate_limit_per_min=options.rate_limit,
             rate_limit_burst=options.rate_limit_burst,

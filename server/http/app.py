@@ -349,7 +349,11 @@ async def _health(request: web.Request) -> web.Response:
             "llm_configured": engines.llm is not None,
             "active_sessions": len(request.app[CALLS]),
             "max_sessions": request.app[CONFIG].max_sessions,
-            "load": {key: round(value, 1) for key, value in calls.load.measured().items()},
+            "load": {
+                **{key: round(value, 1) for key, value in calls.load.measured().items()},
+                "call_cpu_percent": round(calls.load.call_cost * 100, 1),
+                "capacity_calls": calls.load.capacity(),
+            },
             "refused_overloaded": calls.refused,
             "process": {"pid": os.getpid(), **process_snapshot()},
             "worker": request.app[CONFIG].worker_index,

@@ -11,6 +11,12 @@ symptoms of being past it, sustained over ``window_s`` (a single slow moment ref
   may use. A busy machine can still serve within its latency goal, so this is a backstop for
   operators who want headroom, not the main signal.
 
+Those symptoms show only once calls are talking, so a burst of calls arriving together would all
+be admitted before any of them loads the machine. Admission therefore also counts calls by their
+**measured cost**: the process's CPU per live call over windows in which the number of calls held
+steady, smoothed across windows and remembered between bursts. While the live calls, at that
+cost each, fill ``capacity_cpu_percent`` of the cores, the next one is refused.
+
 A refused caller is asked to come back (``Retry-After``) after the window, plus as long as the
 overload has lasted so far, between RETRY_MIN_S and RETRY_MAX_S.
 """
@@ -32,6 +38,9 @@ __all__ = ["LoadGauge", "LoadSample", "Overload"]
 
 RETRY_MIN_S = 2
 RETRY_MAX_S = 30
+COST_SMOOTHING = 0.25
+"""How far each steady window moves the learned cost of a call towards what it measured: a
+moment of heavy work (a greeting synthesized while a decode runs) is not taken for the norm."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +50,8 @@ class LoadSample:
     decode_backlog: int
     cpu_s: float
     """The process's CPU time so far."""
+    calls: int = 0
+    """Calls live."""
 
 
 @dataclass(frozen=True)
@@ -62,10 +73,15 @@ class LoadGauge:
         clock: Callable[[], float] = time.monotonic,
         cpu_time: Callable[[], float] = time.process_time,
         cores: int | None = None,
+        calls: Callable[[], int] = lambda: 0,
     ) -> None:
         self.settings = settings
         self.period_s = period_s
         self._decode_backlog = decode_backlog
+        self._calls = calls
+        self.call_cost = settings.assumed_call_cpu_percent / 100
+        """A live call's CPU, as a share of one core (measured; assumed until then)."""
+        self._costed_at: float | None = None
         self._clock = clock
         self._cpu_time = cpu_time
         self.cores = cores or len(os.sched_getaffinity(0))
@@ -84,9 +100,46 @@ class LoadGauge:
     def record(self, loop_lag_s: float) -> None:
         """Add a sample taken now; samples older than the window (but the last) are dropped."""
         now = self._clock()
-        self.samples.append(LoadSample(now, loop_lag_s, self._decode_backlog(), self._cpu_time()))
+        self.samples.append(
+            LoadSample(now, loop_lag_s, self._decode_backlog(), self._cpu_time(), self._calls())
+        )
         while len(self.samples) > 2 and now - self.samples[1].at >= self.settings.window_s:
             self.samples.popleft()
+        self._learn_call_cost(now)
+
+    def _learn_call_cost(self, now: float) -> None:
+        """Once a window, if the same calls were live throughout it: their CPU each."""
+        samples = self.samples
+        if self._costed_at is not None and now - self._costed_at < self.settings.window_s:
+            return
+        if len(samples) < 2 or now - samples[0].at < self.settings.window_s * 0.9:
+            return
+        calls = {sample.calls for sample in samples}
+        if len(calls) != 1 or not (count := calls.pop()):
+            return
+        cost = (samples[-1].cpu_s - samples[0].cpu_s) / (now - samples[0].at) / count
+        self.call_cost += COST_SMOOTHING * (cost - self.call_cost)
+        self._costed_at = now
+
+    def capacity(self) -> int | None:
+        """How many calls fit in ``capacity_cpu_percent`` of the cores at their measured cost;
+        None when that is not checked."""
+        share = self.settings.capacity_cpu_percent
+        if not share or self.call_cost <= 0:
+            return None
+        return max(1, math.floor(self.cores * share / 100 / self.call_cost))
+
+    def full(self, live_calls: int) -> Overload | None:
+        """Why one more call than ``live_calls`` would not fit (:meth:`capacity`); None: it
+        would."""
+        capacity = self.capacity()
+        if capacity is None or live_calls < capacity:
+            return None
+        reason = (
+            f"{live_calls} calls fill it (about {capacity} fit, at "
+            f"{self.call_cost * 100:.0f} % of a core each)"
+        )
+        return Overload(reason, max(RETRY_MIN_S, math.ceil(self.settings.window_s)))
 
     def measured(self) -> dict[str, float]:
         """The window's median loop lag (ms), smallest decode backlog and CPU (% of the usable

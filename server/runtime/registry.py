@@ -78,7 +78,9 @@ class CallRegistry:
         self.draining = False
         """Set by :meth:`drain`: no new call is admitted."""
         self.admissions = RateLimiter(config.rate_limit_per_min, config.rate_limit_burst)
-        self.load = LoadGauge(config.overload, lambda: _backlog(engines.transcriber))
+        self.load = LoadGauge(
+            config.overload, lambda: _backlog(engines.transcriber), calls=lambda: len(self.calls)
+        )
         """Sampled while the server runs (``load.running()``); judged at each admission."""
         self.refused = 0
         """Calls refused for measured overload."""
@@ -106,12 +108,13 @@ class CallRegistry:
 
     def check_capacity(self) -> None:
         """Raise OverCapacity unless one more call may be admitted now: not draining, under
-        the session limit, and not overloaded (see :class:`LoadGauge`)."""
+        the session limit, not overloaded, and the live calls at their measured cost leave room
+        for it (see :class:`LoadGauge`)."""
         if self.draining:
             raise OverCapacity("this server is shutting down")
         if len(self.calls) >= self.config.max_sessions:
             raise OverCapacity(f"this server takes at most {self.config.max_sessions} calls")
-        overload = self.load.overload()
+        overload = self.load.overload() or self.load.full(len(self.calls))
         if overload is not None:
             self.refused += 1
             log.warning("new call refused: %s", overload.reason)
