@@ -33,9 +33,18 @@ class ProcessSample:
 class ServerProcess:
     """Start with :meth:`start`; always :meth:`stop` (SIGINT, then kill after a timeout)."""
 
-    def __init__(self, args: list[str], cwd: Path, log_path: Path | None = None) -> None:
+    def __init__(
+        self,
+        args: list[str],
+        cwd: Path,
+        log_path: Path | None = None,
+        command: list[str] | None = None,
+    ) -> None:
         self.args = args
         self.cwd = cwd
+        self.command = command or [sys.executable, "-m", "server", "-v", "serve"]
+        """The server's command line before ``--port N`` and ``args`` (default: vocable serve);
+        it prints a line with ``ready`` once it listens."""
         self.log_path = log_path
         """Where the server's output goes (besides the in-memory tail)."""
         self.process: asyncio.subprocess.Process | None = None
@@ -45,11 +54,7 @@ class ServerProcess:
 
     async def start(self, port: int, timeout_s: float = 120.0) -> str:
         self.process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "server",
-            "-v",
-            "serve",
+            *self.command,
             "--port",
             str(port),
             *self.args,
