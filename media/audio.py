@@ -108,15 +108,21 @@ class Resampler:
     """Streaming sample-rate and channel conversion to mono PCM16 at ``out_rate``.
 
     Feed any amount of interleaved PCM16 with :meth:`resample`; output lags input by the filter's
-    delay (a few ms), which :meth:`flush` releases at the end of a stream.
+    delay (a few ms), which :meth:`flush` releases at the end of a stream. ``aligned`` puts that
+    delay as silence ahead of the first output instead, so each call gives as much audio as it
+    took (in whole 20 ms frames in, whole frames out): a frame splitter behind it completes a
+    frame when its input arrives, not 20 ms later with the next one.
     """
 
-    def __init__(self, in_rate: int, out_rate: int, in_channels: int = 1) -> None:
+    def __init__(
+        self, in_rate: int, out_rate: int, in_channels: int = 1, *, aligned: bool = False
+    ) -> None:
         if in_channels not in (1, 2):
             raise ValueError("only mono or stereo input is supported")
         self.in_rate = in_rate
         self.out_rate = out_rate
         self.in_channels = in_channels
+        self._pad_start = aligned
         self._layout = "mono" if in_channels == 1 else "stereo"
         self._passthrough = in_rate == out_rate and in_channels == 1
         self._resampler = av.AudioResampler(format="s16", layout="mono", rate=out_rate)
@@ -129,10 +135,16 @@ class Resampler:
         frame = av.AudioFrame.from_ndarray(samples, format="s16", layout=self._layout)
         frame.sample_rate = self.in_rate
         frame.pts = self._pts
-        self._pts += samples.shape[1] // self.in_channels
-        return b"".join(
+        taken = samples.shape[1] // self.in_channels
+        self._pts += taken
+        out = b"".join(
             bytes(out.planes[0])[: out.samples * 2] for out in self._resampler.resample(frame)
         )
+        if self._pad_start:  # the filter's delay, as silence ahead of the first output
+            self._pad_start = False
+            due = taken * self.out_rate // self.in_rate
+            out = bytes(max(0, due - len(out) // 2) * 2) + out
+        return out
 
     def flush(self) -> bytes:
         if self._passthrough:

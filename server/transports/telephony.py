@@ -55,7 +55,7 @@ class CallerAudio:
 
     def __init__(self, encoding: Encoding, sample_rate: int) -> None:
         self.encoding = encoding
-        self._resampler = Resampler(sample_rate, SAMPLE_RATE)
+        self._resampler = Resampler(sample_rate, SAMPLE_RATE, aligned=True)
         self._splitter = FrameSplitter(FRAME_BYTES)
 
     def frames(self, payload: bytes) -> list[bytes]:

@@ -223,7 +223,9 @@ async def caller_frames(track: MediaStreamTrack) -> AsyncIterator[bytes]:
         channels = len(frame.layout.channels)
         if layout != (frame.sample_rate, channels):
             layout = (frame.sample_rate, channels)
-            resampler = Resampler(frame.sample_rate, SAMPLE_RATE, in_channels=min(channels, 2))
+            resampler = Resampler(
+                frame.sample_rate, SAMPLE_RATE, in_channels=min(channels, 2), aligned=True
+            )
         assert resampler is not None
         pcm = _interleaved_s16(frame)
         for out in splitter.push(resampler.resample(pcm)):
