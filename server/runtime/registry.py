@@ -27,11 +27,16 @@ from server.config.server import ServerConfig
 from .engines import Engines
 from .load import LoadGauge
 from .logs import bind_session
+from .memory import return_free_memory
 from .ratelimit import RateLimiter
 
 __all__ = ["NO_LLM_LINE", "Call", "CallRegistry", "OverCapacity", "UnknownPlaybook"]
 
 log = logging.getLogger(__name__)
+
+IDLE_TRIM_S = 2.0
+"""Seconds after the last call ended (its transport's farewell included) before freed memory is
+handed back to the system (``runtime/memory.py``), if no call came meanwhile."""
 
 NO_LLM_LINE = (
     "No language model is configured on this server yet, so I can hear you but cannot answer."
@@ -192,8 +197,16 @@ class CallRegistry:
         if recorder is not None:
             recorder.close()
         self._released.set()
+        if not self.calls:
+            loop = asyncio.get_running_loop()
+            loop.call_later(IDLE_TRIM_S, self._trim_if_idle)
         with contextlib.suppress(Exception):
             self.on_event(VoiceEvent("state", {"state": "closed", "reason": reason}))
+
+    def _trim_if_idle(self) -> None:
+        """Still no call: give what the last ones freed back to the system (off the loop)."""
+        if not self.calls and not self.draining:
+            asyncio.get_running_loop().run_in_executor(None, return_free_memory)
 
     def see_off(self, farewell: Coroutine[Any, Any, None], name: str) -> None:
         """Run a released call's last transport work in the background (bounded by the call);
