@@ -153,7 +153,7 @@ async def start_baresip(
         wav.setsampwidth(2)
         wav.setframerate(RATE)
         wav.writeframes(speech)
-    port = free_port()
+    port = free_port(span=2)  # SIP on UDP and TCP, and SIP/TLS on the port above
     (config / "config").write_text(
         TEMPLATE.read_text().format(sip_port=port, speech=wav_path, recordings=recordings)
     )

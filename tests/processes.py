@@ -84,20 +84,30 @@ async def run_vocable(
     return process.returncode, out.decode(), err.decode()
 
 
-def free_port() -> int:
-    """A port that is free for both UDP and TCP on 127.0.0.1 when this returns (for a peer that
-    listens on both, like baresip, or on either). Raises ``OSError`` if 50 tries find none."""
+def free_port(span: int = 1) -> int:
+    """A port that, with the ``span - 1`` above it, is free for both UDP and TCP on 127.0.0.1
+    when this returns (for a peer that listens on both, like baresip, whose SIP/TLS listener
+    takes the next port up: ``span=2``). Raises ``OSError`` if 50 tries find none."""
     for _ in range(50):
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
-            udp.bind(("127.0.0.1", 0))
-            port = int(udp.getsockname()[1])
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp:
-                try:
-                    tcp.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-                return port
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = int(probe.getsockname()[1])
+        if port + span - 1 <= 65535 and all(_free_both(p) for p in range(port, port + span)):
+            return port
     raise OSError("no port free for both UDP and TCP on 127.0.0.1")
+
+
+def _free_both(port: int) -> bool:
+    with (
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp,
+        socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp,
+    ):
+        try:
+            udp.bind(("127.0.0.1", port))
+            tcp.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def popen(command: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
