@@ -14,7 +14,7 @@ import logging
 import shlex
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +34,21 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    return run_harness("python -m benchmarks", _run, _parser().parse_args(argv), argv)
+
+
+def run_harness(
+    prog: str,
+    run: Callable[[argparse.Namespace, str], Coroutine[Any, Any, Path]],
+    args: argparse.Namespace,
+    argv: Sequence[str] | None,
+) -> int:
+    """Run a harness command (``run(args, command)`` returns its results folder), then print
+    where the results are and the report; 130 on Ctrl-C."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    command = "python -m benchmarks " + shlex.join(argv if argv is not None else sys.argv[1:])
+    command = f"{prog} " + shlex.join(argv if argv is not None else sys.argv[1:])
     try:
-        folder = asyncio.run(_run(args, command.strip()))
+        folder = asyncio.run(run(args, command.strip()))
     except KeyboardInterrupt:
         return 130
     print(f"results: {folder}")

@@ -23,7 +23,6 @@ import itertools
 import json
 import logging
 import os
-import shlex
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from .cli import run_harness
 from .client import SILENCE_DBFS, ReceivedFrame, WebRTCCaller
 from .compare_report import SIDES, summarize_side, to_markdown
 from .compare_report import ratios as compute_ratios
@@ -65,18 +65,7 @@ log = logging.getLogger(__name__)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    command = "python -m benchmarks.compare " + shlex.join(
-        argv if argv is not None else sys.argv[1:]
-    )
-    try:
-        folder = asyncio.run(_run(args, command.strip()))
-    except KeyboardInterrupt:
-        return 130
-    print(f"results: {folder}")
-    print((folder / "report.md").read_text())
-    return 0
+    return run_harness("python -m benchmarks.compare", _run, _parser().parse_args(argv), argv)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -28,6 +28,7 @@ __all__ = [
     "Transcriber",
     "TranscriberSettings",
     "Transcript",
+    "decode_backlog",
     "default_whisper_model",
     "screen",
 ]
@@ -57,6 +58,13 @@ _NOISE_PHRASES = frozenset(
     }
 )
 _ANNOTATION = re.compile(r"^\s*[\[\(\*♪].*[\]\)\*♪]\s*$")
+
+
+def decode_backlog(stt: object) -> int | None:
+    """Decodes waiting for a worker of ``stt``'s pool (:attr:`Transcriber.backlog`); None for
+    an engine that does not tell (a remote one)."""
+    backlog = getattr(stt, "backlog", None)
+    return backlog if isinstance(backlog, int) else None
 
 
 def default_whisper_model() -> str:

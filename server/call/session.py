@@ -65,6 +65,7 @@ from media import (
     VadSegmenter,
     VadSettings,
 )
+from media.stt import decode_backlog
 from playbooks import BargeInPolicy
 
 from .answer import Answer, AnswerKind, AnswerState, Preemption
@@ -389,9 +390,7 @@ class Session:
         return quick if self._decode_backlog() == 0 else configured
 
     def _decode_backlog(self) -> int | None:
-        """Decodes waiting for a Whisper worker; None if the transcriber does not tell."""
-        backlog = getattr(self.voice.transcriber, "backlog", None)
-        return backlog if isinstance(backlog, int) else None
+        return decode_backlog(self.voice.transcriber)
 
     def _speculate(self, paused: SpeechPaused) -> None:
         """Transcribe the utterance so far, unless it cannot become a turn (a short sound over

@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from media import Speaker
+from media.stt import decode_backlog
 from playbooks import OrchestratorOptions, PlaybookOrchestrator
 from server.call.events import VoiceEvent
 from server.call.recorder import CallRecorder
@@ -84,7 +85,9 @@ class CallRegistry:
         """Set by :meth:`drain`: no new call is admitted."""
         self.admissions = RateLimiter(config.rate_limit_per_min, config.rate_limit_burst)
         self.load = LoadGauge(
-            config.overload, lambda: _backlog(engines.transcriber), calls=lambda: len(self.calls)
+            config.overload,
+            lambda: decode_backlog(engines.transcriber) or 0,
+            calls=lambda: len(self.calls),
         )
         """Sampled while the server runs (``load.running()``); judged at each admission."""
         self.refused = 0
@@ -239,9 +242,3 @@ class CallRegistry:
         await asyncio.gather(*(call.hangup(reason) for call in calls), return_exceptions=True)
         await asyncio.gather(*list(self.farewells), return_exceptions=True)
         await self.recordings.aclose()
-
-
-def _backlog(transcriber: object) -> int:
-    """Decodes waiting for a worker, for transcribers that have a pool (remote ones: 0)."""
-    backlog = getattr(transcriber, "backlog", 0)
-    return backlog if isinstance(backlog, int) else 0
