@@ -182,6 +182,10 @@ class ScriptedLLM:
         chunk_id = f"chatcmpl-{next(self._ids)}"
         model = body.get("model", "scripted")
         deltas = list(self._deltas(reply))
+        # the role-only opening chunk goes out with the first token, as a real server's does:
+        # ``first_token_delay_s`` is the time to the first token, ``chunk_delay_s`` the time
+        # between tokens
+        paced_from = 1 if reply.deltas is None else 0
         try:
             for n, (delta, finish) in enumerate(deltas):
                 if reply.cut_after_chunks is not None and n >= reply.cut_after_chunks:
@@ -191,7 +195,7 @@ class ScriptedLLM:
                 if reply.stall_after_chunks is not None and n >= reply.stall_after_chunks:
                     await self._wait(request, None)
                     raise ConnectionResetError
-                if n and reply.chunk_delay_s:
+                if n > paced_from and reply.chunk_delay_s:
                     await asyncio.sleep(reply.chunk_delay_s)
                 if request.transport is None or request.transport.is_closing():
                     raise ConnectionResetError
