@@ -12,7 +12,11 @@ Sooner still, with ``first_phrase_min_words``, the first chunk may end mid-claus
 that opens a phrase ("on", "and", "our"...) once it holds that many words and does not end on a
 word that leans on the next ("is", "to", "the"...): "It should arrive" is said while "on Friday
 morning." still streams. Such a chunk ends in no punctuation, which is how
-:func:`joins_next` tells the synthesis to close the gap after it.
+:func:`joins_next` tells the synthesis to close the gap after it. An opener that ends a delta
+counts as a whole word: an LLM streams tokens, and an opener's token is the word (" our", not
+" our" + "selves"), so the phrase leaves one token sooner. Only that decision depends on where
+the deltas end; a delta cut inside a word ("an" + "other") at worst ends the phrase before a
+word that opens none, never inside a word.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ _LEANING = PHRASE_OPENERS | frozenset(_LEANING_TEXT.split())
 """Words that lean on the next one ("is", "will", "to", "the", "over"): a chunk never ends on
 one, as in "Your order is" or "jumps over"."""
 _NEXT_WORD = re.compile(r"\s+([A-Za-z']+)(?=[\s,;:.!?])")
+_LAST_WORD = re.compile(r"\s+([A-Za-z']+)$")
 _ENDS_SPOKEN_BREAK = ".!?…,;:"
 
 
@@ -165,14 +170,21 @@ class SentenceChunker:
         for match in _NEXT_WORD.finditer(self._buffer, 0, endpos):
             if match.end() >= endpos:
                 return None  # the word may go on
-            before = self._buffer[: match.start()].split()
-            if (
-                match.group(1).lower() in PHRASE_OPENERS
-                and len(before) >= min_words
-                and before[-1].lower() not in _LEANING
-            ):
+            if self._opens_phrase(match, min_words):
                 return match.start() + 1, match.end() + 1
+        if endpos == len(self._buffer):  # a word at the end of the last delta
+            last = _LAST_WORD.search(self._buffer, 0, endpos)
+            if last is not None and self._opens_phrase(last, min_words):
+                return last.start() + 1, endpos
         return None
+
+    def _opens_phrase(self, word: re.Match[str], min_words: int) -> bool:
+        before = self._buffer[: word.start()].split()
+        return (
+            word.group(1).lower() in PHRASE_OPENERS
+            and len(before) >= min_words
+            and before[-1].lower() not in _LEANING
+        )
 
     def _clause_cut(self, min_chars: int, endpos: int) -> int | None:
         """The end of the first clause boundary at or after ``min_chars`` that is decided

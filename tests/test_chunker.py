@@ -5,6 +5,7 @@ deltas."""
 from __future__ import annotations
 
 import itertools
+import re
 
 import pytest
 from hypothesis import example, given, settings
@@ -438,13 +439,39 @@ def test_only_the_first_chunk_ends_mid_phrase() -> None:
     assert chunk_whole(text, phrases()) == ["Yes.", "It should arrive on Friday morning."]
 
 
+PHRASED = "Your order left our warehouse yesterday, and it comes on Friday. Bye."
+
+
+def test_an_opener_that_ends_a_token_ends_the_first_phrase_at_once() -> None:
+    chunker = phrases()
+    assert chunker.push("Your order left") == []
+    assert chunker.push(" our") == ["Your order left"]  # not waiting for " warehouse"
+
+
+@given(st.lists(st.integers(min_value=1, max_value=4), min_size=1, max_size=20))
+@settings(max_examples=50, deadline=None)
+def test_first_phrases_do_not_depend_on_how_tokens_group(sizes: list[int]) -> None:
+    """Deltas of whole tokens (a word with its leading space, punctuation), several at a time."""
+    tokens = re.findall(r"\s*[\w']+|[^\w\s]", PHRASED)
+    deltas, at = [], 0
+    for size in itertools.cycle(sizes):
+        if at >= len(tokens):
+            break
+        deltas.append("".join(tokens[at : at + size]))
+        at += size
+    assert chunk_deltas(deltas, phrases()) == chunk_whole(PHRASED, phrases())
+
+
 @given(st.lists(st.integers(min_value=1, max_value=12), min_size=1, max_size=20))
 @settings(max_examples=50, deadline=None)
-def test_first_phrases_do_not_depend_on_the_deltas(cuts: list[int]) -> None:
-    text = "Your order left our warehouse yesterday, and it comes on Friday. Bye."
-    points = sorted({min(sum(cuts[: i + 1]), len(text)) for i in range(len(cuts))})
-    deltas = [text[a:b] for a, b in itertools.pairwise([0, *points, len(text)]) if a < b]
-    assert chunk_deltas(deltas, phrases()) == chunk_whole(text, phrases())
+def test_deltas_cut_inside_words_still_cut_first_phrases_between_words(cuts: list[int]) -> None:
+    points = sorted({min(sum(cuts[: i + 1]), len(PHRASED)) for i in range(len(cuts))})
+    deltas = [PHRASED[a:b] for a, b in itertools.pairwise([0, *points, len(PHRASED)]) if a < b]
+    chunks = chunk_deltas(deltas, phrases())
+    assert " ".join(chunks).split() == PHRASED.split()  # nothing lost, no word split
+    first = chunks[0].split()
+    assert len(first) >= 3
+    assert first[-1].lower() not in {"our", "and", "on", "it"}
 
 
 @pytest.mark.parametrize(
