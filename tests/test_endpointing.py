@@ -37,7 +37,7 @@ off."""
 FOLLOW_UP = "It was due on Monday."
 SHORT_PAUSE_MS = 80
 """With Piper's edges (~140 ms + ~40 ms), ~260 ms of silence: a pause (160 ms) that starts a
-speculation, shorter than any end of turn (400 ms)."""
+speculation, shorter than any end of turn (400 ms), longer than the question lead's 200 ms."""
 
 
 @pytest.mark.parametrize("text", ["Where is my order?", "Yes.", "Stop!", "  Thank you.  "])
@@ -87,7 +87,8 @@ async def _heard(text: str) -> Transcript:
 @pytest.mark.parametrize(
     ("text", "starts_at_ms"),
     [
-        ("Where is my order?", 260),  # complete: ends at 400 ms, answered 140 ms before
+        ("Where is my order?", 200),  # a question: ends at 400 ms, answered 200 ms before
+        ("I am calling about my order.", 260),  # a statement: answered 140 ms before
         ("I would like to order a large pizza and", 760),  # trails off: ends at 900 ms
         ("Hello?", None),  # one word opens a turn more often than it ends one
         ("Wait.", None),
@@ -105,6 +106,21 @@ async def test_a_preemptive_answer_waits_for_the_silence_and_the_words(
     finally:
         speculation.discard()
     assert (due[0] if due else None) == starts_at_ms
+
+
+async def test_a_call_whose_caller_went_on_answers_questions_with_the_ordinary_lead() -> None:
+    speculation = await _speculation("Where is my order?")
+    try:
+        due = [
+            ms
+            for ms in range(0, 1000, 20)
+            if speculation.preempt_due(ms, 400, EndpointSettings(), questions_early=False)
+        ]
+        assert due[0] == 260
+        no_lead = EndpointSettings(preempt_lead_ms=0)  # preemption off: questions too
+        assert not speculation.preempt_due(399, 400, no_lead)
+    finally:
+        speculation.discard()
 
 
 def test_a_preemption_lead_outside_the_shortest_end_of_turn_is_refused() -> None:
@@ -284,13 +300,35 @@ async def test_speaking_again_after_a_pause_discards_the_speculation(
     assert transcript.data["speculative"] is True  # the decode at the final silence
     assert call.session.speculations["used"] == 1
     assert call.session.speculations["wasted"] >= 1  # the decode of the question alone
-    # the question alone never got an answer: the pause was too short to start one
-    assert call.session.speculations["preempted_wasted"] == 0
-    (request,) = _streamed(llm)
+    # an instant decode answered the question alone at 200 ms of silence (the question lead);
+    # that answer was held, never heard, and undone when the caller went on
+    thrown_away = 1 if decode_s == 0 else 0
+    assert call.session.speculations["preempted_wasted"] == thrown_away
+    *abandoned, request = _streamed(llm)
+    assert len(abandoned) == thrown_away
     assert {"order", "monday"} <= set(_user_words(request))
     assert stt.misses == 0
     users = [m for m in call.orchestrator.conversation.messages if m["role"] == "user"]
     assert len(users) == 1, users
+    assert len(call.of_type("tts_end")) == 1  # only the answer to both sentences was spoken
+
+
+@pytest.mark.slow
+async def test_after_a_caller_went_on_their_questions_wait_for_the_ordinary_lead(
+    llm: ScriptedLLM, support: LoadedPlaybook, calls: list[VoiceCall]
+) -> None:
+    speech = (
+        piper_speech(QUESTION) + silence(SHORT_PAUSE_MS) + piper_speech(FOLLOW_UP) + silence(200)
+    )
+    stt = await primed(0.0, speech)
+    call = _call(calls, support, llm, stt=stt)
+    for _ in range(2):
+        await call.say(speech)
+        await call.wait_idle()
+    assert len(call.of_type("speech_end")) == 2, _timeline(call)
+    # the first question pause cost one request; the second waited for 260 ms, past the pause
+    assert call.session.speculations["preempted_wasted"] == 1
+    assert len(_streamed(llm)) == 3
 
 
 @pytest.mark.slow

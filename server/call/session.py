@@ -165,6 +165,9 @@ class Session:
         }
         """Speculative transcriptions whose result became the turn's, and those thrown away;
         turns started on one before the end of the turn, and those undone."""
+        self._questions_early = True
+        """Questions get the early lead (``EndpointSettings.question_lead_ms``) until a
+        preemptive answer of this call is undone: its caller goes on after pauses."""
         self._phase = Phase.LISTENING
         self._answer: Answer | None = None
         """The latest answer: the one under way, or the last one."""
@@ -409,7 +412,15 @@ class Session:
         task = asyncio.create_task(
             self.voice.transcriber.transcribe(paused.audio), name=f"speculation:{self.id}"
         )
-        self._speculation = Speculation(paused, task)
+        speculation = self._speculation = Speculation(paused, task)
+        task.add_done_callback(lambda _: self._on_decoded(speculation))
+
+    def _on_decoded(self, speculation: Speculation) -> None:
+        """A decode that comes back after its preemptive answer was due starts it now, not at
+        the next caller frame."""
+        if self._speculation is speculation and not self._closed:
+            self._check_end_of_turn(self.clock())
+            self._publish()
 
     def _discard_speculation(self) -> None:
         self._undo_preemption()
@@ -443,7 +454,7 @@ class Session:
             if ended is not None:
                 self._on_speech_ended(ended)
         elif speculation is not None and speculation.preempt_due(
-            self.vad.silent_ms, base, self.settings.endpoint
+            self.vad.silent_ms, base, self.settings.endpoint, questions_early=self._questions_early
         ):
             self._preempt(speculation)
 
@@ -657,6 +668,7 @@ class Session:
                 assert answer.preemption is not None
                 self.voice.orchestrator.restore(answer.preemption.snapshot)
             self._count("preempted_wasted")
+            self._questions_early = False  # this caller goes on after a pause
         else:
             self.barge_ins += 1
             self.voice.emit(
