@@ -210,6 +210,9 @@ class ChatClient:
             max_retries=0,  # retries are ours: one policy, injectable delays
             timeout=timeout_s,
         )
+        # the client imports its chat resources on first use (~40-60 ms): here, not in the
+        # first caller's turn
+        _ = client.chat.completions
         return cls(client, model, retry)
 
     async def stream(self, request: ChatRequest) -> ChatStream:

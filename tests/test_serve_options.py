@@ -40,6 +40,7 @@ def refusal(argv: list[str], env: dict[str, str]) -> str:
         ("port", "eighty", "'eighty' is not a whole number"),
         ("port", "70000", "must be 0 to 65535, not 70000"),
         ("preempt_lead_ms", "400", "must be 0 to 399, not 400"),
+        ("question_lead_ms", "-5", "must be 0 to 399, not -5"),
         ("idle_timeout_s", "-1", "must be a number above 0, not -1"),  # float with a bound
         ("max_call_s", "nan", "must be a number above 0, not nan"),
         ("rate_limit", "lots", "'lots' is not a number"),

@@ -415,6 +415,8 @@ def test_the_preemption_lead_comes_from_a_flag_or_the_environment() -> None:
     assert config.session.endpoint.preempt_lead_ms == 100
     flagged = ServerConfig.from_args(parser.parse_args(["--preempt-lead-ms", "0"]), env={})
     assert flagged.session.endpoint.preempt_lead_ms == 0
+    questions = ServerConfig.from_args(parser.parse_args(["--question-lead-ms", "150"]), env={})
+    assert questions.session.endpoint.question_lead_ms == 150
     for bad in ("-1", "400"):  # a lead as long as the end-of-turn silence is no preemption rule
         with pytest.raises(
             ConfigError, match="--preempt-lead-ms / VOCABLE_PREEMPT_LEAD_MS: must be 0 to 399"

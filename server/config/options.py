@@ -402,6 +402,17 @@ class ServeOptions(BaseModel):
             "0: only at the end of the turn",
         ),
     ] = _ENDPOINT.preempt_lead_ms
+    question_lead_ms: Annotated[
+        Whole,
+        Cli(SPEECH, "MS"),
+        Field(
+            ge=0,
+            lt=_ENDPOINT.complete_silence_ms,
+            description="--preempt-lead-ms after a question, until a caller goes on after a "
+            "preemptive answer (then --preempt-lead-ms for the rest of the call); never less "
+            "than --preempt-lead-ms",
+        ),
+    ] = _ENDPOINT.question_lead_ms
     quick_pause_ms: Annotated[
         Whole,
         Cli(SPEECH, "MS"),
@@ -462,6 +473,7 @@ class ServeOptions(BaseModel):
             endpoint=EndpointSettings(
                 speculate=not self.no_speculation,
                 preempt_lead_ms=self.preempt_lead_ms,
+                question_lead_ms=self.question_lead_ms,
                 quick_pause_ms=self.quick_pause_ms,
             ),
         )
