@@ -57,6 +57,11 @@ class PriorityPool:
             self._ready.notify()
         return future
 
+    @property
+    def waiting(self) -> int:
+        """Work submitted and not started yet."""
+        return len(self._queue)
+
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """No more work; waiting work is cancelled if ``cancel_futures``, else still run."""
         with self._ready:

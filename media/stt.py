@@ -167,6 +167,11 @@ class Transcriber:
         transcription is. An abandoned decode counts until its thread is done with it."""
         return max(0, self._unfinished - self.settings.workers)
 
+    @property
+    def in_flight(self) -> int:
+        """Decodes running or waiting for a worker (abandoned ones until their thread is done)."""
+        return self._unfinished
+
     def _finished(self, _decode: object) -> None:
         with self._count_lock:  # called from a pool thread
             self._unfinished -= 1

@@ -14,7 +14,7 @@ import pytest
 
 from media import Synthesizer, SynthesizerSettings, Transcriber, Transcript
 from media.audio import duration_ms, silence
-from media.tts import PIECE_MS
+from media.tts import PIECE_MS, LoadAwareSession
 from tests import speech
 from tests.speech import espeak_wav, to_16k, white_noise, word_error_rate, words
 
@@ -278,3 +278,49 @@ async def test_deterministic_synthesis_says_a_text_the_same_way_every_time(
     takes = [b"".join([piece async for piece in synth.synthesize(text)]) for _ in range(2)]
     assert takes[0] == takes[1] == synth.synthesize_all(text)
     assert len(takes[0]) > 0
+
+
+async def test_a_synthesizer_on_one_thread_says_the_same_as_on_every_core(
+    synth: Synthesizer,
+) -> None:
+    lean = Synthesizer.load(SynthesizerSettings(threads=1, deterministic=True))
+    try:
+        options = lean._voice.session.get_session_options()
+        assert options.intra_op_num_threads == 1
+        text = "Your order left our warehouse yesterday."
+        heard = await asyncio.to_thread(lean.synthesize_all, text)
+        expected = len(synth.synthesize_all(text))
+        assert abs(len(heard) - expected) <= expected // 100  # the same durations, give or take
+    finally:
+        lean.close()
+
+
+async def test_the_default_synthesizer_runs_lean_while_other_work_waits() -> None:
+    synth = Synthesizer.load(SynthesizerSettings(deterministic=True))
+    try:
+        session = synth._voice.session
+        assert isinstance(session, LoadAwareSession)
+        assert session.lean.get_session_options().intra_op_num_threads == 1
+        ran: list[str] = []
+        for name in ("full", "lean"):
+            inner = getattr(session, name)
+            setattr(session, name, _Recording(inner, name, ran))
+        text = "Your order left our warehouse yesterday."
+        alone = await asyncio.to_thread(synth.synthesize_all, text)
+        synth.also_contended = lambda: True  # e.g. a Whisper decode under way
+        crowded = await asyncio.to_thread(synth.synthesize_all, text)
+        assert ran == ["full", "lean"]
+        assert abs(len(alone) - len(crowded)) <= len(alone) // 100
+    finally:
+        synth.close()
+
+
+class _Recording:
+    """An ONNX session that notes its name each time it runs."""
+
+    def __init__(self, inner: object, name: str, ran: list[str]) -> None:
+        self.inner, self.name, self.ran = inner, name, ran
+
+    def run(self, *args: object, **kwargs: object) -> object:
+        self.ran.append(self.name)
+        return self.inner.run(*args, **kwargs)  # type: ignore[attr-defined]

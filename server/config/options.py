@@ -356,6 +356,11 @@ class ServeOptions(BaseModel):
         Cli(SPEECH, "VOICE", default_text="en_US-joe-medium"),
         Field(description="Piper .onnx voice"),
     ] = SynthesizerSettings().voice
+    tts_threads: Annotated[
+        Whole,
+        Cli(SPEECH, "N"),
+        Field(ge=0, description="CPU threads of each Piper synthesis (0: one per core)"),
+    ] = SynthesizerSettings().threads
     vad_aggressiveness: Annotated[
         Literal[0, 1, 2, 3],
         Cli(SPEECH),

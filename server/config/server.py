@@ -177,7 +177,7 @@ class ServerConfig:
             transcriber=TranscriberSettings(
                 model=options.stt_model, cpu_threads=options.stt_threads
             ),
-            synthesizer=SynthesizerSettings(voice=options.tts_voice),
+            synthesizer=SynthesizerSettings(voice=options.tts_voice, threads=options.tts_threads),
             remote_stt=_remote_stt(options),
             remote_tts=_remote_tts(options),
             session=options.session(),

@@ -39,6 +39,8 @@ class Engines:
         if isinstance(synthesizer, Synthesizer):  # the playbooks' voices, once per process
             models = [m for p in playbooks.values() for m in voice_models(p.spec, p.source)]
             await asyncio.to_thread(synthesizer.preload, list(dict.fromkeys(models)))
+            if isinstance(transcriber, Transcriber):  # a decode under way: synthesize lean
+                synthesizer.also_contended = lambda: transcriber.in_flight > 0
         llm = None
         if config.llm is not None:
             llm = ChatClient.connect(
