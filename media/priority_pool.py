@@ -25,15 +25,22 @@ _NORMAL = 1
 
 
 class PriorityPool:
-    """``workers`` threads (started on first use) running submitted calls, most urgent first.
+    """``workers`` threads (started on first use, each running ``initializer`` first) running
+    submitted calls, most urgent first.
 
     Same contract as ``concurrent.futures.ThreadPoolExecutor.submit`` and ``shutdown``, with a
     keyword-only ``priority`` (lower runs sooner; equal ones in submission order).
     """
 
-    def __init__(self, workers: int, thread_name_prefix: str = "pool") -> None:
+    def __init__(
+        self,
+        workers: int,
+        thread_name_prefix: str = "pool",
+        initializer: Callable[[], object] | None = None,
+    ) -> None:
         if workers < 1:
             raise ValueError("a pool needs at least one worker")
+        self._initializer = initializer
         self._workers = workers
         self._name = thread_name_prefix
         self._queue: list[tuple[int, int, Future[Any], Callable[..., Any], tuple[Any, ...]]] = []
@@ -77,6 +84,8 @@ class PriorityPool:
                     thread.join()
 
     def _work(self) -> None:
+        if self._initializer is not None:
+            self._initializer()
         while True:
             with self._ready:
                 while not self._queue and not self._closed:

@@ -21,6 +21,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .audio import SAMPLE_RATE, pcm_to_float32, silence
+from .priority import in_background_thread, lower_this_thread
 
 __all__ = [
     "Segment",
@@ -125,17 +126,23 @@ class Transcriber:
         self.settings = settings
         self._short = _ShortContext.build(model, settings)
         self._executor = ThreadPoolExecutor(
-            max_workers=settings.workers, thread_name_prefix="whisper"
+            max_workers=settings.workers,
+            thread_name_prefix="whisper",
+            initializer=lower_this_thread,
         )
         self._unfinished = 0
         self._count_lock = threading.Lock()
 
     @classmethod
     def load(cls, settings: TranscriberSettings | None = None) -> Transcriber:
-        """Load the model and run one warm-up decode (blocking; call before serving)."""
+        """Load the model and run one warm-up decode (blocking; call before serving). Its
+        threads run below the event loop's priority (:mod:`media.priority`)."""
+        return in_background_thread(lambda: cls._load(settings or TranscriberSettings()))
+
+    @classmethod
+    def _load(cls, settings: TranscriberSettings) -> Transcriber:
         from faster_whisper import WhisperModel
 
-        settings = settings or TranscriberSettings()
         model = WhisperModel(
             settings.model or default_whisper_model(),
             device="cpu",

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from .priority import in_background_thread, lower_this_thread
 from .priority_pool import URGENT, PriorityPool
 
 __all__ = [
@@ -121,7 +122,9 @@ class Synthesizer:
         self.settings = settings
         self.sample_rate: int = int(voice.config.sample_rate)
         self.voice_id = model.stem if model is not None else "piper"
-        self._executor = PriorityPool(settings.workers, thread_name_prefix="piper")
+        self._executor = PriorityPool(
+            settings.workers, thread_name_prefix="piper", initializer=lower_this_thread
+        )
         self._voices: dict[Path, Any] = {} if model is None else {model.resolve(): voice}
         self._loading = threading.Lock()
         self._variants: dict[VoiceSettings, _Variant] = {}
@@ -130,10 +133,14 @@ class Synthesizer:
 
     @classmethod
     def load(cls, settings: SynthesizerSettings | None = None) -> Synthesizer:
-        """Load the voice and synthesize once to warm it up (blocking; call before serving)."""
+        """Load the voice and synthesize once to warm it up (blocking; call before serving).
+        Its threads run below the event loop's priority (:mod:`media.priority`)."""
+        return in_background_thread(lambda: cls._load(settings or SynthesizerSettings()))
+
+    @classmethod
+    def _load(cls, settings: SynthesizerSettings) -> Synthesizer:
         from piper import PiperVoice
 
-        settings = settings or SynthesizerSettings()
         if settings.voice:
             model = Path(settings.voice)
             config = model.with_name(model.name + ".json")
