@@ -82,7 +82,11 @@ class TranscriberSettings:
     compute_type: str = "int8"
     beam_size: int = 1
     language: str | None = "en"
-    cpu_threads: int = 2
+    cpu_threads: int = 1
+    """Threads of one decode. One: a short utterance still decodes before its preemptive
+    answer is due (~100 ms with AVX-512), and under load the threads of one decode only fight
+    the other work for the cores (16 calls on two cores: p95 1.7 s with one, and with two, 23 of
+    64 turns lost). More shortens a lone decode on a CPU without AVX-512."""
     workers: int = 1
     """Decodes that may run at once across all calls."""
     max_no_speech_prob: float = 0.6
