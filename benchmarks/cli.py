@@ -106,6 +106,7 @@ async def _run(args: argparse.Namespace, command: str) -> Path:
     corpus = load_corpus()
     questions = [u for u in corpus.values() if u.kind in ("question", "long_question")]
     questions = [u for u in questions if u.id != "piper_everything"]
+    started_at = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     folder = args.output / (args.name or time.strftime("%Y%m%d-%H%M%S"))
     folder.mkdir(parents=True, exist_ok=True)
 
@@ -156,7 +157,7 @@ async def _run(args: argparse.Namespace, command: str) -> Path:
         results["micro"] = await asyncio.to_thread(_micro, args.quick)
     run = {
         "command": command,
-        "started_at": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "started_at": started_at,
         "git_commit": git_commit(),
         "machine": machine(),
         "settings": {

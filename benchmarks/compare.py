@@ -135,6 +135,7 @@ async def _run(args: argparse.Namespace, command: str) -> Path:
     pacing = LLMPacing(args.ttft_ms, args.tokens_per_s)
     folder = _results_folder(args.output / args.name)
 
+    started_at = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     sides: dict[str, list[Record]] = {side: [] for side in SIDES}
     for round_ in range(args.rounds):
         for side in order:
@@ -145,7 +146,7 @@ async def _run(args: argparse.Namespace, command: str) -> Path:
 
     run: Record = {
         "command": command,
-        "started_at": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "started_at": started_at,
         "git_commit": git_commit(),
         "machine": machine(),
         "versions": _versions(args.pipecat_python),
