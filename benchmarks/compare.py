@@ -183,8 +183,9 @@ def _results_folder(folder: Path) -> Path:
 CONFIGURATION = {
     "vocable": (
         "`vocable serve` with its defaults (WebRTC VAD, 400 ms end-of-turn silence, speculative "
-        "Whisper at pauses, preemptive answers, pause-and-resume barge-in, Whisper beam 1 on 2 "
-        "threads) and the harness's `benchmarks/playbook.yaml` (no greeting, no tools); "
+        "Whisper at pauses, preemptive answers, pause-and-resume barge-in, Whisper beam 1 on 1 "
+        "thread, Piper on every core alone and on one thread under load) and the harness's "
+        "`benchmarks/playbook.yaml` (no greeting, no tools); "
         "`--stt-model` and `--tts-voice` given the files above; `--rate-limit 0`."
     ),
     "pipecat": (
