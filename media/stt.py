@@ -176,7 +176,7 @@ class Transcriber:
     def backlog(self) -> int:
         """Decodes waiting for a worker of the pool (not the ones running): how far behind
         transcription is. An abandoned decode counts until its thread is done with it."""
-        return max(0, self._unfinished - self.settings.workers)
+        return max(0, self.in_flight - self.settings.workers)
 
     @property
     def in_flight(self) -> int:
