@@ -21,6 +21,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .audio import SAMPLE_RATE, pcm_to_float32, silence
+from .blas import single_threaded_blas
 from .priority import in_background_thread, lower_this_thread
 
 __all__ = [
@@ -147,6 +148,7 @@ class Transcriber:
     def _load(cls, settings: TranscriberSettings) -> Transcriber:
         from faster_whisper import WhisperModel
 
+        single_threaded_blas()  # the mel spectrogram's product; see media.blas
         model = WhisperModel(
             settings.model or default_whisper_model(),
             device="cpu",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import Awaitable
 from pathlib import Path
@@ -144,6 +145,29 @@ async def test_transcription_runs_off_the_event_loop(transcriber: Transcriber) -
     # the loop kept ticking all along: no pause anywhere near the decode time
     assert gap < max(0.05, decode_s / 3), (gap, decode_s)
     assert ticks >= decode_s / 0.01 / 4
+
+
+def _cpu_ticks_by_thread() -> dict[str, int]:
+    ticks = {}
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+            ticks[tid] = int(fields[11]) + int(fields[12])  # utime + stime
+    return ticks
+
+
+async def test_a_decode_keeps_one_core_busy_not_two(transcriber: Transcriber) -> None:
+    """Whisper's decode computes on one thread and nothing spins beside it (numpy's BLAS pool
+    spun a second thread ~0.1 s after each mel spectrogram: media.blas)."""
+    audio = speech.piper_speech("Please book a table for four people at seven o'clock.")
+    await transcriber.transcribe(audio)
+    before = _cpu_ticks_by_thread()
+    for _ in range(3):
+        await transcriber.transcribe(audio)
+    await asyncio.sleep(0.2)  # a spinning pool would spin on after the last decode
+    gained = {tid: n - before.get(tid, 0) for tid, n in _cpu_ticks_by_thread().items()}
+    busy = {tid: n for tid, n in gained.items() if n >= 5}  # 50 ms of CPU or more
+    assert len(busy) == 1, f"threads that computed during three decodes (ticks): {busy}"
 
 
 async def test_concurrent_transcriptions_each_get_their_own_text(transcriber: Transcriber) -> None:
