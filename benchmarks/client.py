@@ -21,6 +21,7 @@ from aiortc import MediaStreamTrack, RTCPeerConnection, RTCSessionDescription
 from media import FRAME_BYTES, FRAME_MS, Speaker, VadSegmenter
 from media.audio import SAMPLE_RATE, pcm_rms_dbfs
 from media.speaker import Playback
+from server.transports.inbound import decode_on_loop
 from server.transports.tracks import (
     OUTPUT_RATE,
     OpusPackets,
@@ -113,6 +114,9 @@ class WebRTCCaller:
                 raise RuntimeError(f"offer refused: {response.status} {answer}")
         self.session_id = answer["session_id"]
         await self.pc.setRemoteDescription(RTCSessionDescription(answer["sdp"], answer["type"]))
+        for transceiver in self.pc.getTransceivers():  # a browser decodes natively: no thread
+            if transceiver.kind == "audio":  # per caller (aiortc's 80 ms playout buffer stays)
+                decode_on_loop(transceiver.receiver)
         if negotiated_opus(answer["sdp"]):  # a browser's encoder is native code: keep ours cheap
             microphone.opus = OpusPackets()
 

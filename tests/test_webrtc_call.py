@@ -10,8 +10,6 @@ import av
 import numpy as np
 import pytest
 from aiohttp.test_utils import TestServer
-from aiortc import RTCPeerConnection
-from aiortc.rtp import RtpPacket
 
 from benchmarks.client import WebRTCCaller
 from media.audio import pcm_rms_dbfs
@@ -24,8 +22,6 @@ from server.transports.tracks import (
     OUTPUT_RATE,
     SILENCE_TAIL_FRAMES,
     OpusPackets,
-    PromptAudioBuffer,
-    hear_promptly,
     negotiated_opus,
 )
 from tests.calls import (
@@ -210,40 +206,6 @@ async def test_without_an_llm_the_agent_says_so_in_one_sentence(
         assert set(error) == {"type", "t_ms", "source", "message"}
         assert (error["source"], error["message"]) == ("llm", CLIENT_ERRORS["llm"])
         assert f"call {caller.session_id}: llm error: no LLM endpoint is configured" in caplog.text
-
-
-def _opus_packet(sequence_number: int) -> RtpPacket:
-    packet = RtpPacket(payload_type=111, sequence_number=sequence_number % 65536)
-    packet.timestamp = 960 * sequence_number % 2**32
-    packet._data = b"opus"  # type: ignore[attr-defined]  # the depacketized payload
-    return packet
-
-
-async def test_the_server_hears_each_caller_packet_as_soon_as_it_arrives() -> None:
-    pc = RTCPeerConnection()
-    try:
-        receiver = pc.addTransceiver("audio").receiver
-        assert hear_promptly(receiver)
-        buffer = vars(receiver)["_RTCRtpReceiver__jitter_buffer"]
-        # aiortc's default holds each 20 ms packet until four more have arrived (80 ms)
-        released = [buffer.add(_opus_packet(n))[1] for n in range(3)]
-        assert [frame.timestamp for frame in released] == [0, 960, 1920]
-    finally:
-        await pc.close()
-
-
-def test_a_late_or_lost_caller_packet_costs_its_audio_never_a_delay() -> None:
-    buffer = PromptAudioBuffer()
-    released = [buffer.add(_opus_packet(n))[1] for n in (65534, 65535, 65537, 65536, 65539)]
-    # 65536 came after 65537: dropped; 65538 never came: not waited for
-    assert [None if f is None else f.timestamp for f in released] == [
-        960 * n % 2**32 if n != 65536 else None for n in (65534, 65535, 65537, 65536, 65539)
-    ]
-    assert buffer.add(_opus_packet(65539))[1] is None  # a duplicate
-    # a jump past the buffer's capacity (a long gap in the stream) plays at once too
-    after_gap = buffer.add(_opus_packet(65539 + 100))[1]
-    assert after_gap is not None
-    assert after_gap.timestamp == 960 * (65539 + 100) % 2**32
 
 
 def test_the_agents_voice_is_sent_as_opus_packets_and_silence_as_one_cached_packet() -> None:

@@ -1,7 +1,8 @@
 """WebRTC media for one call: the caller's track into the session, the speaker out as a track.
 
-aiortc hands the caller's audio as Opus-decoded frames (typically s16 stereo 48 kHz, 960 samples);
-they are resampled to the pipeline's 16 kHz mono 20 ms frames. :class:`SpeakerTrack` is a pull-based
+The caller's audio arrives as decoded frames (s16 mono 48 kHz for Opus, decoded on the event loop:
+:mod:`server.transports.inbound`; other codecs at their own rate) and is resampled to the
+pipeline's 16 kHz mono 20 ms frames. :class:`SpeakerTrack` is a pull-based
 track: aiortc calls ``recv()``, which paces itself to 20 ms and returns the speaker's next frame,
 silence when the agent is quiet.
 """
@@ -16,11 +17,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import av
-from aiortc import MediaStreamTrack, RTCRtpReceiver
-from aiortc.jitterbuffer import JitterBuffer, JitterFrame
+from aiortc import MediaStreamTrack
 from aiortc.mediastreams import MediaStreamError
 from aiortc.sdp import SessionDescription
-from aiortc.utils import uint16_add
 from av.audio.codeccontext import AudioCodecContext
 
 from media import FRAME_BYTES, FRAME_MS, SAMPLE_RATE, FrameSplitter, Resampler, Speaker
@@ -30,10 +29,8 @@ __all__ = [
     "OPUS_BITRATE",
     "OUTPUT_RATE",
     "OpusPackets",
-    "PromptAudioBuffer",
     "SpeakerTrack",
     "caller_frames",
-    "hear_promptly",
     "negotiated_opus",
 ]
 
@@ -41,49 +38,6 @@ log = logging.getLogger(__name__)
 
 OUTPUT_RATE = 48_000
 """The speaker's rate for WebRTC calls: Opus's native rate, so aiortc does not resample."""
-
-
-_JITTER_BUFFER = "_RTCRtpReceiver__jitter_buffer"
-
-
-class PromptAudioBuffer(JitterBuffer):
-    """An audio jitter buffer that holds nothing: each packet is released as it arrives.
-
-    aiortc's audio buffer holds every packet until four more have arrived (80 ms), and even
-    with no prefetch until the next one does (20 ms), since a video frame spans packets. The
-    server's listener is the VAD, which needs order and promptness, not smooth playout: every
-    20 ms held delays the end of the caller's turn and a barge-in by as much.
-
-    Contract (the one aiortc's receiver relies on): ``add(packet)`` returns at most one frame,
-    here the packet just added when it is newer than every packet released so far. A packet
-    that arrives after a newer one (reordered, or duplicated) is dropped, and a lost one is
-    never waited for: either costs 20 ms of the caller's audio and never any delay.
-    """
-
-    def __init__(self, capacity: int = 16) -> None:
-        super().__init__(capacity=capacity)
-
-    def _remove_frame(self, sequence_number: int) -> JitterFrame | None:
-        origin = self._origin
-        assert origin is not None  # add() set it
-        self.remove(uint16_add(sequence_number, -origin))  # the hole before it, if any
-        packet = self._packets[sequence_number % self._capacity]
-        self.remove(1)
-        if packet is None:  # pragma: no cover - add() stored it just now
-            return None
-        return JitterFrame(data=packet._data, timestamp=packet.timestamp)  # type: ignore[attr-defined]
-
-
-def hear_promptly(receiver: RTCRtpReceiver) -> bool:
-    """Give an audio receiver a :class:`PromptAudioBuffer` instead of aiortc's, which holds each
-    packet until four more have arrived (80 ms). Call before media flows. False (and nothing
-    changed) if this aiortc keeps its buffer elsewhere."""
-    current = getattr(receiver, _JITTER_BUFFER, None)
-    if not isinstance(current, JitterBuffer) or current.capacity != 16:  # not an audio buffer
-        log.warning("cannot shorten the inbound jitter buffer of this aiortc version")
-        return False
-    setattr(receiver, _JITTER_BUFFER, PromptAudioBuffer(capacity=current.capacity))
-    return True
 
 
 OPUS_BITRATE = 32_000

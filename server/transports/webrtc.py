@@ -30,12 +30,12 @@ from server.runtime.registry import CallRegistry
 
 from .base import TransportCall
 from .client_events import client_view
+from .inbound import hear_promptly
 from .tracks import (
     OUTPUT_RATE,
     OpusPackets,
     SpeakerTrack,
     caller_frames,
-    hear_promptly,
     negotiated_opus,
 )
 
