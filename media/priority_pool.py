@@ -1,9 +1,10 @@
 """A thread pool that runs the most urgent waiting work first.
 
-Speech synthesis is shared by every call of the process. When calls pile up, a caller waiting in
-silence for an answer's first words should not wait behind another call's third sentence, which
-nobody will hear before its first two have played: work is taken by ``priority`` (lower first),
-then in the order it came.
+Speech synthesis and recognition are shared by every call of the process. When calls pile up, a
+caller waiting in silence for an answer's first words should not wait behind another call's third
+sentence, which nobody will hear before its first two have played, nor a finished turn's decode
+behind another call's speculative one: work is taken by ``priority`` (lower first), then in the
+order it came.
 """
 
 from __future__ import annotations

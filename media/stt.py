@@ -13,7 +13,6 @@ import re
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -23,6 +22,7 @@ from numpy.typing import NDArray
 from .audio import SAMPLE_RATE, pcm_to_float32, silence
 from .blas import single_threaded_blas
 from .priority import in_background_thread, lower_this_thread
+from .priority_pool import PriorityPool
 
 __all__ = [
     "Segment",
@@ -113,9 +113,11 @@ class SpeechToText(Protocol):
     """What a call needs of speech recognition: the local :class:`Transcriber` or a remote one
     (``media.remote.RemoteTranscriber``)."""
 
-    async def transcribe(self, pcm: bytes) -> Transcript:
+    async def transcribe(self, pcm: bytes, *, slack_s: float = 0.0) -> Transcript:
         """The words of one utterance of 16 kHz PCM16 mono; raises when recognition fails.
-        Cancelling abandons the result."""
+        Cancelling abandons the result. ``slack_s``: how long from now the words can wait
+        (a speculative decode's, until its answer could start); an engine that queues decodes
+        runs the ones needed soonest first."""
         ...
 
     async def aclose(self) -> None:
@@ -130,10 +132,8 @@ class Transcriber:
         self._model = model
         self.settings = settings
         self._short = _ShortContext.build(model, settings)
-        self._executor = ThreadPoolExecutor(
-            max_workers=settings.workers,
-            thread_name_prefix="whisper",
-            initializer=lower_this_thread,
+        self._pool = PriorityPool(
+            settings.workers, thread_name_prefix="whisper", initializer=lower_this_thread
         )
         self._unfinished = 0
         self._count_lock = threading.Lock()
@@ -165,12 +165,15 @@ class Transcriber:
         pool); for comparisons and benchmarks."""
         return Transcriber(self._model, replace(self.settings, **changes))
 
-    async def transcribe(self, pcm: bytes) -> Transcript:
-        """Transcribe one utterance in the worker pool. Cancelling abandons the result (the
-        decode itself finishes in its thread)."""
+    async def transcribe(self, pcm: bytes, *, slack_s: float = 0.0) -> Transcript:
+        """Transcribe one utterance in the worker pool, waiting decodes by when their words are
+        needed (now plus ``slack_s``; earliest first, then in order). Cancelling abandons the
+        result: a decode that has not started is dropped, a running one finishes in its
+        thread."""
         with self._count_lock:
             self._unfinished += 1
-        decode = self._executor.submit(self._decode, pcm)
+        needed_by_ms = round((time.monotonic() + max(0.0, slack_s)) * 1000)
+        decode = self._pool.submit(self._decode, pcm, priority=needed_by_ms)
         decode.add_done_callback(self._finished)
         return await asyncio.wrap_future(decode)
 
@@ -190,7 +193,7 @@ class Transcriber:
             self._unfinished -= 1
 
     def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     async def aclose(self) -> None:
         self.close()

@@ -181,6 +181,24 @@ async def test_concurrent_transcriptions_each_get_their_own_text(transcriber: Tr
     assert word_error_rate(heard[1].text, second) <= 0.1
 
 
+async def test_the_decodes_needed_soonest_run_first(transcriber: Transcriber) -> None:
+    """A turn that has ended is decoded before a speculative decode that came earlier and can
+    wait (its answer could not start yet); equal needs go in order."""
+    audio = speech.piper_speech("Please book a table for four people at seven o'clock.")
+    finished: list[str] = []
+
+    async def decode(name: str, slack_s: float) -> None:
+        await transcriber.transcribe(audio, slack_s=slack_s)
+        finished.append(name)
+
+    tasks = []
+    for name, slack_s in [("first", 0.0), ("speculative", 5.0), ("ended", 0.0), ("next", 0.0)]:
+        tasks.append(asyncio.create_task(decode(name, slack_s)))
+        await asyncio.sleep(0.005)  # submitted in this order
+    await asyncio.gather(*tasks)
+    assert finished == ["first", "ended", "next", "speculative"]
+
+
 async def test_a_cancelled_transcription_leaves_the_transcriber_working(
     transcriber: Transcriber,
 ) -> None:

@@ -68,7 +68,7 @@ class TimedTranscriber:
                     if isinstance(event, SpeechPaused | SpeechEnded):
                         await self._decode(event.audio)
 
-    async def transcribe(self, pcm: bytes) -> Transcript:
+    async def transcribe(self, pcm: bytes, *, slack_s: float = 0.0) -> Transcript:
         self.calls += 1
         key = _key(pcm)
         if key not in _DECODED:

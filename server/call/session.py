@@ -409,11 +409,19 @@ class Session:
             self._count("skipped")
             return
         self._discard_speculation()
-        task = asyncio.create_task(
-            self.voice.transcriber.transcribe(paused.audio), name=f"speculation:{self.id}"
-        )
+        decode = self.voice.transcriber.transcribe(paused.audio, slack_s=self._slack_s(paused))
+        task = asyncio.create_task(decode, name=f"speculation:{self.id}")
         speculation = self._speculation = Speculation(paused, task)
         task.add_done_callback(lambda _: self._on_decoded(speculation))
+
+    def _slack_s(self, paused: SpeechPaused) -> float:
+        """How long a speculative decode's words can wait: until its answer could start at the
+        soonest (the complete-turn silence, less the longest preemption lead). Decodes of turns
+        that have ended go first."""
+        endpoint = self.settings.endpoint
+        lead = max(endpoint.preempt_lead_ms, endpoint.question_lead_ms) if endpoint.preempt else 0
+        due = paused.last_voiced_at + max(0, endpoint.complete_silence_ms - lead) / 1000
+        return max(0.0, due - self.clock())
 
     def _on_decoded(self, speculation: Speculation) -> None:
         """A decode that comes back after its preemptive answer was due starts it now, not at
