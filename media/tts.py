@@ -204,7 +204,7 @@ class Synthesizer:
             yield piece
 
     async def _stream(
-        self, chunks: Generator[bytes, None, None], sample_rate: int, urgent: bool
+        self, chunks: Generator[tuple[bytes, bool], None, None], sample_rate: int, urgent: bool
     ) -> AsyncGenerator[bytes, None]:
         piece_bytes = sample_rate * PIECE_MS // 1000 * 2
         priority = URGENT if urgent else URGENT + 1
@@ -212,12 +212,15 @@ class Synthesizer:
         try:
             while True:
                 step = self._executor.submit(next, chunks, _DONE, priority=priority)
-                pcm = await asyncio.wrap_future(step)
-                if pcm is _DONE:
+                chunk = await asyncio.wrap_future(step)
+                if chunk is _DONE:
                     return
-                assert isinstance(pcm, bytes)
+                assert isinstance(chunk, tuple)
+                pcm, last = chunk
                 for start in range(0, len(pcm), piece_bytes):
                     yield pcm[start : start + piece_bytes]
+                if last:  # not one more step, queued behind other calls' syntheses, to learn it
+                    return
         finally:
             if step is not None and not step.done():
                 # the generator is running in the worker: close it there once the step ends
@@ -227,7 +230,7 @@ class Synthesizer:
 
     def synthesize_all(self, text: str) -> bytes:
         """The whole utterance at once, in the calling thread (tests and tools)."""
-        return b"".join(self._chunks(text))
+        return b"".join(pcm for pcm, _last in self._chunks(text))
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
@@ -235,12 +238,13 @@ class Synthesizer:
     async def aclose(self) -> None:
         self.close()
 
-    def _chunks(self, text: str) -> Generator[bytes, None, None]:
+    def _chunks(self, text: str) -> Generator[tuple[bytes, bool], None, None]:
         return self._voiced_chunks(text, self._voice)
 
     def _voiced_chunks(
         self, text: str, voice: Any, rate: float | None = None, speaker: int | None = None
-    ) -> Generator[bytes, None, None]:
+    ) -> Generator[tuple[bytes, bool], None, None]:
+        """Piper's audio of ``text`` a sentence at a time, each with whether it is the last."""
         from piper import SynthesisConfig
 
         length_scale = self.settings.length_scale
@@ -250,8 +254,9 @@ class Synthesizer:
         config = SynthesisConfig(
             length_scale=length_scale, speaker_id=speaker, noise_scale=noise, noise_w_scale=noise
         )
-        for chunk in voice.synthesize(text, syn_config=config):
-            yield chunk.audio_int16_bytes
+        sentences = sum(1 for phonemes in voice.phonemize(text) if phonemes)  # as Piper counts
+        for n, chunk in enumerate(voice.synthesize(text, syn_config=config), start=1):
+            yield chunk.audio_int16_bytes, n == sentences
 
 
 class _Variant:

@@ -348,7 +348,7 @@ class _FailingSynthesizer(Synthesizer):
         super().__init__(shared._voice, shared.settings)
         self.trigger = trigger
 
-    def _chunks(self, text: str) -> Generator[bytes, None, None]:
+    def _chunks(self, text: str) -> Generator[tuple[bytes, bool], None, None]:
         if self.trigger is None or self.trigger in text:
             raise RuntimeError(f"Piper failed on {text!r} (injected)")
         yield from super()._chunks(text)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import threading
 import time
 from collections.abc import Awaitable
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 
 from media import Synthesizer, SynthesizerSettings, Transcriber, Transcript
 from media.audio import duration_ms, silence
+from media.priority_pool import URGENT
 from media.tts import PIECE_MS, LoadAwareSession
 from tests import speech
 from tests.speech import espeak_wav, to_16k, white_noise, word_error_rate, words
@@ -231,6 +233,37 @@ async def test_synthesis_streams_pieces_of_at_most_piece_ms(synth: Synthesizer) 
     assert len(total) == pytest.approx(len(reference), rel=0.1)
     heard = await speech.transcriber().transcribe(to_16k(total, synth.sample_rate))
     assert word_error_rate(heard.text, text) <= 0.15, heard.text
+
+
+def test_each_sentence_says_whether_it_is_the_last(synth: Synthesizer) -> None:
+    assert [last for _pcm, last in synth._chunks("Hello there.")] == [True]
+    flags = [last for _pcm, last in synth._chunks("One thing. Another thing. The end.")]
+    assert flags == [False, False, True]
+
+
+async def test_a_stream_ends_with_its_last_sentence_without_waiting_for_the_pool(
+    synth: Synthesizer,
+) -> None:
+    """Once the last sentence's audio is out, the stream ends: it does not queue one more step
+    (behind other calls' syntheses) only to learn that there is nothing more."""
+    pool = synth._executor
+    release = threading.Event()
+    pieces: list[bytes] = []
+
+    async def listen() -> None:
+        async for piece in synth.synthesize("Hello there.", urgent=True):
+            pieces.append(piece)
+
+    listening = asyncio.create_task(listen())
+    await asyncio.sleep(0)  # its first step is submitted
+    # the worker is busy after that step: this work goes before any later urgent step
+    blocker = pool.submit(release.wait, 10, priority=URGENT)
+    try:
+        await asyncio.wait_for(listening, 5)
+        assert pieces
+    finally:
+        release.set()
+        await asyncio.wrap_future(blocker)
 
 
 async def test_nothing_to_say_yields_nothing(synth: Synthesizer) -> None:
