@@ -27,8 +27,7 @@ _NORMAL = 1
 
 class PriorityPool:
     """``workers`` threads (started on first use, each running ``initializer`` first) running
-    submitted calls, most urgent first, and ``urgent_workers`` more that run only urgent work
-    (priority ``URGENT`` or lower), so that it never waits for a long job already running.
+    submitted calls, most urgent first.
 
     Same contract as ``concurrent.futures.ThreadPoolExecutor.submit`` and ``shutdown``, with a
     keyword-only ``priority`` (lower runs sooner; equal ones in submission order).
@@ -39,19 +38,16 @@ class PriorityPool:
         workers: int,
         thread_name_prefix: str = "pool",
         initializer: Callable[[], object] | None = None,
-        *,
-        urgent_workers: int = 0,
     ) -> None:
-        if workers < 1 or urgent_workers < 0:
+        if workers < 1:
             raise ValueError("a pool needs at least one worker")
         self._initializer = initializer
-        self._size = {False: workers, True: urgent_workers}
+        self._workers = workers
         self._name = thread_name_prefix
         self._queue: list[tuple[int, int, Future[Any], Callable[..., Any], tuple[Any, ...]]] = []
         self._order = itertools.count()
         self._ready = threading.Condition()
-        self._threads: dict[bool, list[threading.Thread]] = {False: [], True: []}
-        self._running = 0
+        self._threads: list[threading.Thread] = []
         self._closed = False
 
     def submit(self, fn: Callable[..., T], /, *args: Any, priority: int = _NORMAL) -> Future[T]:
@@ -60,21 +56,19 @@ class PriorityPool:
             if self._closed:
                 raise RuntimeError("cannot submit to a pool that was shut down")
             heapq.heappush(self._queue, (priority, next(self._order), future, fn, args))
-            self._start_worker(urgent_only=False)
-            if priority <= URGENT:
-                self._start_worker(urgent_only=True)
-            self._ready.notify_all()  # an urgent-only worker may not take what a notify gives
+            if len(self._threads) < self._workers:
+                thread = threading.Thread(
+                    target=self._work, name=f"{self._name}_{len(self._threads)}", daemon=True
+                )
+                self._threads.append(thread)
+                thread.start()
+            self._ready.notify()
         return future
 
     @property
     def waiting(self) -> int:
         """Work submitted and not started yet."""
         return len(self._queue)
-
-    @property
-    def running(self) -> int:
-        """Work started and not finished."""
-        return self._running
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """No more work; waiting work is cancelled if ``cancel_futures``, else still run."""
@@ -86,41 +80,25 @@ class PriorityPool:
                 self._queue.clear()
             self._ready.notify_all()
         if wait:
-            for thread in self._threads[False] + self._threads[True]:
+            for thread in self._threads:
                 if thread is not threading.current_thread():
                     thread.join()
 
-    def _start_worker(self, *, urgent_only: bool) -> None:
-        threads = self._threads[urgent_only]
-        if len(threads) >= self._size[urgent_only]:
-            return
-        name = f"{self._name}_{'urgent_' if urgent_only else ''}{len(threads)}"
-        thread = threading.Thread(target=self._work, args=(urgent_only,), name=name, daemon=True)
-        threads.append(thread)
-        thread.start()
-
-    def _has_work_for(self, urgent_only: bool) -> bool:
-        return bool(self._queue) and (not urgent_only or self._queue[0][0] <= URGENT)
-
-    def _work(self, urgent_only: bool) -> None:
+    def _work(self) -> None:
         if self._initializer is not None:
             self._initializer()
         while True:
             with self._ready:
-                while not self._has_work_for(urgent_only) and not self._closed:
+                while not self._queue and not self._closed:
                     self._ready.wait()
-                if not self._has_work_for(urgent_only):
+                if not self._queue:
                     return
                 _priority, _order, future, fn, args = heapq.heappop(self._queue)
-                self._running += 1
+            if not future.set_running_or_notify_cancel():
+                continue
             try:
-                if future.set_running_or_notify_cancel():
-                    try:
-                        result = fn(*args)
-                    except BaseException as exc:  # handed to whoever waits on the future
-                        future.set_exception(exc)
-                    else:
-                        future.set_result(result)
-            finally:
-                with self._ready:
-                    self._running -= 1
+                result = fn(*args)
+            except BaseException as exc:  # handed to whoever waits on the future
+                future.set_exception(exc)
+            else:
+                future.set_result(result)

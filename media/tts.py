@@ -49,10 +49,6 @@ class SynthesizerSettings:
     voice: str | None = None
     """A Piper ``.onnx`` voice (its ``.onnx.json`` beside it); default: bundled en_US-joe-medium."""
     workers: int = 1
-    urgent_workers: int = 1
-    """Workers beside ``workers`` that synthesize only answers' first words, so a caller waiting
-    in silence never waits for another call's sentence already being synthesized (16 calls on
-    two cores: Piper's first audio p50 ~270 ms, most of it that wait)."""
     threads: int = 0
     """CPU threads of each synthesis (onnxruntime's intra-op threads). 0: load-aware, every
     core while a synthesis has the CPU to itself, one thread while other work waits (see
@@ -127,10 +123,7 @@ class Synthesizer:
         self.sample_rate: int = int(voice.config.sample_rate)
         self.voice_id = model.stem if model is not None else "piper"
         self._executor = PriorityPool(
-            settings.workers,
-            thread_name_prefix="piper",
-            initializer=lower_this_thread,
-            urgent_workers=settings.urgent_workers,
+            settings.workers, thread_name_prefix="piper", initializer=lower_this_thread
         )
         self._voices: dict[Path, Any] = {} if model is None else {model.resolve(): voice}
         self._loading = threading.Lock()
@@ -197,11 +190,9 @@ class Synthesizer:
         return LoadAwareSession(default, _session(model, 1), self.contended)
 
     def contended(self) -> bool:
-        """Whether other work competes for the CPU (asked by a running synthesis): another
-        synthesis running or waiting, or what :attr:`also_contended` reports (the server adds
-        Whisper's decodes)."""
-        pool = self._executor
-        return pool.waiting > 0 or pool.running > 1 or self.also_contended()
+        """Whether other work competes for the CPU: syntheses waiting for the pool, or what
+        :attr:`also_contended` reports (the server adds Whisper's decodes)."""
+        return self._executor.waiting > 0 or self.also_contended()
 
     async def synthesize(self, text: str, *, urgent: bool = False) -> AsyncGenerator[bytes, None]:
         """PCM16 mono at :attr:`sample_rate`, piece by piece (each at most ``PIECE_MS``).

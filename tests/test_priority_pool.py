@@ -62,25 +62,3 @@ def test_shutdown_cancels_waiting_work_when_asked_and_refuses_more() -> None:
     with pytest.raises(RuntimeError, match="shut down"):
         pool.submit(str, "too late")
     pool.shutdown(wait=True)
-
-
-def test_an_urgent_worker_runs_urgent_work_beside_a_long_job_and_nothing_else() -> None:
-    pool = PriorityPool(1, thread_name_prefix="test", urgent_workers=1)
-    started, gate = threading.Event(), threading.Event()
-
-    def hold() -> bool:
-        started.set()
-        return gate.wait(5)
-
-    long_job = pool.submit(hold)
-    assert started.wait(5)
-    assert pool.running == 1
-    later = pool.submit(str, "another call's later sentence")
-    first_words = pool.submit(str, "first words", priority=URGENT)
-    assert first_words.result(timeout=5) == "first words"  # while the long job still runs
-    assert not later.done()  # ordinary work waits for the ordinary worker
-    assert pool.waiting == 1
-    gate.set()
-    assert long_job.result(timeout=5) is True
-    assert later.result(timeout=5) == "another call's later sentence"
-    pool.shutdown()
