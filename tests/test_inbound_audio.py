@@ -5,6 +5,7 @@ and real libopus."""
 from __future__ import annotations
 
 import asyncio
+import queue
 import threading
 
 import av
@@ -137,6 +138,8 @@ def test_aiortcs_decoder_thread_waits_until_the_receiver_stops() -> None:
     thread = threading.Thread(target=decoder_thread)
     thread.start()
     assert not ended.wait(0.1)
+    with pytest.raises(queue.Empty):  # queue.Queue's contract for a wait that times out
+        decoder.get(timeout=0.01)
     decoder.put(None)
     thread.join(5)
     assert ended.is_set()

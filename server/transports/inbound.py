@@ -9,14 +9,16 @@ the event loop, to mono (:class:`LoopDecoder`): ~40 us of libopus a frame instea
 two cross-thread hand-overs and a stereo frame per call, 50 times a second each. With 16 calls
 the receivers' threads took the GIL from the event loop 800 times a second.
 
-Both replace private members of ``RTCRtpReceiver`` (aiortc 1.16), before media flows; when a
-member is not where it was, :func:`hear_promptly` leaves aiortc's own in place and says so.
+Both replace private members of ``RTCRtpReceiver`` (aiortc 1.16; pyproject.toml pins the minor
+release), before media flows; when a member is not where it was, :func:`hear_promptly` leaves
+aiortc's own in place and says so.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import queue
 import threading
 from typing import Any
 
@@ -105,10 +107,12 @@ class LoopDecoder:
         for frame in frames:
             self._frames.put_nowait(frame)
 
-    def get(self) -> None:
-        """Where aiortc's decoder thread waits: until the receiver stops, then None (which
-        makes the thread end the track)."""
-        self._stopped.wait()
+    def get(self, block: bool = True, timeout: float | None = None) -> None:
+        """Where aiortc's decoder thread waits (``queue.Queue.get``'s contract): until the
+        receiver stops, then None, which makes the thread end the track; ``queue.Empty`` if
+        ``timeout`` passes first."""
+        if not self._stopped.wait(timeout if block else 0):
+            raise queue.Empty
 
 
 class _MonoOpusDecoder:
