@@ -10,18 +10,15 @@ enough to gain from a second thread.
 
 from __future__ import annotations
 
-import threading
+import functools
 
 from threadpoolctl import threadpool_limits
 
 __all__ = ["single_threaded_blas"]
 
-_applied = threading.Event()
 
-
+@functools.cache
 def single_threaded_blas() -> None:
-    """Limit the BLAS libraries loaded in this process to one thread each (process-wide,
-    idempotent; a library loaded later keeps its own default)."""
-    if not _applied.is_set():
-        threadpool_limits(limits=1, user_api="blas")
-        _applied.set()
+    """Limit the BLAS libraries loaded in this process to one thread each (process-wide, once;
+    a library loaded later keeps its own default)."""
+    threadpool_limits(limits=1, user_api="blas")

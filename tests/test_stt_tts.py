@@ -160,16 +160,18 @@ def _cpu_ticks_by_thread() -> dict[str, int]:
 
 async def test_a_decode_keeps_one_core_busy_not_two(transcriber: Transcriber) -> None:
     """Whisper's decode computes on one thread and nothing spins beside it (numpy's BLAS pool
-    spun a second thread ~0.1 s after each mel spectrogram: media.blas)."""
+    spun a second thread ~0.1 s after each mel spectrogram, ~2/3 of the decode's own CPU:
+    media.blas). Compared with the decode's own thread, whatever the CPU's speed."""
     audio = speech.piper_speech("Please book a table for four people at seven o'clock.")
     await transcriber.transcribe(audio)
     before = _cpu_ticks_by_thread()
-    for _ in range(3):
+    for _ in range(5):
         await transcriber.transcribe(audio)
     await asyncio.sleep(0.2)  # a spinning pool would spin on after the last decode
-    gained = {tid: n - before.get(tid, 0) for tid, n in _cpu_ticks_by_thread().items()}
-    busy = {tid: n for tid, n in gained.items() if n >= 5}  # 50 ms of CPU or more
-    assert len(busy) == 1, f"threads that computed during three decodes (ticks): {busy}"
+    gained = sorted(n - before.get(tid, 0) for tid, n in _cpu_ticks_by_thread().items())
+    busiest, runner_up = gained[-1], gained[-2]
+    assert busiest >= 5, f"the decodes took {busiest} ticks of one thread"
+    assert runner_up <= max(2, busiest // 5), f"CPU ticks by thread: {gained[-4:]}"
 
 
 async def test_concurrent_transcriptions_each_get_their_own_text(transcriber: Transcriber) -> None:
@@ -188,17 +190,23 @@ async def test_the_decodes_needed_soonest_run_first(transcriber: Transcriber) ->
     wait (its answer could not start yet); equal needs go in order."""
     audio = speech.piper_speech("Please book a table for four people at seven o'clock.")
     finished: list[str] = []
+    release = threading.Event()
+    blocker = transcriber._pool.submit(release.wait, 10, priority=0)  # the worker is busy
 
     async def decode(name: str, slack_s: float) -> None:
         await transcriber.transcribe(audio, slack_s=slack_s)
         finished.append(name)
 
     tasks = []
-    for name, slack_s in [("first", 0.0), ("speculative", 5.0), ("ended", 0.0), ("next", 0.0)]:
-        tasks.append(asyncio.create_task(decode(name, slack_s)))
-        await asyncio.sleep(0.005)  # submitted in this order
+    try:
+        for name, slack_s in [("speculative", 5.0), ("ended", 0.0), ("next", 0.0)]:
+            tasks.append(asyncio.create_task(decode(name, slack_s)))
+            await asyncio.sleep(0.005)  # submitted in this order
+    finally:
+        release.set()
+    await asyncio.wrap_future(blocker)
     await asyncio.gather(*tasks)
-    assert finished == ["first", "ended", "next", "speculative"]
+    assert finished == ["ended", "next", "speculative"]
 
 
 async def test_a_cancelled_transcription_leaves_the_transcriber_working(

@@ -25,10 +25,10 @@ from typing import Any
 import av
 from aiortc import RTCRtpReceiver
 from aiortc.codecs import get_decoder
+from aiortc.codecs.opus import OpusDecoder
 from aiortc.jitterbuffer import JitterBuffer, JitterFrame
 from aiortc.rtcrtpparameters import RTCRtpCodecParameters
 from aiortc.utils import uint16_add
-from av.audio.codeccontext import AudioCodecContext
 
 __all__ = ["LoopDecoder", "PromptAudioBuffer", "decode_on_loop", "hear_promptly"]
 
@@ -115,20 +115,13 @@ class LoopDecoder:
             raise queue.Empty
 
 
-class _MonoOpusDecoder:
-    """libopus at 48 kHz, one channel, s16 (aiortc's decodes to stereo)."""
+class _MonoOpusDecoder(OpusDecoder):
+    """aiortc's Opus decoder, to one channel instead of two (libopus opens at the first frame,
+    with the layout set here)."""
 
     def __init__(self) -> None:
-        self.codec = av.CodecContext.create("libopus", "r")
-        assert isinstance(self.codec, AudioCodecContext)
-        self.codec.format = "s16"
+        super().__init__()
         self.codec.layout = "mono"
-        self.codec.sample_rate = 48_000
-
-    def decode(self, encoded: JitterFrame) -> list[av.AudioFrame]:
-        packet = av.Packet(encoded.data)
-        packet.pts = encoded.timestamp
-        return list(self.codec.decode(packet))
 
 
 def hear_promptly(receiver: RTCRtpReceiver) -> bool:
