@@ -186,6 +186,9 @@ async def _soak(plan: SoakPlan, log: Path, on_call: Callable[[], None]) -> dict[
             "--playbook", str(PLAYBOOK), "--llm-base-url", llm_url, "--llm-model", "bench",
             "--max-sessions", str(plan.concurrent + 2),
             "--rate-limit", "0",  # every caller is 127.0.0.1 here
+            # what is measured is what calls leave behind, not admission: the callers (and, in
+            # the test suite, the other tests) take CPU on the same cores
+            "--overload-capacity-cpu-percent", "0",
         ]  # fmt: skip
         server = ServerProcess(server_args, ROOT, log)
         base_url = await server.start(free_port())

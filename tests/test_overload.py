@@ -230,6 +230,43 @@ def test_a_burst_is_refused_by_the_calls_measured_cost_before_its_load_shows() -
     assert gauge.full(9) is not None
 
 
+def test_the_cpu_other_processes_take_on_the_cores_leaves_room_for_fewer_calls() -> None:
+    clock = Clock()
+    others = [0.0]  # CPU seconds other processes have used on the two cores
+
+    def cores_busy() -> float:
+        return clock.cpu + others[0]
+
+    settings = OverloadSettings(capacity_cpu_percent=75, assumed_call_cpu_percent=15)
+    gauge = LoadGauge(
+        settings,
+        lambda: 0,
+        clock=clock,
+        cpu_time=lambda: clock.cpu,
+        cores=2,
+        calls=lambda: 2,
+        cores_busy_time=cores_busy,
+    )
+    for _ in range(30):  # callers on the same machine: 60 % of a core beside the server
+        clock.now += 0.1
+        clock.cpu += 0.1 * 0.3  # the server's two calls, 15 % of a core each
+        others[0] += 0.1 * 0.6
+        gauge.record(0.0)
+    assert gauge.others_load() == pytest.approx(0.6)
+    assert gauge.measured()["others_cpu_percent"] == pytest.approx(30.0)
+    assert gauge.capacity() == 6  # (2 cores x 75 % - 0.6 of a core) / 15 % a call, not 10
+    full = gauge.full(6)
+    assert full is not None
+    assert full.reason == (
+        "6 calls fill it (about 6 fit, at 15 % of a core each, other processes taking 60 % of one)"
+    )
+    for _ in range(30):  # the others stop: the room comes back
+        clock.now += 0.1
+        clock.cpu += 0.1 * 0.3
+        gauge.record(0.0)
+    assert gauge.capacity() == 10
+
+
 def test_the_cost_is_learned_only_while_the_same_calls_are_live() -> None:
     calls = [1]
     gauge, clock = _costed(OverloadSettings(assumed_call_cpu_percent=15), calls)

@@ -15,7 +15,9 @@ Those symptoms show only once calls are talking, so a burst of calls arriving to
 be admitted before any of them loads the machine. Admission therefore also counts calls by their
 **measured cost**: the process's CPU per live call over windows in which the number of calls held
 steady, smoothed across windows and remembered between bursts. While the live calls, at that
-cost each, fill ``capacity_cpu_percent`` of the cores, the next one is refused.
+cost each, fill what is left of ``capacity_cpu_percent`` of the cores once the CPU that other
+processes took on those cores over the window is set aside (``server/runtime/cores.py``: a
+sibling server, a gateway, callers on the same machine), the next one is refused.
 
 A refused caller is asked to come back (``Retry-After``) after the window, plus as long as the
 overload has lasted so far, between RETRY_MIN_S and RETRY_MAX_S.
@@ -52,6 +54,9 @@ class LoadSample:
     """The process's CPU time so far."""
     calls: int = 0
     """Calls live."""
+    cores_busy_s: float | None = None
+    """How long the process's cores have been busy so far, whoever kept them busy (None: not
+    known here)."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,7 @@ class LoadGauge:
         cpu_time: Callable[[], float] = time.process_time,
         cores: int | None = None,
         calls: Callable[[], int] = lambda: 0,
+        cores_busy_time: Callable[[], float | None] = lambda: None,
     ) -> None:
         self.settings = settings
         self.period_s = period_s
@@ -84,6 +90,7 @@ class LoadGauge:
         self._costed_at: float | None = None
         self._clock = clock
         self._cpu_time = cpu_time
+        self._cores_busy_time = cores_busy_time
         self.cores = cores or len(os.sched_getaffinity(0))
         self.samples: deque[LoadSample] = deque()
         self._overloaded_since: float | None = None
@@ -101,7 +108,14 @@ class LoadGauge:
         """Add a sample taken now; samples older than the window (but the last) are dropped."""
         now = self._clock()
         self.samples.append(
-            LoadSample(now, loop_lag_s, self._decode_backlog(), self._cpu_time(), self._calls())
+            LoadSample(
+                now,
+                loop_lag_s,
+                self._decode_backlog(),
+                self._cpu_time(),
+                self._calls(),
+                self._cores_busy_time(),
+            )
         )
         while len(self.samples) > 2 and now - self.samples[1].at >= self.settings.window_s:
             self.samples.popleft()
@@ -121,13 +135,31 @@ class LoadGauge:
         self.call_cost += COST_SMOOTHING * (cost - self.call_cost)
         self._costed_at = now
 
+    def others_load(self) -> float:
+        """The CPU that other processes took on this process's cores over the window, as a
+        share of one core; 0 until the window is full or where it cannot be measured."""
+        samples = self.samples
+        if len(samples) < 2:
+            return 0.0
+        first, last = samples[0], samples[-1]
+        span = last.at - first.at
+        if first.cores_busy_s is None or last.cores_busy_s is None:
+            return 0.0
+        if span < self.settings.window_s * 0.9:
+            return 0.0
+        busy = last.cores_busy_s - first.cores_busy_s
+        own = last.cpu_s - first.cpu_s
+        return max(0.0, (busy - own) / span)
+
     def capacity(self) -> int | None:
-        """How many calls fit in ``capacity_cpu_percent`` of the cores at their measured cost;
-        None when that is not checked."""
+        """How many calls fit, at their measured cost, in ``capacity_cpu_percent`` of the
+        cores less what other processes take of them (at least one); None when that is not
+        checked."""
         share = self.settings.capacity_cpu_percent
         if not share or self.call_cost <= 0:
             return None
-        return max(1, math.floor(self.cores * share / 100 / self.call_cost))
+        room = self.cores * share / 100 - self.others_load()
+        return max(1, math.floor(room / self.call_cost + 1e-9))
 
     def full(self, live_calls: int) -> Overload | None:
         """Why one more call than ``live_calls`` would not fit (:meth:`capacity`); None: it
@@ -135,15 +167,19 @@ class LoadGauge:
         capacity = self.capacity()
         if capacity is None or live_calls < capacity:
             return None
+        others = self.others_load()
         reason = (
             f"{live_calls} calls fill it (about {capacity} fit, at "
-            f"{self.call_cost * 100:.0f} % of a core each)"
+            f"{self.call_cost * 100:.0f} % of a core each"
+            + (f", other processes taking {others * 100:.0f} % of one" if others >= 0.01 else "")
+            + ")"
         )
         return Overload(reason, max(RETRY_MIN_S, math.ceil(self.settings.window_s)))
 
     def measured(self) -> dict[str, float]:
-        """The window's median loop lag (ms), smallest decode backlog and CPU (% of the usable
-        cores); empty until the window is full."""
+        """The window's median loop lag (ms), smallest decode backlog, and the CPU of this
+        process and of the others on its cores (% of the usable cores); empty until the window
+        is full."""
         samples = list(self.samples)
         if len(samples) < 2 or samples[-1].at - samples[0].at < self.settings.window_s * 0.9:
             return {}
@@ -154,6 +190,7 @@ class LoadGauge:
             "loop_lag_ms": lags[len(lags) // 2] * 1000,
             "decode_backlog": min(sample.decode_backlog for sample in samples),
             "cpu_percent": cpu,
+            "others_cpu_percent": self.others_load() / self.cores * 100,
         }
 
     def overload(self) -> Overload | None:

@@ -25,6 +25,7 @@ from server.call.session import Session
 from server.call.voice import VoicePlaybookOrchestrator
 from server.config.server import ServerConfig
 
+from .cores import busy_time_reader
 from .engines import Engines
 from .load import LoadGauge
 from .logs import bind_session
@@ -88,6 +89,7 @@ class CallRegistry:
             config.overload,
             lambda: decode_backlog(engines.transcriber) or 0,
             calls=lambda: len(self.calls),
+            cores_busy_time=busy_time_reader(),
         )
         """Sampled while the server runs (``load.running()``); judged at each admission."""
         self.refused = 0
