@@ -24,7 +24,7 @@ from .corpus import load_corpus
 from .llm import LLMPacing, paced_llm
 from .provenance import git_commit, machine
 from .report import plot, summarize, to_markdown
-from .scenarios import BenchTarget, backchannel, barge_in, concurrency_level, new_caller
+from .scenarios import ARRIVAL_S, BenchTarget, backchannel, barge_in, concurrency_level, new_caller
 from .server_process import ServerProcess, free_port
 
 __all__ = ["main"]
@@ -67,6 +67,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--tokens-per-s", type=float, default=50.0, help="scripted LLM (50)")
     parser.add_argument("--sweep", default="1,2,4,8,16", help="simultaneous calls per level")
     parser.add_argument("--turns", type=int, default=5, help="questions per call per level")
+    parser.add_argument(
+        "--arrival-s",
+        type=float,
+        default=ARRIVAL_S,
+        help=f"a level's callers arrive evenly over this long ({ARRIVAL_S:.0f} s: a burst; "
+        "longer: calls come and go while admission measures the load)",
+    )
     parser.add_argument("--barge-ins", type=int, default=8, help="barge-in tries")
     parser.add_argument("--backchannels", type=int, default=4, help="tries per short sound")
     parser.add_argument("--end-silence-ms", type=int, default=400)
@@ -201,7 +208,13 @@ async def _scenarios(
     async def level(calls: int) -> None:
         bar.set_postfix_str(f"{calls} call(s)")
         record = await concurrency_level(
-            target, calls, args.turns, questions, server, on_turn=bar.update
+            target,
+            calls,
+            args.turns,
+            questions,
+            server,
+            on_turn=bar.update,
+            arrival_s=args.arrival_s,
         )
         results["levels"].append(record)
 

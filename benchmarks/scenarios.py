@@ -17,7 +17,18 @@ from .client import SpokenUtterance, WebRTCCaller
 from .corpus import Utterance
 from .server_process import ServerProcess
 
-__all__ = ["BenchTarget", "backchannel", "barge_in", "concurrency_level", "question_turn"]
+ARRIVAL_S = 4.0
+"""How long a level's callers take to arrive by default: about a turn, so that their turns are
+spread across one."""
+
+__all__ = [
+    "ARRIVAL_S",
+    "BenchTarget",
+    "backchannel",
+    "barge_in",
+    "concurrency_level",
+    "question_turn",
+]
 
 log = logging.getLogger(__name__)
 
@@ -164,17 +175,18 @@ async def concurrency_level(
     server: ServerProcess | None,
     gap_s: float = 1.0,
     on_turn: Callable[[], None] = lambda: None,
+    arrival_s: float = ARRIVAL_S,
 ) -> Record:
-    """``calls`` simultaneous calls, each asking ``turns`` questions, their turns staggered."""
+    """``calls`` simultaneous calls, each asking ``turns`` questions; the calls arrive evenly
+    spread over ``arrival_s``, which staggers their turns."""
     cycle = itertools.cycle(questions)
     scripts = [[next(cycle) for _ in range(turns)] for _ in range(calls)]
-    period_s = 4.0  # a turn takes roughly this long; spread the calls' turns across it
     before = server.sample() if server else None
     rss_peak = before.rss_bytes if before else 0
     started = time.monotonic()
 
     async def one_call(index: int, script: list[Utterance]) -> list[Record]:
-        await asyncio.sleep(index * period_s / calls)
+        await asyncio.sleep(index * arrival_s / calls)
         records: list[Record] = []
         try:
             caller = await new_caller(target)
