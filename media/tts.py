@@ -20,6 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from .priority import in_background_thread, lower_this_thread
 from .priority_pool import URGENT, PriorityPool
+from .yielding import GiveWay, YieldingSession
 
 __all__ = [
     "PIECE_MS",
@@ -125,6 +126,8 @@ class Synthesizer:
         self._executor = PriorityPool(
             settings.workers, thread_name_prefix="piper", initializer=lower_this_thread
         )
+        self.give_way = GiveWay(self._executor)
+        """Stops another call's later sentence for an answer's first words (:mod:`.yielding`)."""
         self._voices: dict[Path, Any] = {} if model is None else {model.resolve(): voice}
         self._loading = threading.Lock()
         self._variants: dict[VoiceSettings, _Variant] = {}
@@ -182,12 +185,17 @@ class Synthesizer:
         return voice
 
     def _session_of(self, model: Path, default: Any) -> Any:
-        """The session a loaded voice of ``model`` runs on, per ``settings.threads``."""
+        """The session a loaded voice of ``model`` runs on, per ``settings.threads``; its runs
+        give way to more urgent ones."""
         if self.settings.threads:
-            return _session(model, self.settings.threads)
+            return YieldingSession(_session(model, self.settings.threads), self.give_way)
         if (os.cpu_count() or 1) < 2:
-            return default
-        return LoadAwareSession(default, _session(model, 1), self.contended)
+            return YieldingSession(default, self.give_way)
+        return LoadAwareSession(
+            YieldingSession(default, self.give_way),
+            YieldingSession(_session(model, 1), self.give_way),
+            self.contended,
+        )
 
     def contended(self) -> bool:
         """Whether other work competes for the CPU: syntheses waiting for the pool, or what

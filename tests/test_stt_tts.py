@@ -368,7 +368,7 @@ async def test_a_synthesizer_on_one_thread_says_the_same_as_on_every_core(
 ) -> None:
     lean = Synthesizer.load(SynthesizerSettings(threads=1, deterministic=True))
     try:
-        options = lean._voice.session.get_session_options()
+        options = lean._voice.session.session.get_session_options()  # inside YieldingSession
         assert options.intra_op_num_threads == 1
         text = "Your order left our warehouse yesterday."
         heard = await asyncio.to_thread(lean.synthesize_all, text)
@@ -383,7 +383,7 @@ async def test_the_default_synthesizer_runs_lean_while_other_work_waits() -> Non
     try:
         session = synth._voice.session
         assert isinstance(session, LoadAwareSession)
-        assert session.lean.get_session_options().intra_op_num_threads == 1
+        assert session.lean.session.get_session_options().intra_op_num_threads == 1
         ran: list[str] = []
         for name in ("full", "lean"):
             inner = getattr(session, name)
