@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,13 +47,16 @@ class GiveWay:
         self.pool = pool
         self.stops = 0
         """Runs stopped for more urgent work so far."""
+        self.affordable: Callable[[], bool] = lambda: True
+        """Whether the CPU a stopped run throws away can be spared now (a hook: the server
+        says no while decodes wait for Whisper, whose callers wait too)."""
         self._runs: list[_Run] = []
         self._lock = threading.Lock()
         pool.on_submit = self._on_submit
 
     def _on_submit(self, priority: int) -> None:
-        if self.pool.idle_workers:
-            return  # a free worker takes it
+        if self.pool.idle_workers or not self._runs or not self.affordable():
+            return  # a free worker takes it, nothing runs, or the CPU is needed elsewhere
         now = time.perf_counter()
         with self._lock:
             for run in self._runs:
