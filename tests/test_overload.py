@@ -196,7 +196,11 @@ async def test_an_overloaded_server_refuses_new_calls_on_every_transport() -> No
             assert ended.status == 200
 
 
-def _costed(settings: OverloadSettings, calls: list[int]) -> tuple[LoadGauge, Clock]:
+def _costed(
+    settings: OverloadSettings, calls: list[int], others: list[float] | None = None
+) -> tuple[LoadGauge, Clock]:
+    """A gauge of 2 cores on a test clock; ``others``: CPU seconds other processes took on
+    them so far (None: not measured here)."""
     clock = Clock()
     gauge = LoadGauge(
         settings,
@@ -205,6 +209,7 @@ def _costed(settings: OverloadSettings, calls: list[int]) -> tuple[LoadGauge, Cl
         cpu_time=lambda: clock.cpu,
         cores=2,
         calls=lambda: calls[0],
+        cores_busy_time=(lambda: None) if others is None else (lambda: clock.cpu + others[0]),
     )
     return gauge, clock
 
@@ -231,22 +236,9 @@ def test_a_burst_is_refused_by_the_calls_measured_cost_before_its_load_shows() -
 
 
 def test_the_cpu_other_processes_take_on_the_cores_leaves_room_for_fewer_calls() -> None:
-    clock = Clock()
-    others = [0.0]  # CPU seconds other processes have used on the two cores
-
-    def cores_busy() -> float:
-        return clock.cpu + others[0]
-
+    others = [0.0]
     settings = OverloadSettings(capacity_cpu_percent=75, assumed_call_cpu_percent=15)
-    gauge = LoadGauge(
-        settings,
-        lambda: 0,
-        clock=clock,
-        cpu_time=lambda: clock.cpu,
-        cores=2,
-        calls=lambda: 2,
-        cores_busy_time=cores_busy,
-    )
+    gauge, clock = _costed(settings, [2], others)
     for _ in range(30):  # callers on the same machine: 60 % of a core beside the server
         clock.now += 0.1
         clock.cpu += 0.1 * 0.3  # the server's two calls, 15 % of a core each
