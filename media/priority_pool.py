@@ -7,7 +7,7 @@ behind another call's speculative one: work is taken by ``priority`` (lower firs
 order it came.
 
 Work already running cannot be overtaken by a queue. Work that can stop half-way and carry on
-(a Piper synthesis: ``media.tts.YieldingSession``) can instead hand its thread over: told by
+(a Piper synthesis: ``media.yielding.YieldingSession``) can instead hand its thread over: told by
 ``on_submit`` that more urgent work has arrived, it stops and calls :meth:`PriorityPool.run_urgent`,
 which runs the more urgent work there and then, before it starts again.
 """

@@ -26,10 +26,9 @@ def synthesizer() -> Iterator[Synthesizer]:
     synth.close()
 
 
-async def test_an_answers_first_words_do_not_wait_for_another_calls_later_sentence(
-    synthesizer: Synthesizer,
-) -> None:
-    expected = synthesizer.synthesize_all(LONG_SENTENCE)
+async def _first_words_during_a_later_sentence(synthesizer: Synthesizer) -> tuple[list[str], bytes]:
+    """Start synthesizing ``LONG_SENTENCE``; once its Piper run is under way, ask for urgent
+    first words. Which was heard first, and the sentence's whole audio."""
     heard: list[str] = []
 
     async def later_sentence() -> bytes:
@@ -40,17 +39,25 @@ async def test_an_answers_first_words_do_not_wait_for_another_calls_later_senten
             pieces.append(piece)
         return b"".join(pieces)
 
-    stops = synthesizer.give_way.stops
     task = asyncio.create_task(later_sentence())
     deadline = time.monotonic() + 10
-    while not synthesizer.give_way._runs:  # its Piper run has started
+    while not synthesizer.give_way._runs:  # its run has started
         assert time.monotonic() < deadline
         await asyncio.sleep(0.001)
     async for _piece in synthesizer.synthesize("Sure.", urgent=True):
         heard.append("first words")
         break
-    assert await task == expected  # stopped, run again from its start: the same audio
+    return heard, await task
+
+
+async def test_an_answers_first_words_do_not_wait_for_another_calls_later_sentence(
+    synthesizer: Synthesizer,
+) -> None:
+    expected = synthesizer.synthesize_all(LONG_SENTENCE)
+    stops = synthesizer.give_way.stops
+    heard, audio = await _first_words_during_a_later_sentence(synthesizer)
     assert heard == ["first words", "later sentence"]
+    assert audio == expected  # stopped, run again from its start: the same audio
     assert synthesizer.give_way.stops == stops + 1
 
 
@@ -59,3 +66,16 @@ def test_a_run_is_stopped_only_while_less_is_done_than_is_left() -> None:
     assert _worth_stopping(run, now=10.1)
     assert not _worth_stopping(run, now=10.25)
     assert _worth_stopping(_Run(1, None, 10.0, expected_s=None), now=99.0)  # not learned yet
+
+
+async def test_no_run_is_stopped_while_the_cpu_it_would_waste_is_needed(
+    synthesizer: Synthesizer,
+) -> None:
+    synthesizer.give_way.affordable = lambda: False  # e.g. decodes wait for Whisper
+    try:
+        stops = synthesizer.give_way.stops
+        heard, _audio = await _first_words_during_a_later_sentence(synthesizer)
+        assert heard == ["later sentence", "first words"]  # it waited for the run in progress
+        assert synthesizer.give_way.stops == stops
+    finally:
+        synthesizer.give_way.affordable = lambda: True
