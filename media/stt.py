@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import re
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -84,12 +83,11 @@ class TranscriberSettings:
     compute_type: str = "int8"
     beam_size: int = 1
     language: str | None = "en"
-    cpu_threads: int = 0
-    """Threads of one decode. 0: load-aware: every core while the decode has the CPU to itself
-    (no other decode waiting, no synthesis running: a question's words sooner, 137 -> 89 ms on
-    a 2-core EPYC), one thread otherwise, since under load the threads of one decode only fight
+    cpu_threads: int = 1
+    """Threads of one decode. One: a short utterance still decodes before its preemptive
+    answer is due (~100 ms with AVX-512), and under load the threads of one decode only fight
     the other work for the cores (16 calls on two cores: p95 1.7 s with one, and with two, 23 of
-    64 turns lost). Two models are loaded for it (tiny.en: ~40 MB more). N: always N."""
+    64 turns lost). More shortens a lone decode on a CPU without AVX-512."""
     workers: int = 1
     """Decodes that may run at once across all calls."""
     max_no_speech_prob: float = 0.6
@@ -130,21 +128,15 @@ class SpeechToText(Protocol):
 class Transcriber:
     """Whisper transcription of 16 kHz PCM16 utterances. Build with :meth:`load`."""
 
-    def __init__(self, model: Any, settings: TranscriberSettings, lean: Any = None) -> None:
+    def __init__(self, model: Any, settings: TranscriberSettings) -> None:
         self._model = model
-        self._lean = lean
-        """The one-thread model a load-aware transcriber decodes with while contended."""
         self.settings = settings
         self._short = _ShortContext.build(model, settings)
-        self._lean_short = _ShortContext.build(lean, settings) if lean is not None else None
         self._pool = PriorityPool(
             settings.workers, thread_name_prefix="whisper", initializer=lower_this_thread
         )
         self._unfinished = 0
         self._count_lock = threading.Lock()
-        self.also_contended: Callable[[], bool] = lambda: False
-        """Other CPU work of the process that should make decodes run lean (a hook: the server
-        adds syntheses under way)."""
 
     @classmethod
     def load(cls, settings: TranscriberSettings | None = None) -> Transcriber:
@@ -157,35 +149,21 @@ class Transcriber:
         from faster_whisper import WhisperModel
 
         single_threaded_blas()  # the mel spectrogram's product; see media.blas
-
-        def whisper(threads: int) -> Any:
-            return WhisperModel(
-                settings.model or default_whisper_model(),
-                device="cpu",
-                compute_type=settings.compute_type,
-                cpu_threads=threads,
-                local_files_only=settings.model is None,
-            )
-
-        cores = len(os.sched_getaffinity(0))
-        load_aware = settings.cpu_threads == 0 and cores > 1
-        model = whisper(cores if load_aware else settings.cpu_threads)
-        transcriber = cls(model, settings, lean=whisper(1) if load_aware else None)
-        for lean in (False, True):  # the first decode of each pays one-off allocation costs
-            transcriber.also_contended = lambda lean=lean: lean  # type: ignore[misc]
-            transcriber._decode(silence(500))
-        transcriber.also_contended = lambda: False
+        model = WhisperModel(
+            settings.model or default_whisper_model(),
+            device="cpu",
+            compute_type=settings.compute_type,
+            cpu_threads=settings.cpu_threads,
+            local_files_only=settings.model is None,
+        )
+        transcriber = cls(model, settings)
+        transcriber._decode(silence(500))  # the first decode pays one-off allocation costs
         return transcriber
 
     def variant(self, **changes: Any) -> Transcriber:
-        """Another transcriber on the same loaded models with some settings changed (its own
+        """Another transcriber on the same loaded model with some settings changed (its own
         pool); for comparisons and benchmarks."""
-        return Transcriber(self._model, replace(self.settings, **changes), lean=self._lean)
-
-    def contended(self) -> bool:
-        """Whether other work competes for the CPU: another decode waiting or running, or
-        what :attr:`also_contended` reports."""
-        return self.in_flight > 1 or self.also_contended()
+        return Transcriber(self._model, replace(self.settings, **changes))
 
     async def transcribe(self, pcm: bytes, *, slack_s: float = 0.0) -> Transcript:
         """Transcribe one utterance in the worker pool, waiting decodes by when their words are
@@ -224,12 +202,9 @@ class Transcriber:
         started = time.perf_counter()
         audio_ms = len(pcm) / 2 / SAMPLE_RATE * 1000
         audio = pcm_to_float32(pcm)
-        model, short = self._model, self._short
-        if self._lean is not None and self.contended():
-            model, short = self._lean, self._lean_short
-        segments = short.decode(audio) if short is not None else None
+        segments = self._short.decode(audio) if self._short is not None else None
         if segments is None:
-            segments_iter, _info = model.transcribe(
+            segments_iter, _info = self._model.transcribe(
                 audio,
                 language=self.settings.language,
                 beam_size=self.settings.beam_size,

@@ -197,11 +197,6 @@ class Synthesizer:
             self.contended,
         )
 
-    @property
-    def busy(self) -> bool:
-        """Whether syntheses are running or waiting for the pool."""
-        return self._executor.waiting > 0 or self._executor.idle_workers < self.settings.workers
-
     def contended(self) -> bool:
         """Whether other work competes for the CPU: syntheses waiting for the pool, or what
         :attr:`also_contended` reports (the server adds Whisper's decodes)."""
