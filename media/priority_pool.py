@@ -79,8 +79,13 @@ class PriorityPool:
     def running_priority(self) -> int | None:
         """The priority of the work the calling thread is running for this pool (the most
         recent, when :meth:`run_urgent` nests work); None outside of the pool's work."""
-        stack: list[int] = getattr(self._running, "stack", [])
+        stack = self._running_stack()
         return stack[-1] if stack else None
+
+    def _running_stack(self) -> list[int]:
+        """The priorities of the work the calling thread runs, innermost last."""
+        stack: list[int] = self._running.__dict__.setdefault("stack", [])
+        return stack
 
     def run_urgent(self, than: int) -> int:
         """Run, in the calling thread, the waiting work more urgent than ``than`` (lower),
@@ -141,7 +146,7 @@ class PriorityPool:
     ) -> None:
         if not future.set_running_or_notify_cancel():
             return
-        stack: list[int] = self._running.__dict__.setdefault("stack", [])
+        stack = self._running_stack()
         stack.append(priority)
         try:
             result = fn(*args)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .priority_pool import PriorityPool
@@ -36,7 +36,7 @@ class _Run:
     """onnxruntime ``RunOptions``: its ``terminate`` flag stops the run."""
     started: float
     expected_s: float | None
-    stopped: bool = field(default=False)
+    stopped: bool = False
 
 
 class GiveWay:

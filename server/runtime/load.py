@@ -123,33 +123,38 @@ class LoadGauge:
 
     def _learn_call_cost(self, now: float) -> None:
         """Once a window, if the same calls were live throughout it: their CPU each."""
-        samples = self.samples
         if self._costed_at is not None and now - self._costed_at < self.settings.window_s:
             return
-        if len(samples) < 2 or now - samples[0].at < self.settings.window_s * 0.9:
+        window = self._full_window()
+        if window is None:
             return
-        calls = {sample.calls for sample in samples}
+        calls = {sample.calls for sample in self.samples}
         if len(calls) != 1 or not (count := calls.pop()):
             return
-        cost = (samples[-1].cpu_s - samples[0].cpu_s) / (now - samples[0].at) / count
+        first, last = window
+        cost = (last.cpu_s - first.cpu_s) / (last.at - first.at) / count
         self.call_cost += COST_SMOOTHING * (cost - self.call_cost)
         self._costed_at = now
+
+    def _full_window(self) -> tuple[LoadSample, LoadSample] | None:
+        """The window's first and last samples, once they span (nearly) all of it."""
+        samples = self.samples
+        if len(samples) < 2 or samples[-1].at - samples[0].at < self.settings.window_s * 0.9:
+            return None
+        return samples[0], samples[-1]
 
     def others_load(self) -> float:
         """The CPU that other processes took on this process's cores over the window, as a
         share of one core; 0 until the window is full or where it cannot be measured."""
-        samples = self.samples
-        if len(samples) < 2:
+        window = self._full_window()
+        if window is None:
             return 0.0
-        first, last = samples[0], samples[-1]
-        span = last.at - first.at
+        first, last = window
         if first.cores_busy_s is None or last.cores_busy_s is None:
-            return 0.0
-        if span < self.settings.window_s * 0.9:
             return 0.0
         busy = last.cores_busy_s - first.cores_busy_s
         own = last.cpu_s - first.cpu_s
-        return max(0.0, (busy - own) / span)
+        return max(0.0, (busy - own) / (last.at - first.at))
 
     def capacity(self) -> int | None:
         """How many calls fit, at their measured cost, in ``capacity_cpu_percent`` of the
@@ -180,12 +185,13 @@ class LoadGauge:
         """The window's median loop lag (ms), smallest decode backlog, and the CPU of this
         process and of the others on its cores (% of the usable cores); empty until the window
         is full."""
-        samples = list(self.samples)
-        if len(samples) < 2 or samples[-1].at - samples[0].at < self.settings.window_s * 0.9:
+        window = self._full_window()
+        if window is None:
             return {}
+        first, last = window
+        samples = list(self.samples)
         lags = sorted(sample.loop_lag_s for sample in samples)
-        span = samples[-1].at - samples[0].at
-        cpu = (samples[-1].cpu_s - samples[0].cpu_s) / span / self.cores * 100
+        cpu = (last.cpu_s - first.cpu_s) / (last.at - first.at) / self.cores * 100
         return {
             "loop_lag_ms": lags[len(lags) // 2] * 1000,
             "decode_backlog": min(sample.decode_backlog for sample in samples),
