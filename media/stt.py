@@ -32,6 +32,7 @@ __all__ = [
     "Transcript",
     "decode_backlog",
     "default_whisper_model",
+    "repeats",
     "screen",
 ]
 
@@ -92,10 +93,16 @@ class TranscriberSettings:
     """Decodes that may run at once across all calls."""
     max_no_speech_prob: float = 0.6
     min_avg_logprob: float = -1.0
-    context_margin_s: float | None = 10.0
+    context_margin_s: float | None = 5.0
     """Encode only the utterance plus this much padding instead of Whisper's fixed 30 s window
-    (the encoder's cost grows with its input: about 3x faster for a short utterance on a CPU).
-    Margins under ~10 s make tiny.en loop on short utterances; None: always the full window."""
+    (the encoder's cost grows with its input: a short question decodes in ~95 ms against ~490
+    on an AVX-512 core). None: always the full window. Short margins make tiny.en repeat
+    itself on some short utterances ("Can you repeat that? Can you repeat that?"); such a
+    decode is checked with ``recheck_margin_s``."""
+    recheck_margin_s: float = 10.0
+    """The margin of a second decode when the first one's text repeats itself: with it, the
+    words of 128 test utterances matched the 30 s window's as closely as a 10 s margin's
+    (19.4 against 19.1 % word errors; 19.6 % for the full window) at ~25 % less CPU."""
 
 
 @dataclass(frozen=True)
@@ -307,12 +314,20 @@ class _ShortContext:
     FRAMES_PER_S = 100
     MAX_FRAMES = 3000
 
-    def __init__(self, model: Any, tokenizer: Any, suppress: list[int], margin_s: float) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        suppress: list[int],
+        margin_s: float,
+        recheck_margin_s: float,
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.prompt: list[int] = [*tokenizer.sot_sequence, tokenizer.no_timestamps]
         self.suppress = suppress
         self.margin_frames = int(margin_s * self.FRAMES_PER_S)
+        self.recheck_frames = int(recheck_margin_s * self.FRAMES_PER_S)
 
     @classmethod
     def build(cls, model: Any, settings: TranscriberSettings) -> _ShortContext | None:
@@ -332,16 +347,27 @@ class _ShortContext:
             language=settings.language if model.model.is_multilingual else "en",
         )
         suppress = list(get_suppressed_tokens(tokenizer, [-1]))
-        return cls(model, tokenizer, suppress, settings.context_margin_s)
+        return cls(model, tokenizer, suppress, settings.context_margin_s, settings.recheck_margin_s)
 
     def decode(self, audio: NDArray[np.float32]) -> list[_Segment] | None:
+        """The utterance's words at the margin, or at the recheck margin when they repeat
+        themselves there; None when the full window must decide."""
+        features = self.model.feature_extractor(audio)
+        segments = self._decode(audio, features, self.margin_frames)
+        if segments and self.recheck_frames > self.margin_frames and repeats(segments[0].text):
+            log.debug("short-context decode repeats itself: %r; rechecking", segments[0].text)
+            segments = self._decode(audio, features, self.recheck_frames)
+        return segments
+
+    def _decode(
+        self, audio: NDArray[np.float32], features: NDArray[np.float32], margin_frames: int
+    ) -> list[_Segment] | None:
         import ctranslate2
 
-        features = self.model.feature_extractor(audio)
         frames = features.shape[-1]
-        if frames + self.margin_frames > self.MAX_FRAMES:
+        if frames + margin_frames > self.MAX_FRAMES:
             return None
-        width = -(-(frames + self.margin_frames) // 100) * 100
+        width = -(-(frames + margin_frames) // 100) * 100
         window = np.zeros((1, features.shape[0], width), dtype=np.float32)
         window[0, :, :frames] = features
         encoded = self.model.model.encode(ctranslate2.StorageView.from_array(window), to_cpu=False)
@@ -364,3 +390,16 @@ class _ShortContext:
         avg_logprob = result.scores[0] * len(tokens) / (len(tokens) + 1)
         text = self.tokenizer.decode(tokens).strip()
         return [_Segment(text, avg_logprob, result.no_speech_prob)] if tokens else []
+
+
+def repeats(text: str) -> bool:
+    """Whether ``text`` goes on by saying its beginning again (two words or more): "Where's my
+    order? Where's my order? Where", the way Whisper loops when it sees too little silence
+    after the speech."""
+    words = re.findall(r"[\w']+", text.lower())
+    for start in range(1, len(words) - 1):
+        again, said = words[start:], words[: len(words) - start]
+        # the loop may stop inside a word ("... Where's my order? Where")
+        if again[:-1] == said[:-1] and said[-1].startswith(again[-1]):
+            return True
+    return False

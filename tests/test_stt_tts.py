@@ -17,6 +17,7 @@ import pytest
 from media import Synthesizer, SynthesizerSettings, Transcriber, Transcript
 from media.audio import duration_ms, silence
 from media.priority_pool import URGENT
+from media.stt import repeats
 from media.tts import PIECE_MS, LoadAwareSession
 from tests import speech
 from tests.speech import espeak_wav, to_16k, white_noise, word_error_rate, words
@@ -101,6 +102,38 @@ async def test_the_short_context_hears_what_the_full_window_hears(
             assert word_error_rate(short.text, text) <= 0.25, short.text
     finally:
         full.close()
+
+
+async def test_a_decode_that_repeats_itself_is_heard_again_with_more_silence(
+    transcriber: Transcriber, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A caller who says the same thing twice reads, at the short margin, like Whisper looping;
+    the decode is checked at the recheck margin, and what that margin hears is the transcript
+    (here both questions: a real repeat is kept)."""
+    question = speech.piper_speech("Where is my order?")
+    audio = silence(200) + question + silence(300) + question + silence(400)
+    settings = transcriber.settings
+    assert settings.context_margin_s is not None
+    assert settings.recheck_margin_s > settings.context_margin_s
+    recheck = transcriber.variant(context_margin_s=settings.recheck_margin_s)
+    try:
+        with caplog.at_level("DEBUG", logger="media.stt"):
+            transcript = await transcriber.transcribe(audio)
+        assert "repeats itself" in caplog.text
+        assert transcript.text == (await recheck.transcribe(audio)).text
+        assert words(transcript.text).count("order") == 2, transcript.text
+    finally:
+        recheck.close()
+
+
+def test_repeats_finds_a_text_that_says_its_beginning_again() -> None:
+    assert repeats("Where's my order? Where's my order? Where")
+    assert repeats("Can I still cancel it? Can I still cancel")
+    assert repeats("Thank you, thank you.")
+    assert not repeats("Where is my order?")
+    assert not repeats("No, no.")  # one word again is not a loop
+    assert not repeats("I said yes, yes.")
+    assert not repeats("")
 
 
 @pytest.mark.parametrize(
