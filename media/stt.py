@@ -98,7 +98,8 @@ class TranscriberSettings:
     (the encoder's cost grows with its input: a short question decodes in ~95 ms against ~490
     on an AVX-512 core). None: always the full window. Short margins make tiny.en repeat
     itself on some short utterances ("Can you repeat that? Can you repeat that?"); such a
-    decode is checked with ``recheck_margin_s``."""
+    decode is done again with ``recheck_margin_s``, and if it still repeats, with the full
+    window (what a caller who did say "Hello? Hello?" costs)."""
     recheck_margin_s: float = 10.0
     """The margin of a second decode when the first one's text repeats itself: with it, the
     words of 128 test utterances matched the 30 s window's as closely as a 10 s margin's
@@ -351,13 +352,15 @@ class _ShortContext:
 
     def decode(self, audio: NDArray[np.float32]) -> list[_Segment] | None:
         """The utterance's words at the margin, or at the recheck margin when they repeat
-        themselves there; None when the full window must decide."""
+        themselves there; None when the full window must decide (they repeat at both, or the
+        decode hit its length cap)."""
         features = self.model.feature_extractor(audio)
-        segments = self._decode(audio, features, self.margin_frames)
-        if segments and self.recheck_frames > self.margin_frames and repeats(segments[0].text):
-            log.debug("short-context decode repeats itself: %r; rechecking", segments[0].text)
-            segments = self._decode(audio, features, self.recheck_frames)
-        return segments
+        for margin_frames in sorted({self.margin_frames, self.recheck_frames}):
+            segments = self._decode(audio, features, margin_frames)
+            if not segments or not repeats(segments[0].text):
+                return segments
+            log.debug("short-context decode repeats itself: %r", segments[0].text)
+        return None
 
     def _decode(
         self, audio: NDArray[np.float32], features: NDArray[np.float32], margin_frames: int
@@ -393,11 +396,12 @@ class _ShortContext:
 
 
 def repeats(text: str) -> bool:
-    """Whether ``text`` goes on by saying its beginning again (two words or more): "Where's my
-    order? Where's my order? Where", the way Whisper loops when it sees too little silence
-    after the speech."""
+    """Whether ``text`` goes on by saying its beginning again: "Where's my order? Where's my
+    order? Where", or "Hello? Hello?" for a "Hello," and a pause, the way Whisper loops when it
+    sees too little silence after the speech. A caller who does say "No, no." costs one more
+    decode."""
     words = re.findall(r"[\w']+", text.lower())
-    for start in range(1, len(words) - 1):
+    for start in range(1, len(words)):
         again, said = words[start:], words[: len(words) - start]
         # the loop may stop inside a word ("... Where's my order? Where")
         if again[:-1] == said[:-1] and said[-1].startswith(again[-1]):

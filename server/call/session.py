@@ -487,6 +487,9 @@ class Session:
             last_voiced_at=speculation.paused.last_voiced_at, stt_done_at=self.clock()
         )
         preemption = Preemption(speculation, self.voice.orchestrator.snapshot(), timeline)
+        log.debug(
+            "preemptive answer to %r at %d ms of silence", transcript.text, self.vad.silent_ms
+        )
         self._count("preempted")
         self._start_answer(
             self._run_preemptive(preemption, transcript.text), "preemptive", preemption=preemption
@@ -675,6 +678,7 @@ class Session:
             if not running:  # ended with nothing to say; a running one restores as it unwinds
                 assert answer.preemption is not None
                 self.voice.orchestrator.restore(answer.preemption.snapshot)
+            log.debug("preemptive answer thrown away: the caller went on")
             self._count("preempted_wasted")
             self._questions_early = False  # this caller goes on after a pause
         else:
