@@ -302,6 +302,10 @@ class _Segment:
     no_speech_prob: float
 
 
+_DIGITAL_SILENCE_LOG_MEL = (-10.0 + 4.0) / 4.0
+"""faster-whisper's scaled log-mel of zeros (log10 clipped at 1e-10)."""
+
+
 class _ShortContext:
     """Greedy Whisper decoding with the encoder fed the utterance plus a margin, not 30 s.
 
@@ -369,9 +373,11 @@ class _ShortContext:
         if frames + margin_frames > self.MAX_FRAMES:
             return None
         width = -(-(frames + margin_frames) // 100) * 100
-        # silence as Whisper sees it: the floor of this log-mel (its maximum less 8 in log10,
-        # 2 after scaling), the padding of its 30 s window, not zeros (a low hum to it)
-        window = np.full((1, features.shape[0], width), features.max() - 2.0, dtype=np.float32)
+        # silence as Whisper sees it in its 30 s window: the floor of this log-mel (its maximum
+        # less 8 in log10, 2 once scaled) or digital silence's, whichever is higher; zeros would
+        # be a low hum to it
+        floor = max(float(features.max()) - 2.0, _DIGITAL_SILENCE_LOG_MEL)
+        window = np.full((1, features.shape[0], width), floor, dtype=np.float32)
         window[0, :, :frames] = features
         encoded = self.model.model.encode(ctranslate2.StorageView.from_array(window), to_cpu=False)
         seconds = len(audio) / SAMPLE_RATE
@@ -398,8 +404,8 @@ class _ShortContext:
 def repeats(text: str) -> bool:
     """Whether ``text`` goes on by saying its beginning again: "Where's my order? Where's my
     order? Where", or "Hello? Hello?" for a "Hello," and a pause, the way Whisper loops when it
-    sees too little silence after the speech. A caller who does say "No, no." costs one more
-    decode."""
+    sees too little silence after the speech. A caller who does say "No, no." is decoded again
+    (see ``TranscriberSettings.context_margin_s``)."""
     words = re.findall(r"[\w']+", text.lower())
     for start in range(1, len(words)):
         again, said = words[start:], words[: len(words) - start]
