@@ -310,8 +310,9 @@ class _ShortContext:
     """Greedy Whisper decoding with the encoder fed the utterance plus a margin, not 30 s.
 
     CTranslate2's Whisper encoder accepts fewer than 3000 mel frames; the decoder then attends to
-    a shorter context. Decoding is capped at a length plausible for the audio; hitting the cap
-    (a decoder that loops) returns None, and the caller falls back to the full window.
+    a shorter context, and with too little silence after the words it can loop. A decode that
+    loops (its text repeats itself, or it runs to a length plausible for the audio) is done
+    again with the recheck margin, then left to the caller's full window.
     """
 
     FRAMES_PER_S = 100
@@ -353,25 +354,31 @@ class _ShortContext:
         return cls(model, tokenizer, suppress, settings.context_margin_s, settings.recheck_margin_s)
 
     def decode(self, audio: NDArray[np.float32]) -> list[_Segment] | None:
-        """The utterance's words at the margin, or at the recheck margin when they repeat
-        themselves there; None when the full window must decide (they repeat at both, or the
-        decode hit its length cap)."""
+        """The utterance's words at the margin, or at the recheck margin when the decode
+        loops there; None when the full window must decide (it loops at both, or the utterance
+        is too long for a short context). Looping: the text repeats itself, or the decode
+        runs to its length cap."""
         features = self.model.feature_extractor(audio)
         for margin_frames in sorted({self.margin_frames, self.recheck_frames}):
+            if features.shape[-1] + margin_frames > self.MAX_FRAMES:
+                return None
             segments = self._decode(audio, features, margin_frames)
-            if not segments or not repeats(segments[0].text):
+            if segments is not None and not (segments and repeats(segments[0].text)):
                 return segments
-            log.debug("short-context decode repeats itself: %r", segments[0].text)
+            log.debug(
+                "short-context decode repeats itself or runs to its cap with %d frames of margin",
+                margin_frames,
+            )
         return None
 
     def _decode(
         self, audio: NDArray[np.float32], features: NDArray[np.float32], margin_frames: int
     ) -> list[_Segment] | None:
+        """Greedy decoding with ``margin_frames`` of silence after the words; None when it ran
+        to its length cap."""
         import ctranslate2
 
         frames = features.shape[-1]
-        if frames + margin_frames > self.MAX_FRAMES:
-            return None
         width = -(-(frames + margin_frames) // 100) * 100
         # silence as Whisper sees it in its 30 s window: the floor of this log-mel (its maximum
         # less 8 in log10, 2 once scaled) or digital silence's, whichever is higher; zeros would
@@ -394,8 +401,7 @@ class _ShortContext:
         )[0]
         tokens = result.sequences_ids[0]
         if len(tokens) >= cap - len(self.prompt):
-            log.debug("short-context decode hit its length cap; using the full window")
-            return None
+            return None  # a loop the text does not show, e.g. one word over and over
         avg_logprob = result.scores[0] * len(tokens) / (len(tokens) + 1)
         text = self.tokenizer.decode(tokens).strip()
         return [_Segment(text, avg_logprob, result.no_speech_prob)] if tokens else []
