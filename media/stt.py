@@ -97,9 +97,11 @@ class TranscriberSettings:
     """Encode only the utterance plus this much silence instead of Whisper's fixed 30 s window
     (the encoder's cost grows with its input: a short question decodes in ~90 ms against ~490
     on an AVX-512 core, ~125 with a 10 s margin). None: always the full window. Too little
-    silence makes tiny.en say the words again ("Yes. Yes."): of 172 test utterances, 2 at
-    6 s, 8 at 5 s, none at 10 s; such a decode is done again with ``recheck_margin_s``, and if
-    it still repeats, with the full window (what a caller who did say "Hello? Hello?" costs)."""
+    silence makes tiny.en say the words again ("Yes. Yes."), less so when it places its
+    segments in time as it does in its 30 s window: of 172 test utterances, none at 6 s and 1
+    at 5 s with timestamps, 2 and 8 without. Such a decode is done again with
+    ``recheck_margin_s``, and if it still repeats, with the full window (what a caller who did
+    say "Hello? Hello?" costs)."""
     recheck_margin_s: float = 10.0
     """The margin of a second decode when the first one's text repeats itself."""
 
@@ -310,13 +312,16 @@ class _ShortContext:
     """Greedy Whisper decoding with the encoder fed the utterance plus a margin, not 30 s.
 
     CTranslate2's Whisper encoder accepts fewer than 3000 mel frames; the decoder then attends to
-    a shorter context, and with too little silence after the words it can loop. A decode that
-    loops (its text repeats itself, or it runs to a length plausible for the audio) is done
-    again with the recheck margin, then left to the caller's full window.
+    a shorter context, and with too little silence after the words it can loop. It decodes with
+    timestamps, as Whisper does in its own window: segments placed in time loop far less, and a
+    segment that starts after the audio ends (words "heard" in the padding) is dropped. A decode
+    that still loops (its text repeats itself, or it runs to a length plausible for the audio)
+    is done again with the recheck margin, then left to the caller's full window.
     """
 
     FRAMES_PER_S = 100
     MAX_FRAMES = 3000
+    SECONDS_PER_TIMESTAMP = 0.02
 
     def __init__(
         self,
@@ -328,7 +333,7 @@ class _ShortContext:
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
-        self.prompt: list[int] = [*tokenizer.sot_sequence, tokenizer.no_timestamps]
+        self.prompt: list[int] = list(tokenizer.sot_sequence)  # timestamps on
         self.suppress = suppress
         self.margin_frames = int(margin_s * self.FRAMES_PER_S)
         self.recheck_frames = int(recheck_margin_s * self.FRAMES_PER_S)
@@ -403,8 +408,27 @@ class _ShortContext:
         if len(tokens) >= cap - len(self.prompt):
             return None  # a loop the text does not show, e.g. one word over and over
         avg_logprob = result.scores[0] * len(tokens) / (len(tokens) + 1)
-        text = self.tokenizer.decode(tokens).strip()
-        return [_Segment(text, avg_logprob, result.no_speech_prob)] if tokens else []
+        text = self._heard_text(tokens, seconds)
+        return [_Segment(text, avg_logprob, result.no_speech_prob)] if text else []
+
+    def _heard_text(self, tokens: list[int], seconds: float) -> str:
+        """The text of timestamped ``tokens`` (``<start> words <end>`` per segment), without
+        the segments that start at or after ``seconds``, the audio's end."""
+        begin = self.tokenizer.timestamp_begin
+        kept: list[int] = []
+        words: list[int] = []
+        start = 0.0
+        for token in [*tokens, begin]:  # a closing timestamp ends the last segment
+            if token < begin:
+                words.append(token)
+                continue
+            if words:  # a segment's end
+                if start < seconds:
+                    kept += words
+                words = []
+            else:  # a segment's start
+                start = (token - begin) * self.SECONDS_PER_TIMESTAMP
+        return str(self.tokenizer.decode(kept)).strip()
 
 
 def repeats(text: str) -> bool:
