@@ -37,7 +37,7 @@ off."""
 FOLLOW_UP = "It was due on Monday."
 SHORT_PAUSE_MS = 80
 """With Piper's edges (~140 ms + ~40 ms), ~260 ms of silence: a pause (160 ms) that starts a
-speculation, shorter than any end of turn (400 ms), longer than the question lead's 200 ms."""
+speculation, shorter than any end of turn (400 ms), longer than the question lead's 160 ms."""
 
 
 @pytest.mark.parametrize("text", ["Where is my order?", "Yes.", "Stop!", "  Thank you.  "])
@@ -87,7 +87,7 @@ async def _heard(text: str) -> Transcript:
 @pytest.mark.parametrize(
     ("text", "starts_at_ms"),
     [
-        ("Where is my order?", 200),  # a question: ends at 400 ms, answered 200 ms before
+        ("Where is my order?", 160),  # a question: ends at 400 ms, answered 240 ms before
         ("I am calling about my order.", 260),  # a statement: answered 140 ms before
         ("I would like to order a large pizza and", 760),  # trails off: ends at 900 ms
         ("Hello?", None),  # one word opens a turn more often than it ends one
@@ -300,7 +300,7 @@ async def test_speaking_again_after_a_pause_discards_the_speculation(
     assert transcript.data["speculative"] is True  # the decode at the final silence
     assert call.session.speculations["used"] == 1
     assert call.session.speculations["wasted"] >= 1  # the decode of the question alone
-    # an instant decode answered the question alone at 200 ms of silence (the question lead);
+    # an instant decode answered the question alone at 160 ms of silence (the question lead);
     # that answer was held, never heard, and undone when the caller went on
     thrown_away = 1 if decode_s == 0 else 0
     assert call.session.speculations["preempted_wasted"] == thrown_away

@@ -15,11 +15,11 @@ words, never by how fast the decode came back, so a call behaves the same on a s
 CPU: only ``preempt_lead_ms`` before the turn would end (260 ms of silence after a complete
 sentence, 760 ms after a trailing "and"), past the comma pauses of ordinary speech, and never on
 a single word ("Hello?", "Wait."), which opens a turn more often than it ends one. A question
-hands the turn over: after one the lead is ``question_lead_ms`` (200 ms of silence), until the
+hands the turn over: after one the lead is ``question_lead_ms`` (160 ms of silence), until the
 call's caller goes on after a preemptive answer (they add to their questions), from then on the
 ordinary lead. A decode that comes back later than that starts the answer when it arrives.
 
-The pause itself adapts to load, not to speed: ``quick_pause_ms`` (80 ms) while no decode waits
+The pause itself adapts to load, not to speed: ``quick_pause_ms`` (60 ms) while no decode waits
 for a Whisper worker, the configured ``pause_ms`` (160 ms) once decodes queue, since each
 speculative decode at a pause the caller talks through is then a wait for someone; with
 ``skip_backlog`` decodes waiting, there is no speculative decode at all.
@@ -115,24 +115,26 @@ class EndpointSettings:
     """How long before the end of the turn a preemptive answer may start: the LLM's head start.
     Longer starts answers sooner and wastes more LLM requests on callers who go on (a lead of
     160 ms preempts at the 240 ms comma pause of "Friday evening, please.")."""
-    question_lead_ms: int = 200
+    question_lead_ms: int = 240
     """The lead after a question, while the call has thrown no preemptive answer away (then
     ``preempt_lead_ms``): a question hands the turn over (the caller waits for the answer) far
     more often than a statement, which callers follow with more ("I ordered a kettle. When does
-    it come?"); 200 ms of silence after "Where is my order?" instead of 260. A caller who goes on
-    after a question ("... It was due on Monday.") costs that call one LLM request, once.
-    Never less than ``preempt_lead_ms``."""
+    it come?"); 160 ms of silence after "Where is my order?" instead of 260, about when a short
+    question's words are known after the quick pause. A caller who goes on after a question
+    ("... It was due on Monday.") costs that call one LLM request, once. Never less than
+    ``preempt_lead_ms``."""
     preempt_min_words: int = 2
     """Fewer words than this are answered only once the turn has ended."""
     skip_backlog: int = 1
     """Skip a speculative decode when this many decodes already wait for a Whisper worker: it
     would queue behind them (and push later callers' real decodes back) for words the end of
     the turn may transcribe anyway. 0: never skip."""
-    quick_pause_ms: int = 80
+    quick_pause_ms: int = 60
     """The speculation pause (``VadSettings.pause_ms``) while no decode waits for a Whisper
     worker: the words are known sooner when a decode costs nobody a wait (a question's at
-    ~170 ms of silence with a ~85 ms decode, before its 200 ms lead). 0: always the configured
-    pause."""
+    ~150 ms of silence with a ~90 ms decode, by its 160 ms preemption point). Shorter pauses
+    fall inside more utterances (60 ms: 1.9 a benchmark utterance, 80 ms: 1.6), each a decode
+    thrown away. 0: always the configured pause."""
 
     def __post_init__(self) -> None:
         if not 0 < self.complete_silence_ms <= self.incomplete_silence_ms:
