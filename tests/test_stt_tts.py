@@ -126,6 +126,25 @@ async def test_a_decode_that_repeats_itself_is_heard_again_with_more_silence(
         full.close()
 
 
+def test_words_placed_after_the_audio_ends_are_not_heard(transcriber: Transcriber) -> None:
+    """The short context decodes with timestamps: a segment that starts after the audio's end
+    is the decoder describing the padding (tiny.en saying the words again), not the caller."""
+    short = transcriber._short
+    assert short is not None
+    tokenizer = short.tokenizer
+
+    def at(seconds: float) -> int:
+        return int(tokenizer.timestamp_begin + round(seconds / short.SECONDS_PER_TIMESTAMP))
+
+    question = tokenizer.encode(" Where is my order?")
+    tokens = [at(0.0), *question, at(1.2), at(1.4), *question, at(2.0)]
+    assert short._heard_text(tokens, seconds=1.32) == "Where is my order?"
+    twice = short._heard_text(tokens, seconds=2.4)  # said twice within the audio: both kept
+    assert twice == "Where is my order? Where is my order?"
+    assert short._heard_text([at(0.0), *question], seconds=1.0) == "Where is my order?"
+    assert short._heard_text([at(1.5), *question, at(2.0)], seconds=1.0) == ""
+
+
 def test_repeats_finds_a_text_that_says_its_beginning_again() -> None:
     assert repeats("Where's my order? Where's my order? Where")
     assert repeats("Can I still cancel it? Can I still cancel")
