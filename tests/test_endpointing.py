@@ -230,6 +230,33 @@ async def test_no_speculative_decode_queues_behind_waiting_decodes(
 
 
 @pytest.mark.slow
+async def test_a_skipped_decode_starts_when_the_backlog_clears_while_the_caller_is_silent(
+    llm: ScriptedLLM, support: LoadedPlaybook, calls: list[VoiceCall]
+) -> None:
+    speech = piper_speech(QUESTION) + silence(200)
+    stt = await primed(0.0, speech)
+    stt.backlog = EndpointSettings().skip_backlog  # other calls' decodes wait for the worker
+    call = _call(calls, support, llm, stt=stt)
+    await call.say(speech)
+    await call.wait_event("speculation")  # the pause's decode, skipped
+    stt.backlog = 0  # the other calls' decodes got their worker; the caller is still silent
+    await call.wait_idle()
+
+    speculations = call.session.speculations
+    assert speculations["skipped"] == 1
+    (transcript,) = call.of_type("transcript")
+    assert transcript.data["speculative"] is True  # decoded in the pause, not after the turn
+    assert {"my", "order"} <= set(words(transcript.data["text"]))
+    assert speculations["used"] == 1
+    assert speculations["wasted"] == 0
+    assert stt.calls == 1  # no second decode at the end of the turn
+    (metrics,) = call.of_type("turn_metrics")
+    assert metrics.data["end_of_speech_ms"] < 600, (
+        metrics.data
+    )  # not the 900 ms of a decode never started
+
+
+@pytest.mark.slow
 @DECODE_TIMES
 async def test_a_pause_after_a_trailing_and_does_not_end_the_turn(
     decode_s: float, llm: ScriptedLLM, support: LoadedPlaybook, calls: list[VoiceCall]

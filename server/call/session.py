@@ -156,6 +156,9 @@ class Session:
         self.vad = VadSegmenter(vad, clock)
         self.echo = EchoGate(self.settings.echo)
         self._speculation: Speculation | None = None
+        self._skipped_pause: SpeechPaused | None = None
+        """The pause whose decode was skipped for the backlog, while the caller stays silent:
+        its decode starts as soon as the backlog clears."""
         self.speculations = {
             "used": 0,
             "wasted": 0,
@@ -306,9 +309,12 @@ class Session:
             elif isinstance(event, SpeechPaused):
                 self._speculate(event)
             elif isinstance(event, SpeechResumed):
+                self._skipped_pause = None
                 self._discard_speculation()
             else:
                 self._on_speech_ended(event)
+        if self._skipped_pause is not None and self.vad.speaking:
+            self._speculate(self._skipped_pause, again=True)
         self._check_onset()
         self._check_end_of_turn(at)
         self._check_barge_in()
@@ -395,19 +401,24 @@ class Session:
     def _decode_backlog(self) -> int | None:
         return decode_backlog(self.voice.transcriber)
 
-    def _speculate(self, paused: SpeechPaused) -> None:
+    def _speculate(self, paused: SpeechPaused, *, again: bool = False) -> None:
         """Transcribe the utterance so far, unless it cannot become a turn (a short sound over
         the agent, which only a barge-in would make one) or decodes already queue
-        (``EndpointSettings.skip_backlog``: counted as ``skipped``)."""
+        (``EndpointSettings.skip_backlog``: counted as ``skipped``, and tried ``again`` at each
+        frame of the same pause until the backlog clears or the pause ends)."""
         if not self.settings.endpoint.speculate:
             return
         if self._phase in AUDIBLE and not self._interrupted_this_utterance:
+            self._skipped_pause = None
             return
         skip = self.settings.endpoint.skip_backlog
         backlog = self._decode_backlog()
         if skip and backlog is not None and backlog >= skip:
-            self._count("skipped")
+            if not again:
+                self._count("skipped")
+                self._skipped_pause = paused
             return
+        self._skipped_pause = None
         self._discard_speculation()
         decode = self.voice.transcriber.transcribe(paused.audio, slack_s=self._slack_s(paused))
         task = asyncio.create_task(decode, name=f"speculation:{self.id}")
@@ -542,6 +553,7 @@ class Session:
         return speculation
 
     def _on_speech_ended(self, event: SpeechEnded) -> None:
+        self._skipped_pause = None
         if self._confirm_preemption(event):
             self._emit_speech_end(event)
             return
