@@ -22,7 +22,8 @@ ordinary lead. A decode that comes back later than that starts the answer when i
 The pause itself adapts to load, not to speed: ``quick_pause_ms`` (60 ms) while no decode waits
 for a Whisper worker, the configured ``pause_ms`` (160 ms) once decodes queue, since each
 speculative decode at a pause the caller talks through is then a wait for someone; with
-``skip_backlog`` decodes waiting, there is no speculative decode at all.
+``skip_backlog`` decodes waiting, the speculative decode waits until fewer do (if the caller is
+still silent then), instead of queueing.
 """
 
 from __future__ import annotations
@@ -128,7 +129,8 @@ class EndpointSettings:
     skip_backlog: int = 1
     """Skip a speculative decode when this many decodes already wait for a Whisper worker: it
     would queue behind them (and push later callers' real decodes back) for words the end of
-    the turn may transcribe anyway. 0: never skip."""
+    the turn may transcribe anyway. It starts when fewer wait, if the caller is still silent.
+    0: never skip."""
     quick_pause_ms: int = 60
     """The speculation pause (``VadSettings.pause_ms``) while no decode waits for a Whisper
     worker: the words are known sooner when a decode costs nobody a wait (a question's at
