@@ -15,9 +15,10 @@ words, never by how fast the decode came back, so a call behaves the same on a s
 CPU: only ``preempt_lead_ms`` before the turn would end (260 ms of silence after a complete
 sentence, 760 ms after a trailing "and"), past the comma pauses of ordinary speech, and never on
 a single word ("Hello?", "Wait."), which opens a turn more often than it ends one. A question
-hands the turn over: after one the lead is ``question_lead_ms`` (160 ms of silence), until the
-call's caller goes on after a preemptive answer (they add to their questions), from then on the
-ordinary lead. A decode that comes back later than that starts the answer when it arrives.
+hands the turn over: after one the lead is ``question_lead_ms`` (an answer at 160 ms of
+silence), until the call's caller goes on after a preemptive answer (they add to their
+questions), from then on the ordinary lead. A decode that comes back later than that starts
+the answer when it arrives.
 
 The pause itself adapts to load, not to speed: ``quick_pause_ms`` (60 ms) while no decode waits
 for a Whisper worker, the configured ``pause_ms`` (160 ms) once decodes queue, since each
@@ -134,9 +135,10 @@ class EndpointSettings:
     quick_pause_ms: int = 60
     """The speculation pause (``VadSettings.pause_ms``) while no decode waits for a Whisper
     worker: the words are known sooner when a decode costs nobody a wait (a question's at
-    ~150 ms of silence with a ~90 ms decode, by its 160 ms preemption point). Shorter pauses
-    fall inside more utterances (60 ms: 1.9 a benchmark utterance, 80 ms: 1.6), each a decode
-    thrown away. 0: always the configured pause."""
+    ~150 ms of silence with a ~90 ms decode, by its 160 ms preemption point). A shorter pause
+    falls inside more utterances (pauses per test utterance, its last one included: 1.9 at
+    60 ms, 1.6 at 80), and a decode at a pause the caller talks through is thrown away. 0:
+    always the configured pause."""
 
     def __post_init__(self) -> None:
         if not 0 < self.complete_silence_ms <= self.incomplete_silence_ms:
