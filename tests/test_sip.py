@@ -138,6 +138,7 @@ async def test_phone_call_answer_digits_and_barge_in(
     steady_from = time.monotonic() - 2.0
     packets = phone.heard.count_between(steady_from, time.monotonic())
     assert 90 <= packets <= 110  # a steady 20 ms clock, speech or silence
+    await _after_the_greeting(phone)
     start = len(phone.heard.pcm)
     await phone.say(phone_audio(QUESTION) + silence(6000, 8000))
     said = await _said(bytes(phone.heard.pcm[start:]))
