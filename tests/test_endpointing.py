@@ -7,10 +7,12 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import numpy as np
 import pytest
 
 from media import SpeechPaused, SpeechToText, Transcript
-from media.audio import silence
+from media.audio import FRAME_BYTES, silence
+from media.vad import VadSettings
 from playbooks import load_playbook
 from playbooks.loader import LoadedPlaybook
 from server.call.endpointing import (
@@ -35,6 +37,9 @@ PAUSE_AFTER_AND_MS = 600
 after) the caller is silent ~700 ms: over the VAD's 400 ms, under the 900 ms for words that trail
 off."""
 FOLLOW_UP = "It was due on Monday."
+QUICK_GAP_MS = 100
+"""Silence between two voiced stretches: a pause at the quick 60 ms, none at the VAD's 160 ms
+(80-140 ms all do with webrtcvad)."""
 SHORT_PAUSE_MS = 80
 """With Piper's edges (~140 ms + ~40 ms), ~260 ms of silence: a pause (160 ms) that starts a
 speculation, shorter than any end of turn (400 ms), longer than the question lead's 160 ms."""
@@ -160,6 +165,14 @@ def _call(
     return call
 
 
+def _voiced(pcm: bytes) -> bytes:
+    """``pcm`` (16 kHz PCM16) without Piper's quiet edges, cut to whole 20 ms frames."""
+    samples = np.frombuffer(pcm, dtype=np.int16)
+    loud = np.flatnonzero(np.abs(samples) > 300)
+    frame = FRAME_BYTES // 2
+    return samples[loud[0] // frame * frame : (loud[-1] // frame + 1) * frame].tobytes()
+
+
 def _streamed(llm: ScriptedLLM) -> list[dict[str, Any]]:
     """The streamed chat requests: one per answered turn."""
     return [request for request in llm.requests if request.get("stream")]
@@ -237,6 +250,35 @@ async def test_no_speculative_decode_queues_behind_waiting_decodes(
     assert stt.calls == 1  # never a second decode
     (metrics,) = call.of_type("turn_metrics")
     assert metrics.data["end_of_speech_ms"] < 600, metrics.data  # no wait for a late decode
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("idle", [True, False], ids=["whisper-idle", "whisper-busy"])
+async def test_short_pauses_are_transcribed_only_while_whisper_is_idle(
+    idle: bool, llm: ScriptedLLM, support: LoadedPlaybook, calls: list[VoiceCall]
+) -> None:
+    """While no other call's decode keeps Whisper busy, a pause of ``quick_pause_ms`` is
+    transcribed (and the decode thrown away when the caller goes on); while one does, only the
+    VAD's longer pause is: a decode the caller talks through would be a wait for the others."""
+    speech = (
+        _voiced(piper_speech("I need to change"))
+        + silence(QUICK_GAP_MS)
+        + _voiced(piper_speech("my delivery address."))
+        + silence(200)
+    )
+    stt = await primed(0.0, speech)
+    await stt.prime(speech, VadSettings(pause_ms=EndpointSettings().quick_pause_ms))
+    stt.idle = idle
+    call = _call(calls, support, llm, stt=stt)
+    await call.say(speech)
+    await call.wait_idle()
+
+    speculations = call.session.speculations
+    assert speculations["wasted"] == int(idle)  # the decode at the gap, if it was transcribed
+    assert speculations["used"] == 1
+    (transcript,) = call.of_type("transcript")
+    assert {"change", "delivery", "address"} <= set(words(transcript.data["text"]))
+    assert stt.misses == 0
 
 
 @pytest.mark.slow

@@ -127,6 +127,21 @@ async def test_the_whisper_pool_reports_decodes_waiting_for_a_worker() -> None:
         stt.close()
 
 
+async def test_the_whisper_pool_tells_whether_anybody_else_keeps_it_busy() -> None:
+    stt = transcriber().variant(workers=1)
+    try:
+        mine = [asyncio.ensure_future(stt.transcribe(silence(1000), owner="a")) for _ in range(2)]
+        await asyncio.sleep(0)
+        assert stt.has_idle_worker(besides="a")  # only a's own decodes, one of them waiting
+        assert not stt.has_idle_worker(besides="b")
+        assert not stt.has_idle_worker()
+        await asyncio.gather(*mine)
+        assert stt.has_idle_worker(besides="b")
+        assert stt.has_idle_worker()
+    finally:
+        stt.close()
+
+
 @contextmanager
 def _late_loop() -> Iterator[None]:
     """Keep this event loop about 200 ms late: block it 200 ms at a time, as a process too

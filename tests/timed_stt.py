@@ -52,6 +52,9 @@ class TimedTranscriber:
         self.backlog: int | None = None
         """Decodes the session is told wait for a worker (``Transcriber.backlog``); None: not
         told, as of a remote transcriber."""
+        self.idle: bool | None = None
+        """Whether the session is told no other call's decode keeps Whisper busy
+        (``Transcriber.has_idle_worker``); None: not told, as of a remote transcriber."""
 
     async def prime(self, script: bytes, vad: VadSettings | None = None) -> None:
         """Decode ahead what a call fed ``script`` (after silence) will ask for: the audio at
@@ -68,7 +71,12 @@ class TimedTranscriber:
                     if isinstance(event, SpeechPaused | SpeechEnded):
                         await self._decode(event.audio)
 
-    async def transcribe(self, pcm: bytes, *, slack_s: float = 0.0) -> Transcript:
+    def has_idle_worker(self, *, besides: object = None) -> bool | None:
+        return self.idle
+
+    async def transcribe(
+        self, pcm: bytes, *, slack_s: float = 0.0, owner: object = None
+    ) -> Transcript:
         self.calls += 1
         key = _key(pcm)
         if key not in _DECODED:

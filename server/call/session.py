@@ -65,7 +65,7 @@ from media import (
     VadSegmenter,
     VadSettings,
 )
-from media.stt import decode_backlog
+from media.stt import decode_backlog, has_idle_worker
 from playbooks import BargeInPolicy
 
 from .answer import Answer, AnswerKind, AnswerState, Preemption
@@ -390,13 +390,17 @@ class Session:
     # -- end of turn ---------------------------------------------------------------------------
 
     def _speculation_pause_ms(self) -> int:
-        """The pause that starts a speculative decode: ``quick_pause_ms`` while no decode
-        waits for a worker (``backlog``, where the transcriber tells it), else the VAD's."""
+        """The pause that starts a speculative decode: ``quick_pause_ms`` while a Whisper
+        worker is idle of other calls' decodes, else the VAD's; where the transcriber does not
+        tell (a remote one), quick while no decode waits for a worker."""
         quick = self.settings.endpoint.quick_pause_ms
         configured = self.settings.vad.pause_ms
         if not quick or not configured or quick >= configured:
             return configured
-        return quick if self._decode_backlog() == 0 else configured
+        idle = has_idle_worker(self.voice.transcriber, besides=self.id)
+        if idle is None:
+            idle = self._decode_backlog() == 0
+        return quick if idle else configured
 
     def _decode_backlog(self) -> int | None:
         return decode_backlog(self.voice.transcriber)
@@ -420,7 +424,9 @@ class Session:
             return
         self._skipped_pause = None
         self._discard_speculation()
-        decode = self.voice.transcriber.transcribe(paused.audio, slack_s=self._slack_s(paused))
+        decode = self.voice.transcriber.transcribe(
+            paused.audio, slack_s=self._slack_s(paused), owner=self.id
+        )
         task = asyncio.create_task(decode, name=f"speculation:{self.id}")
         speculation = self._speculation = Speculation(paused, task)
         task.add_done_callback(lambda _: self._on_decoded(speculation))

@@ -423,8 +423,8 @@ class ServeOptions(BaseModel):
         Cli(SPEECH, "MS"),
         Field(
             ge=0,
-            description="--speculation-pause-ms while no decode waits for a Whisper worker "
-            "(0: always --speculation-pause-ms)",
+            description="--speculation-pause-ms while a Whisper worker is idle of other calls' "
+            "decodes (0: always --speculation-pause-ms)",
         ),
     ] = _ENDPOINT.quick_pause_ms
 
