@@ -134,13 +134,13 @@ class EndpointSettings:
     0: never skip."""
     quick_pause_ms: int = 60
     """The speculation pause (``VadSettings.pause_ms``) while a Whisper worker is idle of
-    other calls' decodes (the call's own, which the new pause supersedes, do not count): the
-    words are known sooner when a decode costs nobody a wait (a question's at ~150 ms of
-    silence with a ~90 ms decode, by its 160 ms preemption point). A shorter pause falls
-    inside more utterances (pauses per test utterance, its last one included: 1.9 at 60 ms,
-    1.6 at 80), and a decode at a pause the caller talks through is thrown away: with 16
-    calls on two cores, 82-88 a run against 104-113 when the quick pause held while no decode
-    waited. 0: always the configured pause."""
+    other calls' decodes (the call's own speculative ones, which a new pause supersedes, do
+    not count): the words are known sooner when a decode costs nobody a wait (a question's
+    at ~150 ms of silence with a ~90 ms decode, by its 160 ms preemption point). A shorter
+    pause falls inside more utterances (pauses per test utterance, its last one included:
+    1.9 at 60 ms, 1.6 at 80), and a decode at a pause the caller talks through is thrown
+    away: with 16 calls on two cores, 76-88 a run against 104-113 when the quick pause held
+    while no decode waited. 0: always the configured pause."""
 
     def __post_init__(self) -> None:
         if not 0 < self.complete_silence_ms <= self.incomplete_silence_ms:
