@@ -156,8 +156,9 @@ class Transcriber:
         self._pool = PriorityPool(
             settings.workers, thread_name_prefix="whisper", initializer=lower_this_thread
         )
-        self._unfinished = 0
         self._unfinished_by: Counter[object] = Counter()
+        """Decodes running or waiting for a worker, by owner (abandoned ones until their thread
+        is done)."""
         self._count_lock = threading.Lock()
 
     @classmethod
@@ -195,7 +196,6 @@ class Transcriber:
         result: a decode that has not started is dropped, a running one finishes in its
         thread. ``owner``'s decodes are counted apart (:meth:`has_idle_worker`)."""
         with self._count_lock:
-            self._unfinished += 1
             self._unfinished_by[owner] += 1
         needed_by_ms = round((time.monotonic() + max(0.0, slack_s)) * 1000)
         decode = self._pool.submit(self._decode, pcm, priority=needed_by_ms)
@@ -211,19 +211,20 @@ class Transcriber:
     @property
     def in_flight(self) -> int:
         """Decodes running or waiting for a worker (abandoned ones until their thread is done)."""
-        return self._unfinished
+        with self._count_lock:
+            return sum(self._unfinished_by.values())
 
     def has_idle_worker(self, *, besides: object = None) -> bool:
         """Whether a decode submitted now would start at once if ``besides``' own decodes in
         flight (abandoned ones included, until their thread is done) were not there: whether
         anybody else keeps Whisper busy."""
         with self._count_lock:
-            others = self._unfinished - (self._unfinished_by[besides] if besides is not None else 0)
+            mine = self._unfinished_by[besides] if besides is not None else 0
+            others = sum(self._unfinished_by.values()) - mine
         return others < self.settings.workers
 
     def _finished(self, owner: object) -> None:
         with self._count_lock:  # called from a pool thread
-            self._unfinished -= 1
             self._unfinished_by[owner] -= 1
             if not self._unfinished_by[owner]:
                 del self._unfinished_by[owner]

@@ -7,11 +7,10 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-import numpy as np
 import pytest
 
 from media import SpeechPaused, SpeechToText, Transcript
-from media.audio import FRAME_BYTES, silence
+from media.audio import SAMPLE_RATE, silence, trim_leading_silence, trim_trailing_silence
 from media.vad import VadSettings
 from playbooks import load_playbook
 from playbooks.loader import LoadedPlaybook
@@ -25,6 +24,7 @@ from server.call.session import SessionSettings
 from tests.calls import VoiceCall, piper_speech, start_call, synthesize_ahead, words
 from tests.conftest import EXAMPLES
 from tests.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
+from tests.speech import whole_frames
 from tests.timed_stt import DECODE_TIMES, primed
 
 QUESTION = "Where is my order?"
@@ -39,7 +39,7 @@ off."""
 FOLLOW_UP = "It was due on Monday."
 QUICK_GAP_MS = 100
 """Silence between two voiced stretches: a pause at the quick 60 ms, none at the VAD's 160 ms
-(80-140 ms all do with webrtcvad)."""
+(60-140 ms all do with webrtcvad)."""
 SHORT_PAUSE_MS = 80
 """With Piper's edges (~140 ms + ~40 ms), ~260 ms of silence: a pause (160 ms) that starts a
 speculation, shorter than any end of turn (400 ms), longer than the question lead's 160 ms."""
@@ -166,11 +166,8 @@ def _call(
 
 
 def _voiced(pcm: bytes) -> bytes:
-    """``pcm`` (16 kHz PCM16) without Piper's quiet edges, cut to whole 20 ms frames."""
-    samples = np.frombuffer(pcm, dtype=np.int16)
-    loud = np.flatnonzero(np.abs(samples) > 300)
-    frame = FRAME_BYTES // 2
-    return samples[loud[0] // frame * frame : (loud[-1] // frame + 1) * frame].tobytes()
+    """``pcm`` (16 kHz PCM16) without Piper's quiet edges, in whole 20 ms frames."""
+    return whole_frames(trim_trailing_silence(trim_leading_silence(pcm, SAMPLE_RATE), SAMPLE_RATE))
 
 
 def _streamed(llm: ScriptedLLM) -> list[dict[str, Any]]:
