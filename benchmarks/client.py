@@ -32,6 +32,9 @@ from server.transports.tracks import (
 
 __all__ = ["SILENCE_DBFS", "ReceivedFrame", "SpokenUtterance", "WebRTCCaller", "voiced_span_ms"]
 
+BROWSER_OPUS_APPLICATION = "voip"
+"""The callers' Opus mode: a browser's (libwebrtc encodes speech in libopus's VoIP mode)."""
+
 SILENCE_DBFS = -50.0
 """Agent frames quieter than this count as silence."""
 
@@ -118,7 +121,7 @@ class WebRTCCaller:
             if transceiver.kind == "audio":  # per caller (aiortc's 80 ms playout buffer stays)
                 decode_on_loop(transceiver.receiver)
         if negotiated_opus(answer["sdp"]):  # a browser's encoder is native code: keep ours cheap
-            microphone.opus = OpusPackets()
+            microphone.opus = OpusPackets(application=BROWSER_OPUS_APPLICATION)
 
     def say(self, pcm16k: bytes) -> SpokenUtterance:
         """Queue speech on the microphone (after anything still playing)."""

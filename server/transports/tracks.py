@@ -26,6 +26,7 @@ from media import FRAME_BYTES, FRAME_MS, SAMPLE_RATE, FrameSplitter, Resampler, 
 from media.speaker import SILENT_DBFS
 
 __all__ = [
+    "OPUS_APPLICATION",
     "OPUS_BITRATE",
     "OUTPUT_RATE",
     "OpusPackets",
@@ -44,6 +45,13 @@ OPUS_BITRATE = 32_000
 """Bits per second of the agent's voice when the server encodes it (:class:`OpusPackets`):
 mono speech, where aiortc's own encoder spends 96 kbit/s on stereo."""
 
+OPUS_APPLICATION = "lowdelay"
+"""libopus's mode for the agent's voice: CELT alone ("restricted low delay"). Synthesized speech
+at 32 kbit/s needs none of SILK's speech modelling, which costs two and a half times the CPU:
+on an AVX-512 core a 20 ms frame encodes in ~86 us against ~217 us in the "voip" mode, at
+PESQ-wb 4.36 against 4.52 on the default voice (STOI 0.995 both) and ~39 kbit/s on the wire
+(CELT's VBR), with 4 ms less look-ahead (2.5 against 6.5 ms). Any Opus decoder plays it."""
+
 SILENCE_TAIL_FRAMES = 3
 """Silent frames encoded as they come after sound (the encoder's state fades out) before the
 cached silence packet takes over."""
@@ -59,9 +67,10 @@ class OpusPackets:
     encoded once and sent again and again (after a short encoded tail, so sound fades out).
     """
 
-    def __init__(self, bitrate: int = OPUS_BITRATE) -> None:
-        self._codec = _opus_encoder(bitrate)
-        self._silence = _silence_packet(bitrate)
+    def __init__(self, bitrate: int = OPUS_BITRATE, application: str = OPUS_APPLICATION) -> None:
+        """``application``: libopus's mode (``lowdelay``, ``voip`` or ``audio``)."""
+        self._codec = _opus_encoder(bitrate, application)
+        self._silence = _silence_packet(bitrate, application)
         self._silent_run = 0
         self._time_base = fractions.Fraction(1, OUTPUT_RATE)
         self._samples = OUTPUT_RATE * FRAME_MS // 1000
@@ -86,20 +95,20 @@ class OpusPackets:
         return packet
 
 
-def _opus_encoder(bitrate: int) -> AudioCodecContext:
+def _opus_encoder(bitrate: int, application: str) -> AudioCodecContext:
     codec = av.CodecContext.create("libopus", "w")
     codec.bit_rate = bitrate
     codec.format = "s16"
     codec.layout = "mono"
     codec.sample_rate = OUTPUT_RATE
     codec.time_base = fractions.Fraction(1, OUTPUT_RATE)
-    codec.options = {"application": "voip"}
+    codec.options = {"application": application}
     return codec
 
 
-def _silence_packet(bitrate: int) -> bytes:
+def _silence_packet(bitrate: int, application: str) -> bytes:
     """One 20 ms Opus packet of silence, from an encoder that has heard nothing else."""
-    codec = _opus_encoder(bitrate)
+    codec = _opus_encoder(bitrate, application)
     samples = OUTPUT_RATE * FRAME_MS // 1000
     packets: list[bytes] = []
     for n in range(SILENCE_TAIL_FRAMES + 1):
