@@ -5,10 +5,13 @@ and real libopus."""
 from __future__ import annotations
 
 import asyncio
+import ctypes.util
 import queue
 import threading
+from pathlib import Path
 
 import av
+import numpy as np
 import pytest
 from aiortc import RTCPeerConnection, RTCSessionDescription
 from aiortc.codecs import PCMU_CODEC
@@ -19,6 +22,7 @@ from aiortc.rtcrtpparameters import RTCRtpCodecParameters
 from aiortc.rtp import RtpPacket
 
 from media.audio import pcm_rms_dbfs
+from server.transports import libopus
 from server.transports.inbound import LoopDecoder, PromptAudioBuffer, hear_promptly
 from tests.speech import tone
 
@@ -85,19 +89,49 @@ async def test_a_receiver_without_its_track_yet_keeps_aiortcs_decoder() -> None:
         await pc.close()
 
 
+@pytest.mark.parametrize("rate", [None, 16000], ids=["aiortc-48k", "libopus-16k"])
 @pytest.mark.parametrize("channels", [1, 2])
-async def test_opus_is_decoded_there_and_then_to_mono(channels: int) -> None:
+async def test_opus_is_decoded_there_and_then_to_mono(channels: int, rate: int | None) -> None:
     frames: asyncio.Queue[av.AudioFrame | None] = asyncio.Queue()
-    decoder = LoopDecoder(frames)
+    decoder = LoopDecoder(frames, opus_rate=rate)
     voice = tone(48000, 200, frequency=440)
     for n, packet in enumerate(_opus_frames(voice, channels)):
         decoder.put((OPUS, JitterFrame(packet, n * 960)))
     decoded = [frames.get_nowait() for _ in range(frames.qsize())]  # no await: already there
+    heard_rate = rate or 48000
+    samples = heard_rate // 50
     assert len(decoded) == 10
-    assert all(f is not None and f.layout.name == "mono" and f.samples == 960 for f in decoded)
-    assert all(f is not None and f.sample_rate == 48000 for f in decoded)
-    pcm = b"".join(bytes(f.planes[0])[:1920] for f in decoded[3:] if f is not None)
+    assert all(f is not None and f.layout.name == "mono" and f.samples == samples for f in decoded)
+    assert all(f is not None and f.sample_rate == heard_rate for f in decoded)
+    assert [f.pts for f in decoded if f is not None] == [n * samples for n in range(10)]
+    pcm = b"".join(bytes(f.planes[0])[: samples * 2] for f in decoded[3:] if f is not None)
     assert pcm_rms_dbfs(pcm) == pytest.approx(pcm_rms_dbfs(voice), abs=3)
+    assert _dominant_hz(pcm, heard_rate) == pytest.approx(440, abs=10)
+
+
+def _dominant_hz(pcm: bytes, rate: int) -> float:
+    samples = np.frombuffer(pcm, dtype=np.int16).astype(np.float64)
+    spectrum = np.abs(np.fft.rfft(samples * np.hanning(len(samples))))
+    return float(np.fft.rfftfreq(len(samples), 1 / rate)[int(np.argmax(spectrum))])
+
+
+def test_the_callers_opus_is_decoded_at_48_khz_when_no_libopus_loads(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    libopus._libopus.cache_clear()
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: None)
+    monkeypatch.setattr(libopus, "Path", lambda _: Path("/nonexistent/av/__init__.py"))
+    try:
+        assert libopus.narrow_opus_decoder(16000) is None
+        assert "no libopus to load" in caplog.text
+        frames: asyncio.Queue[av.AudioFrame | None] = asyncio.Queue()
+        decoder = LoopDecoder(frames, opus_rate=16000)
+        decoder.put((OPUS, JitterFrame(_opus_frames(tone(48000, 20), 1)[0], 0)))
+        heard = frames.get_nowait()
+        assert heard is not None
+        assert heard.sample_rate == 48000
+    finally:
+        libopus._libopus.cache_clear()
 
 
 async def test_other_codecs_use_aiortcs_decoders() -> None:
@@ -114,11 +148,12 @@ async def test_other_codecs_use_aiortcs_decoders() -> None:
     assert pcm_rms_dbfs(bytes(heard.planes[0])[: heard.samples * 2]) > -20
 
 
+@pytest.mark.parametrize("rate", [None, 16000], ids=["aiortc-48k", "libopus-16k"])
 def test_a_frame_that_does_not_decode_is_skipped_and_the_next_one_is_heard(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, rate: int | None
 ) -> None:
     frames: asyncio.Queue[av.AudioFrame | None] = asyncio.Queue()
-    decoder = LoopDecoder(frames)
+    decoder = LoopDecoder(frames, opus_rate=rate)
     good = _opus_frames(tone(48000, 40, frequency=440), 1)
     decoder.put((OPUS, JitterFrame(b"\xff" * 3, 0)))  # a malformed Opus packet
     assert "did not decode" in caplog.text

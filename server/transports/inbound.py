@@ -5,9 +5,10 @@ aiortc's audio receiver holds each packet in its jitter buffer until four more h
 posts each frame back to the event loop. A playout device needs that; the server's listener is
 the VAD, which needs the audio in order and at once. :func:`hear_promptly` gives a receiver a
 buffer that releases each packet as it arrives (:class:`PromptAudioBuffer`) and decodes it on
-the event loop, to mono (:class:`LoopDecoder`): ~40 us of libopus a frame instead of a decode,
-two cross-thread hand-overs and a stereo frame per call, 50 times a second each. With 16 calls
-the receivers' threads took the GIL from the event loop 800 times a second.
+the event loop, to mono at the pipeline's 16 kHz (:class:`LoopDecoder`): one libopus call a
+frame instead of a decode, two cross-thread hand-overs, a stereo frame and a resampling per
+call, 50 times a second each. With 16 calls the receivers' threads took the GIL from the event
+loop 800 times a second.
 
 Both replace private members of ``RTCRtpReceiver`` (aiortc 1.16; pyproject.toml pins the minor
 release), before media flows; when a member is not where it was, :func:`hear_promptly` leaves
@@ -29,6 +30,10 @@ from aiortc.codecs.opus import OpusDecoder
 from aiortc.jitterbuffer import JitterBuffer, JitterFrame
 from aiortc.rtcrtpparameters import RTCRtpCodecParameters
 from aiortc.utils import uint16_add
+
+from media.audio import SAMPLE_RATE
+
+from .libopus import OpusDecodeError, narrow_opus_decoder
 
 __all__ = ["LoopDecoder", "PromptAudioBuffer", "decode_on_loop", "hear_promptly"]
 
@@ -74,12 +79,14 @@ class LoopDecoder:
     aiortc's receiver still starts its decoder thread with this object as its queue; the thread
     waits in :meth:`get` until the receiver stops (``put(None)``), then ends the track as it
     always did. Opus is decoded to mono (the pipeline's channel count; libopus mixes a stereo
-    stream down itself); other codecs by aiortc's decoders. A frame that fails to decode is
-    skipped (20 ms of the caller's audio), as aiortc skips it.
+    stream down itself), at ``opus_rate`` by libopus itself where it loads
+    (:mod:`.libopus`), else at 48 kHz by aiortc's decoder; other codecs by aiortc's decoders.
+    A frame that fails to decode is skipped (20 ms of the caller's audio), as aiortc skips it.
     """
 
-    def __init__(self, track_queue: asyncio.Queue[Any]) -> None:
+    def __init__(self, track_queue: asyncio.Queue[Any], *, opus_rate: int | None = None) -> None:
         self._frames = track_queue
+        self._opus_rate = opus_rate
         self._codec: str | None = None
         self._decoder: Any = None
         self._stopped = threading.Event()
@@ -93,12 +100,11 @@ class LoopDecoder:
             return
         codec, encoded = task
         if codec.name != self._codec:
-            opus = codec.name.lower() == "opus"
-            self._decoder = _MonoOpusDecoder() if opus else get_decoder(codec)
+            self._decoder = self._decoder_for(codec)
             self._codec = codec.name
         try:
             frames = self._decoder.decode(encoded)
-        except av.FFmpegError as exc:
+        except (av.FFmpegError, OpusDecodeError) as exc:
             self._failures += 1
             level = logging.WARNING if self._failures == 1 else logging.DEBUG
             log.log(level, "a caller's %s frame did not decode (%d so far): %s", codec.name,
@@ -106,6 +112,12 @@ class LoopDecoder:
             return
         for frame in frames:
             self._frames.put_nowait(frame)
+
+    def _decoder_for(self, codec: RTCRtpCodecParameters) -> Any:
+        if codec.name.lower() != "opus":
+            return get_decoder(codec)
+        narrow = narrow_opus_decoder(self._opus_rate) if self._opus_rate else None
+        return narrow or _MonoOpusDecoder()
 
     def get(self, block: bool = True, timeout: float | None = None) -> None:
         """Where aiortc's decoder thread waits (``queue.Queue.get``'s contract): until the
@@ -135,12 +147,13 @@ def hear_promptly(receiver: RTCRtpReceiver) -> bool:
         setattr(receiver, _JITTER_BUFFER, PromptAudioBuffer(capacity=16))
     else:
         log.warning("cannot shorten the inbound jitter buffer of this aiortc version")
-    return decode_on_loop(receiver) and prompt
+    return decode_on_loop(receiver, opus_rate=SAMPLE_RATE) and prompt
 
 
-def decode_on_loop(receiver: RTCRtpReceiver) -> bool:
-    """Give a receiver a :class:`LoopDecoder` in place of aiortc's decoder thread (its jitter
-    buffer stays). Call before media flows; False, with a warning, if it could not be done."""
+def decode_on_loop(receiver: RTCRtpReceiver, *, opus_rate: int | None = None) -> bool:
+    """Give a receiver a :class:`LoopDecoder` (decoding Opus at ``opus_rate``, default 48 kHz)
+    in place of aiortc's decoder thread (its jitter buffer stays). Call before media flows;
+    False, with a warning, if it could not be done."""
     track_queue = getattr(receiver.track, "_queue", None)
     if (
         getattr(receiver, _STARTED, True)
@@ -149,5 +162,5 @@ def decode_on_loop(receiver: RTCRtpReceiver) -> bool:
     ):
         log.warning("cannot decode the caller's audio on the event loop with this aiortc")
         return False
-    setattr(receiver, _DECODER_QUEUE, LoopDecoder(track_queue))
+    setattr(receiver, _DECODER_QUEUE, LoopDecoder(track_queue, opus_rate=opus_rate))
     return True
