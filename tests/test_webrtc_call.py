@@ -216,6 +216,7 @@ def test_the_agents_voice_is_sent_as_opus_packets_and_silence_as_one_cached_pack
     stream = [(frame, False) for frame in frames] + [(silence_frame, True)] * 8
     packets = [opus.packet(pcm, n * 960, silent=silent) for n, (pcm, silent) in enumerate(stream)]
     assert [p.pts for p in packets] == [n * 960 for n in range(len(stream))]
+    assert all(bytes(p)[0] >> 3 >= 16 for p in packets)  # TOC configs 16-31: CELT only
     tail = [bytes(p) for p in packets[len(frames) + SILENCE_TAIL_FRAMES :]]
     assert len(set(tail)) == 1  # after a short encoded tail, one packet stands for silence
     decoder = av.CodecContext.create("libopus", "r")
