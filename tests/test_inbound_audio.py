@@ -162,6 +162,13 @@ def test_a_frame_that_does_not_decode_is_skipped_and_the_next_one_is_heard(
     assert frames.qsize() == 1
 
 
+def test_an_empty_opus_payload_is_no_audio() -> None:
+    frames: asyncio.Queue[av.AudioFrame | None] = asyncio.Queue()
+    decoder = LoopDecoder(frames, opus_rate=16000)
+    decoder.put((OPUS, JitterFrame(b"", 0)))
+    assert frames.empty()
+
+
 def test_aiortcs_decoder_thread_waits_until_the_receiver_stops() -> None:
     decoder = LoopDecoder(asyncio.Queue())
     ended = threading.Event()

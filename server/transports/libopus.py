@@ -42,8 +42,8 @@ class NarrowOpusDecoder:
     """One caller's Opus stream decoded to mono PCM16 at ``rate`` (8, 12, 16, 24 or 48 kHz).
 
     aiortc's decoder contract: :meth:`decode` takes one encoded frame and returns its audio
-    frames (here always one, of ``rate`` Hz, pts in ``1/rate``); a malformed packet raises
-    :class:`OpusDecodeError`. Not thread-safe (one stream, one thread).
+    frames (here one, of ``rate`` Hz, pts in ``1/rate``; none for an empty payload); a
+    malformed packet raises :class:`OpusDecodeError`. Not thread-safe (one stream, one thread).
     """
 
     def __init__(self, library: ctypes.CDLL, rate: int) -> None:
@@ -64,6 +64,8 @@ class NarrowOpusDecoder:
 
     def decode(self, encoded: JitterFrame) -> list[av.AudioFrame]:
         data = encoded.data
+        if not data:  # libopus would conceal a lost packet, as long as the longest one
+            return []
         samples = self._library.opus_decode(
             self._state, data, len(data), self._pcm, self._max_samples, 0
         )
