@@ -70,6 +70,15 @@ def tone(
     return np.repeat(samples, channels).tobytes()
 
 
+def peak_frequency(pcm: bytes, rate: int) -> float:
+    """The strongest frequency of PCM16 mono, interpolated between FFT bins."""
+    x = np.frombuffer(pcm, dtype=np.int16).astype(np.float64)
+    spectrum = np.abs(np.fft.rfft(x * np.hanning(x.size)))
+    k = int(np.argmax(spectrum[1:-1])) + 1
+    a, b, c = np.log(spectrum[k - 1 : k + 2] + 1e-12)
+    return float((k + 0.5 * (a - c) / (a - 2 * b + c)) * rate / x.size)
+
+
 def white_noise(ms: float, dbfs: float, seed: int = 7) -> bytes:
     """Gaussian white noise at 16 kHz with an RMS level of ``dbfs``."""
     rng = np.random.default_rng(seed)

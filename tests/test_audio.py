@@ -19,22 +19,13 @@ from media.audio import (
     trim_leading_silence,
     trim_trailing_silence,
 )
-from tests.speech import tone, white_noise
+from tests.speech import peak_frequency, tone, white_noise
 
 TONE_DBFS = 20 * math.log10(0.5 / math.sqrt(2))  # a sine at half of full scale
 
 
 def samples(pcm: bytes) -> NDArray[np.float64]:
     return np.frombuffer(pcm, dtype=np.int16).astype(np.float64)
-
-
-def peak_frequency(pcm: bytes, rate: int) -> float:
-    """The strongest frequency, interpolated between FFT bins."""
-    x = samples(pcm)
-    spectrum = np.abs(np.fft.rfft(x * np.hanning(x.size)))
-    k = int(np.argmax(spectrum[1:-1])) + 1
-    a, b, c = np.log(spectrum[k - 1 : k + 2] + 1e-12)
-    return float((k + 0.5 * (a - c) / (a - 2 * b + c)) * rate / x.size)
 
 
 def stream(resampler: Resampler, pcm: bytes, piece_bytes: int) -> tuple[bytes, bytes]:

@@ -11,7 +11,6 @@ import threading
 from pathlib import Path
 
 import av
-import numpy as np
 import pytest
 from aiortc import RTCPeerConnection, RTCSessionDescription
 from aiortc.codecs import PCMU_CODEC
@@ -24,7 +23,7 @@ from aiortc.rtp import RtpPacket
 from media.audio import pcm_rms_dbfs
 from server.transports import libopus
 from server.transports.inbound import LoopDecoder, PromptAudioBuffer, hear_promptly
-from tests.speech import tone
+from tests.speech import peak_frequency, tone
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -106,13 +105,7 @@ async def test_opus_is_decoded_there_and_then_to_mono(channels: int, rate: int |
     assert [f.pts for f in decoded if f is not None] == [n * samples for n in range(10)]
     pcm = b"".join(bytes(f.planes[0])[: samples * 2] for f in decoded[3:] if f is not None)
     assert pcm_rms_dbfs(pcm) == pytest.approx(pcm_rms_dbfs(voice), abs=3)
-    assert _dominant_hz(pcm, heard_rate) == pytest.approx(440, abs=10)
-
-
-def _dominant_hz(pcm: bytes, rate: int) -> float:
-    samples = np.frombuffer(pcm, dtype=np.int16).astype(np.float64)
-    spectrum = np.abs(np.fft.rfft(samples * np.hanning(len(samples))))
-    return float(np.fft.rfftfreq(len(samples), 1 / rate)[int(np.argmax(spectrum))])
+    assert peak_frequency(pcm, heard_rate) == pytest.approx(440, abs=10)
 
 
 def test_the_callers_opus_is_decoded_at_48_khz_when_no_libopus_loads(

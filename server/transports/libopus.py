@@ -21,14 +21,12 @@ import weakref
 from pathlib import Path
 
 import av
+from aiortc.codecs.opus import SAMPLE_RATE as OPUS_CLOCK_RATE  # RTP's clock, at any decode rate
 from aiortc.jitterbuffer import JitterFrame
 
-__all__ = ["OPUS_CLOCK_RATE", "NarrowOpusDecoder", "OpusDecodeError", "narrow_opus_decoder"]
+__all__ = ["NarrowOpusDecoder", "OpusDecodeError", "narrow_opus_decoder"]
 
 log = logging.getLogger(__name__)
-
-OPUS_CLOCK_RATE = 48_000
-"""Opus's RTP clock rate, whatever rate the audio is decoded at."""
 
 _MAX_FRAME_MS = 120
 """The longest Opus packet."""
