@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from .piper_graph import voice_graph
 from .priority import in_background_thread, lower_this_thread
 from .priority_pool import URGENT, PriorityPool
 from .yielding import GiveWay, YieldingSession
@@ -142,8 +143,6 @@ class Synthesizer:
 
     @classmethod
     def _load(cls, settings: SynthesizerSettings) -> Synthesizer:
-        from piper import PiperVoice
-
         if settings.voice:
             model = Path(settings.voice)
             config = model.with_name(model.name + ".json")
@@ -151,9 +150,10 @@ class Synthesizer:
             model, config = default_piper_voice()
         if not model.is_file() or not config.is_file():
             raise FileNotFoundError(f"Piper voice needs {model} and {config}")
-        voice = PiperVoice.load(model, config_path=config)
-        synthesizer = cls(voice, settings, model)
-        voice.session = synthesizer._session_of(model, voice.session)
+        with voice_graph(model) as graph:
+            voice = _piper_voice(graph, config)
+            synthesizer = cls(voice, settings, model)
+            voice.session = synthesizer._session_of(graph, voice.session)
         for _ in synthesizer._chunks("Hello."):
             pass
         return synthesizer
@@ -173,27 +173,27 @@ class Synthesizer:
 
     def _voice_for(self, model: Path) -> Any:
         """The loaded voice of ``model`` (loaded once; blocking)."""
-        from piper import PiperVoice
-
         key = model.resolve()
         with self._loading:
             voice = self._voices.get(key)
             if voice is None:
-                config = model.with_name(model.name + ".json")
-                voice = self._voices[key] = PiperVoice.load(model, config_path=config)
-                voice.session = self._session_of(model, voice.session)
+                with voice_graph(model) as graph:
+                    voice = _piper_voice(graph, model.with_name(model.name + ".json"))
+                    voice.session = self._session_of(graph, voice.session)
+                self._voices[key] = voice
         return voice
 
-    def _session_of(self, model: Path, default: Any) -> Any:
-        """The session a loaded voice of ``model`` runs on, per ``settings.threads``; its runs
-        give way to more urgent ones."""
+    def _session_of(self, graph: Path, default: Any) -> Any:
+        """The session a loaded voice runs on, per ``settings.threads``; its runs give way to
+        more urgent ones. ``graph``: the voice's (:func:`.piper_graph.voice_graph`),
+        ``default``: its session on every core."""
         if self.settings.threads:
-            return YieldingSession(_session(model, self.settings.threads), self.give_way)
+            return YieldingSession(_session(graph, self.settings.threads), self.give_way)
         if (os.cpu_count() or 1) < 2:
             return YieldingSession(default, self.give_way)
         return LoadAwareSession(
             YieldingSession(default, self.give_way),
-            YieldingSession(_session(model, 1), self.give_way),
+            YieldingSession(_session(graph, 1), self.give_way),
             self.contended,
         )
 
@@ -295,14 +295,24 @@ class _Variant:
         """Nothing of its own: the owner's workers and voices outlive it."""
 
 
-def _session(model: Path, threads: int) -> Any:
-    """An onnxruntime session of ``model`` on the CPU with ``threads`` intra-op threads."""
+def _piper_voice(graph: Path, config: Path) -> Any:
+    """A Piper voice of ``graph`` and its ``config``, on a session with onnxruntime's own
+    thread count (every core)."""
+    from piper import PiperConfig, PiperVoice
+
+    settings = json.loads(config.read_text(encoding="utf-8"))
+    return PiperVoice(config=PiperConfig.from_dict(settings), session=_session(graph, 0))
+
+
+def _session(graph: Path, threads: int) -> Any:
+    """An onnxruntime session of ``graph`` on the CPU with ``threads`` intra-op threads (0:
+    onnxruntime's default, one per core)."""
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads
     return onnxruntime.InferenceSession(
-        str(model), sess_options=options, providers=["CPUExecutionProvider"]
+        str(graph), sess_options=options, providers=["CPUExecutionProvider"]
     )
 
 
