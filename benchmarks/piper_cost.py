@@ -1,0 +1,132 @@
+"""Piper's CPU per second of speech, the voice as exported against its decoder rewritten for
+onnxruntime's 2-D kernels (``media/piper_graph.py``): one thread each, on the benchmark's answers,
+the two graphs taking turns sentence by sentence, so a machine's drift hits both alike.
+
+    python -m benchmarks.piper_cost --rounds 5 --output DIR
+
+Writes ``piper-cost.json`` and ``piper-cost.md`` to DIR (and prints the table). CPU time is the
+worker thread's own (:func:`time.thread_time`), so other processes do not count in it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.llm import LONG_ANSWER, SHORT_ANSWER
+from media.piper_graph import voice_graph
+from media.tts import default_piper_voice
+
+__all__ = ["main", "measure"]
+
+SENTENCES = [
+    "Sure.",
+    *SHORT_ANSWER.replace(". ", ".\n").splitlines(),
+    *LONG_ANSWER.replace(". ", ".\n").splitlines(),
+]
+
+
+def measure(rounds: int) -> dict[str, Any]:
+    """CPU ms per second of audio for each graph, per round (all sentences), and the largest
+    difference between the two graphs' samples (full scale 1)."""
+    from piper import PiperVoice
+
+    model, config = default_piper_voice()
+    voice = PiperVoice.load(model, config_path=config)  # for its phonemes
+    with voice_graph(model) as rewritten:
+        sessions = {"exported": _one_thread(model), "rewritten": _one_thread(rewritten)}
+    feeds = [_feeds(voice, text) for text in SENTENCES]
+    cpu_s = {name: [0.0] * rounds for name in sessions}
+    audio_s = [0.0] * rounds
+    largest_difference = 0.0
+    for round_ in range(rounds + 1):  # round 0 warms both up, untimed
+        for feed in feeds:
+            outputs = {}
+            for name, session in sessions.items():
+                started = time.thread_time()
+                outputs[name] = session.run(None, feed)[0].squeeze()
+                if round_:
+                    cpu_s[name][round_ - 1] += time.thread_time() - started
+            if round_:
+                audio_s[round_ - 1] += outputs["exported"].size / voice.config.sample_rate
+            difference = np.abs(outputs["exported"] - outputs["rewritten"]).max()
+            largest_difference = max(largest_difference, float(difference))
+    per_audio_s = {
+        name: [1000 * cpu / audio for cpu, audio in zip(runs, audio_s, strict=True)]
+        for name, runs in cpu_s.items()
+    }
+    return {
+        "machine": platform.processor() or platform.machine(),
+        "sentences": len(SENTENCES),
+        "audio_s_per_round": audio_s[0],
+        "cpu_ms_per_audio_s": per_audio_s,
+        "median": {name: statistics.median(values) for name, values in per_audio_s.items()},
+        "largest_sample_difference": largest_difference,
+    }
+
+
+def _one_thread(graph: Path) -> Any:
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = 1
+    return onnxruntime.InferenceSession(
+        str(graph), sess_options=options, providers=["CPUExecutionProvider"]
+    )
+
+
+def _feeds(voice: Any, text: str) -> dict[str, np.ndarray]:
+    ids: list[int] = []
+    for phonemes in voice.phonemize(text):
+        ids += voice.phonemes_to_ids(phonemes)
+    return {
+        "input": np.array([ids], dtype=np.int64),
+        "input_lengths": np.array([len(ids)], dtype=np.int64),
+        "scales": np.array([0.0, voice.config.length_scale, 0.0], dtype=np.float32),
+    }
+
+
+def report(result: dict[str, Any]) -> str:
+    exported, rewritten = result["median"]["exported"], result["median"]["rewritten"]
+    rows = [
+        f"| {name} | {result['median'][name]:.1f} | " + ", ".join(f"{v:.1f}" for v in values) + " |"
+        for name, values in result["cpu_ms_per_audio_s"].items()
+    ]
+    return "\n".join(
+        [
+            f"Piper on one thread, {result['sentences']} sentences "
+            f"({result['audio_s_per_round']:.1f} s of speech) a round:",
+            "",
+            "| graph | CPU ms per s of speech, median | every round |",
+            "|---|---|---|",
+            *rows,
+            "",
+            f"Rewritten: {100 * (rewritten / exported - 1):+.1f} % CPU; largest difference "
+            f"between the two graphs' samples: {result['largest_sample_difference']:.1e} "
+            "of full scale.",
+        ]
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--output", type=Path, required=True)
+    args = parser.parse_args()
+    result = measure(args.rounds)
+    args.output.mkdir(parents=True, exist_ok=True)
+    (args.output / "piper-cost.json").write_text(json.dumps(result, indent=2) + "\n")
+    table = report(result)
+    (args.output / "piper-cost.md").write_text(table + "\n")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
