@@ -7,7 +7,7 @@ goes to its NCHWc kernels (direct convolution over channel-blocked tensors). Giv
 decoder's tensors a height of 1 is the same arithmetic in the other kernel: on one AVX-512
 thread, a 4.6 s sentence's decoder takes ~231 ms instead of ~287 (the whole synthesis ~340
 instead of ~405), and the audio differs from the original graph's by ~1e-6 of full scale. On
-two threads the rewritten graph was slower (~12 %): :mod:`media.tts` runs it on one.
+two threads the rewritten graph was 12-19 % slower: :mod:`media.tts` runs it on one.
 
 :func:`voice_graph` rewrites a voice's decoder (the nodes under ``/dec/``, as Piper exports
 them) when every node there is a convolution or an element-wise operation with scalar

@@ -185,7 +185,7 @@ class Synthesizer:
         """The session the voice ``model`` runs on, per ``settings.threads``; its runs give way
         to more urgent ones. A one-thread session runs the graph of
         :func:`.piper_graph.voice_graph` (~10 % less CPU on one AVX-512 thread), a session on
-        more threads the graph as exported (the rewritten one was ~12 % slower on two)."""
+        more threads the graph as exported (the rewritten one was 12-19 % slower on two)."""
         threads = self.settings.threads or (1 if (os.cpu_count() or 1) < 2 else 0)
         if threads > 1:
             return YieldingSession(_session(model, threads), self.give_way)
