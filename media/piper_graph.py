@@ -54,11 +54,15 @@ def voice_graph(model: Path) -> Iterator[Path]:
     rewritten = 0
     try:
         graph = onnx.load(str(model))
-        rewritten = decoder_as_2d(graph)
-    except UnsupportedGraph as error:
-        log.info("Piper voice %s: decoder kept as exported (%s)", model.name, error)
     except Exception:  # not a readable ONNX file: onnxruntime will say what is wrong with it
         log.debug("Piper voice %s: not read as ONNX", model.name, exc_info=True)
+    else:
+        try:
+            rewritten = decoder_as_2d(graph)
+        except UnsupportedGraph as error:
+            log.info("Piper voice %s: decoder kept as exported (%s)", model.name, error)
+        except Exception:
+            log.warning("Piper voice %s: decoder kept as exported", model.name, exc_info=True)
     if not rewritten:
         yield model
         return
