@@ -14,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from media.piper_graph import UnsupportedGraph, decoder_as_2d, voice_graph
-from media.tts import default_piper_voice
+from media.tts import Synthesizer, SynthesizerSettings, default_piper_voice
 from tests import speech
 
 pytestmark = pytest.mark.timeout(120)
@@ -189,3 +189,12 @@ def test_a_graph_without_a_decoder_is_given_as_it_is(tmp_path: Path) -> None:
     garbage.write_bytes(b"not a model")
     with voice_graph(garbage) as graph:
         assert graph == garbage  # onnxruntime will say what is wrong with it
+
+
+def test_only_one_thread_sessions_run_the_rewritten_graph(caplog: pytest.LogCaptureFixture) -> None:
+    """On two threads the rewritten graph is slower than the exported one: it is for one."""
+    with caplog.at_level(logging.INFO, logger="media.piper_graph"):
+        Synthesizer.load(SynthesizerSettings(threads=2, deterministic=True)).close()
+        assert "run as 2-D" not in caplog.text
+        Synthesizer.load(SynthesizerSettings(threads=1, deterministic=True)).close()
+        assert "23 decoder convolutions run as 2-D" in caplog.text
