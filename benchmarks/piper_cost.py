@@ -22,7 +22,7 @@ import numpy as np
 
 from benchmarks.llm import LONG_ANSWER, SHORT_ANSWER
 from media.piper_graph import voice_graph
-from media.tts import default_piper_voice
+from media.tts import default_piper_voice, onnx_session
 
 __all__ = ["main", "measure"]
 
@@ -42,7 +42,10 @@ def measure(rounds: int, threads: int) -> dict[str, Any]:
     model, config = default_piper_voice()
     voice = PiperVoice.load(model, config_path=config)  # for its phonemes
     with voice_graph(model) as rewritten:
-        sessions = {"exported": _session(model, threads), "rewritten": _session(rewritten, threads)}
+        sessions = {
+            "exported": onnx_session(model, threads),
+            "rewritten": onnx_session(rewritten, threads),
+        }
     feeds = [_feeds(voice, text) for text in SENTENCES]
     cpu_s = {name: [0.0] * rounds for name in sessions}
     wall_s = {name: [0.0] * rounds for name in sessions}
@@ -81,16 +84,6 @@ def _per_audio_second(seconds: dict[str, list[float]], audio_s: list[float]) -> 
         name: [1000 * spent / audio for spent, audio in zip(runs, audio_s, strict=True)]
         for name, runs in seconds.items()
     }
-
-
-def _session(graph: Path, threads: int) -> Any:
-    import onnxruntime
-
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = threads
-    return onnxruntime.InferenceSession(
-        str(graph), sess_options=options, providers=["CPUExecutionProvider"]
-    )
 
 
 def _feeds(voice: Any, text: str) -> dict[str, np.ndarray]:

@@ -31,6 +31,7 @@ __all__ = [
     "VoiceSettings",
     "VoiceVariants",
     "default_piper_voice",
+    "onnx_session",
 ]
 
 PIECE_MS = 200
@@ -188,13 +189,13 @@ class Synthesizer:
         more threads the graph as exported (the rewritten one was 12-19 % slower on two)."""
         threads = self.settings.threads or (1 if (os.cpu_count() or 1) < 2 else 0)
         if threads > 1:
-            return YieldingSession(_session(model, threads), self.give_way)
+            return YieldingSession(onnx_session(model, threads), self.give_way)
         with voice_graph(model) as one_thread_graph:
             if threads == 1:
-                return YieldingSession(_session(one_thread_graph, 1), self.give_way)
+                return YieldingSession(onnx_session(one_thread_graph, 1), self.give_way)
             return LoadAwareSession(
-                YieldingSession(_session(model, 0), self.give_way),
-                YieldingSession(_session(one_thread_graph, 1), self.give_way),
+                YieldingSession(onnx_session(model, 0), self.give_way),
+                YieldingSession(onnx_session(one_thread_graph, 1), self.give_way),
                 self.contended,
             )
 
@@ -304,7 +305,7 @@ def _piper_voice(config: Path) -> Any:
     return PiperVoice(config=PiperConfig.from_dict(settings), session=None)
 
 
-def _session(graph: Path, threads: int) -> Any:
+def onnx_session(graph: Path | str, threads: int) -> Any:
     """An onnxruntime session of ``graph`` on the CPU with ``threads`` intra-op threads (0:
     onnxruntime's default, one per core)."""
     import onnxruntime

@@ -9,12 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from media.piper_graph import UnsupportedGraph, decoder_as_2d, voice_graph
-from media.tts import Synthesizer, SynthesizerSettings, default_piper_voice
+from media.tts import Synthesizer, SynthesizerSettings, default_piper_voice, onnx_session
 from tests import speech
 
 pytestmark = pytest.mark.timeout(120)
@@ -23,12 +22,7 @@ RNG = np.random.default_rng(7)
 
 
 def run(graph: str, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = 1
-    session = onnxruntime.InferenceSession(
-        graph, sess_options=options, providers=["CPUExecutionProvider"]
-    )
-    return [np.asarray(out) for out in session.run(None, feeds)]
+    return [np.asarray(out) for out in onnx_session(graph, 1).run(None, feeds)]
 
 
 def test_the_voices_decoder_runs_as_2d_and_says_the_same(caplog: pytest.LogCaptureFixture) -> None:
