@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.llm import LONG_ANSWER, SHORT_ANSWER
-from media.piper_graph import voice_graph
+from media.piper_graph import noiseless_inputs, voice_graph
 from media.tts import default_piper_voice, onnx_session
 
 __all__ = ["main", "measure"]
@@ -46,7 +46,7 @@ def measure(rounds: int, threads: int) -> dict[str, Any]:
             "exported": onnx_session(model, threads),
             "rewritten": onnx_session(rewritten, threads),
         }
-    feeds = [_feeds(voice, text) for text in SENTENCES]
+    feeds = [noiseless_inputs(voice, text) for text in SENTENCES]
     cpu_s = {name: [0.0] * rounds for name in sessions}
     wall_s = {name: [0.0] * rounds for name in sessions}
     audio_s = [0.0] * rounds
@@ -83,17 +83,6 @@ def _per_audio_second(seconds: dict[str, list[float]], audio_s: list[float]) -> 
     return {
         name: [1000 * spent / audio for spent, audio in zip(runs, audio_s, strict=True)]
         for name, runs in seconds.items()
-    }
-
-
-def _feeds(voice: Any, text: str) -> dict[str, np.ndarray]:
-    ids: list[int] = []
-    for phonemes in voice.phonemize(text):
-        ids += voice.phonemes_to_ids(phonemes)
-    return {
-        "input": np.array([ids], dtype=np.int64),
-        "input_lengths": np.array([len(ids)], dtype=np.int64),
-        "scales": np.array([0.0, voice.config.length_scale, 0.0], dtype=np.float32),
     }
 
 

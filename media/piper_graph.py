@@ -21,12 +21,14 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["DECODER_PREFIX", "decoder_as_2d", "voice_graph"]
+__all__ = ["DECODER_PREFIX", "decoder_as_2d", "noiseless_inputs", "voice_graph"]
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +74,20 @@ def voice_graph(model: Path) -> Iterator[Path]:
         onnx.save(graph, str(path))
         del graph
         yield path
+
+
+def noiseless_inputs(voice: Any, text: str) -> dict[str, np.ndarray]:
+    """What a Piper ``voice``'s graph takes to say ``text`` (all its sentences in one run) at
+    the voice's own rate without sampling noise, so two graphs of it compare sample for
+    sample."""
+    ids: list[int] = []
+    for phonemes in voice.phonemize(text):
+        ids += voice.phonemes_to_ids(phonemes)
+    return {
+        "input": np.array([ids], dtype=np.int64),
+        "input_lengths": np.array([len(ids)], dtype=np.int64),
+        "scales": np.array([0.0, voice.config.length_scale, 0.0], dtype=np.float32),
+    }
 
 
 def decoder_as_2d(model: onnx.ModelProto, prefix: str = DECODER_PREFIX) -> int:

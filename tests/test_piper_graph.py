@@ -12,7 +12,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from media.piper_graph import UnsupportedGraph, decoder_as_2d, voice_graph
+from media.piper_graph import UnsupportedGraph, decoder_as_2d, noiseless_inputs, voice_graph
 from media.tts import Synthesizer, SynthesizerSettings, default_piper_voice, onnx_session
 from tests import speech
 
@@ -28,14 +28,7 @@ def run(graph: str, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
 def test_the_voices_decoder_runs_as_2d_and_says_the_same(caplog: pytest.LogCaptureFixture) -> None:
     model, _config = default_piper_voice()
     voice = speech.synthesizer()._voice
-    ids: list[int] = []
-    for phonemes in voice.phonemize("Your parcel left the depot this morning, at nine."):
-        ids += voice.phonemes_to_ids(phonemes)
-    feeds: dict[str, np.ndarray] = {
-        "input": np.array([ids], dtype=np.int64),
-        "input_lengths": np.array([len(ids)], dtype=np.int64),
-        "scales": np.array([0.0, 1.0, 0.0], dtype=np.float32),  # no sampling noise
-    }
+    feeds = noiseless_inputs(voice, "Your parcel left the depot this morning, at nine.")
     with caplog.at_level(logging.INFO, logger="media.piper_graph"), voice_graph(model) as path:
         assert path != model
         rewritten = onnx.load(str(path))
