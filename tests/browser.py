@@ -38,6 +38,10 @@ FLAGS = (
 )
 
 
+STARTUP_TIMEOUT_S = 60.0
+"""How long Chromium may take to open its DevTools port."""
+
+
 def chromium_path() -> str:
     found = shutil.which("chromium") or shutil.which("chromium-browser")
     if found is None:
@@ -143,16 +147,28 @@ class Browser:
         await asyncio.to_thread(path.write_bytes, base64.b64decode(data["data"]))
 
     async def _devtools_port(self) -> int:
-        """Chromium announces 'DevTools listening on ws://127.0.0.1:PORT/...' on stderr."""
+        """Chromium announces 'DevTools listening on ws://127.0.0.1:PORT/...' on stderr.
+
+        A cold start (its ~250 MB of code read from disk again) took 11 s on an idle 2-core
+        machine and over 20 s beside the other tests' Whisper and Piper: up to
+        ``STARTUP_TIMEOUT_S``, and what it printed is in the error if it never opens the port."""
         assert self._process is not None
         assert self._process.stderr is not None
-        async with asyncio.timeout(20):
-            async for line in self._process.stderr:
-                match = re.search(rb"DevTools listening on ws://[^:]+:(\d+)/", line)
-                if match:
-                    self._drain = asyncio.create_task(self._process.stderr.read())
-                    return int(match.group(1))
-        raise RuntimeError("Chromium exited before opening its DevTools port")
+        printed: list[bytes] = []
+        try:
+            async with asyncio.timeout(STARTUP_TIMEOUT_S):
+                async for line in self._process.stderr:
+                    match = re.search(rb"DevTools listening on ws://[^:]+:(\d+)/", line)
+                    if match:
+                        self._drain = asyncio.create_task(self._process.stderr.read())
+                        return int(match.group(1))
+                    printed.append(line)
+        except TimeoutError:
+            raise RuntimeError(
+                f"Chromium did not open its DevTools port in {STARTUP_TIMEOUT_S:.0f} s; "
+                f"it printed: {_tail(printed)}"
+            ) from None
+        raise RuntimeError(f"Chromium exited before opening its DevTools port: {_tail(printed)}")
 
     async def _read(self) -> None:
         assert self._ws is not None
@@ -163,3 +179,9 @@ class Browser:
             future = self._pending.pop(data.get("id", -1), None)
             if future is not None and not future.done():
                 future.set_result(data)
+
+
+def _tail(lines: list[bytes], keep: int = 10) -> str:
+    """The last ``keep`` lines Chromium printed, for an error message."""
+    text = b"".join(lines[-keep:]).decode(errors="replace").strip()
+    return text or "nothing"
