@@ -89,6 +89,10 @@ class OpusPackets:
             encoded = self._codec.encode(frame)
             if encoded:
                 data = bytes(encoded[0])
+        return self._as_packet(data, pts)
+
+    def _as_packet(self, data: bytes, pts: int) -> av.Packet[Any]:
+        """``data`` as the packet of the frame at ``pts``."""
         packet = av.Packet(data)
         packet.pts = pts
         packet.time_base = self._time_base
