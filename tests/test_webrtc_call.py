@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import av
 import numpy as np
 import pytest
 from aiohttp.test_utils import TestServer
 
-from benchmarks.client import WebRTCCaller
+from benchmarks.client import ReplayedOpusPackets, WebRTCCaller
 from media.audio import pcm_rms_dbfs
 from server.call.session import SessionSettings
 from server.config.server import ServerConfig
@@ -229,6 +230,47 @@ def test_the_agents_voice_is_sent_as_opus_packets_and_silence_as_one_cached_pack
     sound_end = len(frames) * 960 * len(decoder.layout.channels)
     assert pcm_rms_dbfs(heard[960:sound_end].tobytes()) > -30  # the tone came through
     assert pcm_rms_dbfs(heard[sound_end + 4 * 960 :].tobytes()) < -60  # then silence
+
+
+def test_harness_callers_encode_each_sound_once_and_replay_its_packet(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The benchmark's callers share the server's cores: a frame one caller encoded is sent by
+    every caller as that packet, not encoded again; silence still goes through the encoder's
+    own path, and the replayed stream decodes to the sound."""
+    monkeypatch.setattr(ReplayedOpusPackets, "_encoded", {})
+    encoded: list[bytes] = []
+    own_packet = OpusPackets.packet
+
+    def counting(self: OpusPackets, pcm: bytes, pts: int, *, silent: bool) -> av.Packet[Any]:
+        if not silent:
+            encoded.append(pcm)
+        return own_packet(self, pcm, pts, silent=silent)
+
+    monkeypatch.setattr(OpusPackets, "packet", counting)
+    voice = tone(OUTPUT_RATE, 200)
+    frames = [voice[i : i + 1920] for i in range(0, len(voice), 1920)]
+    stream = [(frame, False) for frame in frames] + [(bytes(1920), True)] * 6
+
+    def send(caller: ReplayedOpusPackets) -> list[av.Packet[Any]]:
+        return [caller.packet(pcm, n * 960, silent=s) for n, (pcm, s) in enumerate(stream)]
+
+    first = send(ReplayedOpusPackets(application="voip"))
+    assert len(encoded) == len(frames)
+    second = send(ReplayedOpusPackets(application="voip"))
+    assert len(encoded) == len(frames)  # nothing encoded again
+    assert [bytes(p) for p in second[: len(frames)]] == [bytes(p) for p in first[: len(frames)]]
+    assert [p.pts for p in second] == [n * 960 for n in range(len(stream))]
+    decoder = av.CodecContext.create("libopus", "r")
+    heard = b"".join(
+        bytes(frame.planes[0])[: frame.samples * 2 * len(frame.layout.channels)]
+        for packet in second
+        for frame in decoder.decode(packet)
+    )
+    channels = len(decoder.layout.channels)
+    sound = heard[960 * 2 * channels : len(frames) * 960 * 2 * channels]
+    assert pcm_rms_dbfs(sound) > -30  # the tone came through
+    assert pcm_rms_dbfs(heard[(len(frames) + 3) * 960 * 2 * channels :]) < -60  # then silence
 
 
 def test_the_server_encodes_itself_only_when_opus_was_negotiated() -> None:
