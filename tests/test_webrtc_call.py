@@ -256,9 +256,9 @@ def test_harness_callers_encode_each_sound_once_and_replay_its_packet(
         return [caller.packet(pcm, n * 960, silent=s) for n, (pcm, s) in enumerate(stream)]
 
     first = send(ReplayedOpusPackets(application="voip"))
-    assert len(encoded) == len(frames)
+    assert len(encoded) == len(set(frames)) < len(frames)  # the tone's period repeats frames
     second = send(ReplayedOpusPackets(application="voip"))
-    assert len(encoded) == len(frames)  # nothing encoded again
+    assert len(encoded) == len(set(frames))  # nothing encoded again
     assert [bytes(p) for p in second[: len(frames)]] == [bytes(p) for p in first[: len(frames)]]
     assert [p.pts for p in second] == [n * 960 for n in range(len(stream))]
     decoder = av.CodecContext.create("libopus", "r")
