@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -24,7 +25,10 @@ from media.audio import SAMPLE_RATE, pcm_rms_dbfs
 from media.speaker import Playback
 from server.transports.inbound import decode_on_loop
 from server.transports.tracks import (
+    OPUS_APPLICATION,
+    OPUS_BITRATE,
     OUTPUT_RATE,
+    SILENCE_TAIL_FRAMES,
     OpusPackets,
     SpeakerTrack,
     caller_frames,
@@ -48,24 +52,54 @@ SILENCE_DBFS = -50.0
 
 
 class ReplayedOpusPackets(OpusPackets):
-    """A caller's microphone as Opus packets, each distinct sound frame encoded once per process.
+    """A caller's microphone as Opus packets, each stretch of sound encoded once per process.
 
     The callers share the server's cores, and a browser's encoder, native code on the caller's
     own machine, costs the server nothing: encoding the same corpus utterances live for every
     caller took ~11 % of a core at 16 calls. Like a load generator replaying captured RTP, a
-    frame heard before is sent as the packet the VoIP encoder made of it then (every utterance
-    starts after silence, so from the same encoder state); silence takes the usual path.
+    frame is sent as the packet the VoIP encoder made of it before, but only after the same
+    frames since the last silence: a packet depends on the encoder's state, so a frame is
+    replayed only in the context it was encoded in (an all-zero frame inside one utterance is
+    not the same packet as one inside another). A frame not heard in that context is encoded
+    live, after the encoder is brought to that context by encoding the stretch again.
     """
 
     _encoded: ClassVar[dict[bytes, bytes]] = {}
-    """Packets by the 48 kHz PCM of their frame, shared by every caller of the process."""
+    """Packets by a digest of their frame and every frame before it since the last silence,
+    shared by every caller of the process."""
+
+    def __init__(self, bitrate: int = OPUS_BITRATE, application: str = OPUS_APPLICATION) -> None:
+        super().__init__(bitrate, application)
+        self._stretch: list[tuple[bytes, bool]] = []
+        """The frames since the last silence (sound, and the encoded silence that ends it)."""
+        self._context = hashlib.blake2b(digest_size=16)
+        self._quiet = SILENCE_TAIL_FRAMES + 1
+        """Silent frames in a row: beyond ``SILENCE_TAIL_FRAMES``, the cached silence packet."""
+        self._encoder_in_step = True
+        """Whether the live encoder has encoded every frame of the stretch so far."""
 
     def packet(self, pcm: bytes, pts: int, *, silent: bool) -> av.Packet[Any]:
-        if silent:
-            return super().packet(pcm, pts, silent=True)
-        data = self._encoded.get(pcm)
-        if data is None:
-            data = self._encoded[pcm] = bytes(super().packet(pcm, pts, silent=False))
+        self._quiet = self._quiet + 1 if silent else 0
+        if self._quiet > SILENCE_TAIL_FRAMES:  # silence: a new stretch starts at the next sound
+            if self._stretch:
+                self._stretch.clear()
+                self._context = hashlib.blake2b(digest_size=16)
+                self._encoder_in_step = True
+            return self._as_packet(self._silence, pts)
+        self._stretch.append((pcm, silent))
+        self._context.update(pcm)
+        key = self._context.digest()
+        data = self._encoded.get(key)
+        if data is not None:
+            self._encoder_in_step = False
+            return self._as_packet(data, pts)
+        if not self._encoder_in_step:  # it skipped replayed frames: give it the stretch
+            samples = len(pcm) // 2
+            first = pts - (len(self._stretch) - 1) * samples
+            for n, (earlier, quiet) in enumerate(self._stretch[:-1]):
+                super().packet(earlier, first + n * samples, silent=quiet)
+            self._encoder_in_step = True
+        data = self._encoded[key] = bytes(super().packet(pcm, pts, silent=silent))
         return self._as_packet(data, pts)
 
 

@@ -232,45 +232,58 @@ def test_the_agents_voice_is_sent_as_opus_packets_and_silence_as_one_cached_pack
     assert pcm_rms_dbfs(heard[sound_end + 4 * 960 :].tobytes()) < -60  # then silence
 
 
-def test_harness_callers_encode_each_sound_once_and_replay_its_packet(
+def test_harness_callers_replay_a_packet_only_after_the_same_sound(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The benchmark's callers share the server's cores: a frame one caller encoded is sent by
-    every caller as that packet, not encoded again; silence still goes through the encoder's
-    own path, and the replayed stream decodes to the sound."""
+    """The benchmark's callers share the server's cores: a stretch of sound one caller encoded
+    is sent by the others as those packets, not encoded again, and a frame is replayed only
+    after the same frames since the last silence (a packet depends on the encoder's state: an
+    all-zero frame inside one utterance is not the packet of one inside another). Every stream
+    is byte for byte what a live VoIP encoder would have sent."""
     monkeypatch.setattr(ReplayedOpusPackets, "_encoded", {})
-    encoded: list[bytes] = []
+    encodes: list[bytes] = []
     own_packet = OpusPackets.packet
 
     def counting(self: OpusPackets, pcm: bytes, pts: int, *, silent: bool) -> av.Packet[Any]:
         if not silent:
-            encoded.append(pcm)
+            encodes.append(pcm)
         return own_packet(self, pcm, pts, silent=silent)
 
     monkeypatch.setattr(OpusPackets, "packet", counting)
-    voice = tone(OUTPUT_RATE, 200)
-    frames = [voice[i : i + 1920] for i in range(0, len(voice), 1920)]
-    stream = [(frame, False) for frame in frames] + [(bytes(1920), True)] * 6
 
-    def send(caller: ReplayedOpusPackets) -> list[av.Packet[Any]]:
-        return [caller.packet(pcm, n * 960, silent=s) for n, (pcm, s) in enumerate(stream)]
+    def frames(pcm: bytes) -> list[bytes]:
+        return [pcm[i : i + 1920] for i in range(0, len(pcm), 1920)]
 
-    first = send(ReplayedOpusPackets(application="voip"))
-    assert len(encoded) == len(set(frames)) < len(frames)  # the tone's period repeats frames
-    second = send(ReplayedOpusPackets(application="voip"))
-    assert len(encoded) == len(set(frames))  # nothing encoded again
-    assert [bytes(p) for p in second[: len(frames)]] == [bytes(p) for p in first[: len(frames)]]
-    assert [p.pts for p in second] == [n * 960 for n in range(len(stream))]
-    decoder = av.CodecContext.create("libopus", "r")
-    heard = b"".join(
-        bytes(frame.planes[0])[: frame.samples * 2 * len(frame.layout.channels)]
-        for packet in second
-        for frame in decoder.decode(packet)
-    )
-    channels = len(decoder.layout.channels)
-    sound = heard[960 * 2 * channels : len(frames) * 960 * 2 * channels]
-    assert pcm_rms_dbfs(sound) > -30  # the tone came through
-    assert pcm_rms_dbfs(heard[(len(frames) + 3) * 960 * 2 * channels :]) < -60  # then silence
+    pause = bytes(1920)  # digital silence inside an utterance (a pause in synthesized speech)
+    first = [*frames(tone(OUTPUT_RATE, 200, 440)), pause, *frames(tone(OUTPUT_RATE, 100, 440))]
+    second = [*frames(tone(OUTPUT_RATE, 100, 300)), pause, *frames(tone(OUTPUT_RATE, 100, 300))]
+    changed = first[:6] + frames(tone(OUTPUT_RATE, 100, 600))  # the same start, then not
+
+    def send(caller: OpusPackets, utterance: list[bytes]) -> list[bytes]:
+        stream = [(f, False) for f in utterance] + [(bytes(1920), True)] * 4
+        packets = [caller.packet(f, n * 960, silent=silent) for n, (f, silent) in enumerate(stream)]
+        assert [p.pts for p in packets] == [n * 960 for n in range(len(stream))]
+        return [bytes(p) for p in packets]
+
+    def live(utterance: list[bytes]) -> list[bytes]:
+        live_packets = send(OpusPackets(application="voip"), utterance)
+        encodes.clear()
+        return live_packets
+
+    def replayed(utterance: list[bytes]) -> list[bytes]:
+        return send(ReplayedOpusPackets(application="voip"), utterance)
+
+    for utterance in (first, second):
+        expected = live(utterance)
+        assert replayed(utterance) == expected
+        assert encodes == utterance  # new: every frame encoded (the second's pause too)
+        encodes.clear()
+    expected = live(first)
+    assert replayed(first) == expected
+    assert not encodes  # heard before, from silence: every packet replayed
+    expected = live(changed)
+    assert replayed(changed) == expected
+    assert encodes == changed  # at the first new frame the encoder was given the start too
 
 
 def test_the_server_encodes_itself_only_when_opus_was_negotiated() -> None:

@@ -29,6 +29,7 @@ __all__ = [
     "OPUS_APPLICATION",
     "OPUS_BITRATE",
     "OUTPUT_RATE",
+    "SILENCE_TAIL_FRAMES",
     "OpusPackets",
     "SpeakerTrack",
     "caller_frames",
