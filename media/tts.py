@@ -309,15 +309,17 @@ def onnx_session(graph: Path | str, threads: int) -> Any:
     """An onnxruntime session of ``graph`` on the CPU with ``threads`` intra-op threads (0:
     onnxruntime's default, one per core).
 
-    Its pool threads sleep between tasks instead of spinning: onnxruntime's default spin-wait
-    kept a core busy after each run while the calls' other work waited for it. On two AVX-512
-    cores, three answers' first sentences cost 160 instead of 226 ms of CPU per synthesis
-    (with the 100 ms after it), in the same wall time within the runs' spread (72-106 ms)."""
+    Its pool threads stop spinning when a run ends: onnxruntime's default keeps them
+    spin-waiting for the next run, a core busy while the calls' other work waits for it. On two
+    AVX-512 cores, three answers' first sentences cost 187 instead of 226 ms of CPU per
+    synthesis (with the 100 ms after it) in the same wall time (74-109 against 72-106 ms);
+    without spinning at all, 160 ms but up to 7 ms later (one call's first words).
+    """
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.force_spinning_stop", "1")
     return onnxruntime.InferenceSession(
         str(graph), sess_options=options, providers=["CPUExecutionProvider"]
     )
