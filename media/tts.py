@@ -311,9 +311,10 @@ def onnx_session(graph: Path | str, threads: int) -> Any:
 
     Its pool threads stop spinning when a run ends: onnxruntime's default keeps them
     spin-waiting for the next run, a core busy while the calls' other work waits for it. On two
-    AVX-512 cores, three answers' first sentences cost 187 instead of 226 ms of CPU per
-    synthesis (with the 100 ms after it) in the same wall time (74-109 against 72-106 ms);
-    without spinning at all, 160 ms but up to 7 ms later (one call's first words).
+    AVX-512 cores, answers' first sentences cost 185 instead of 223 ms of CPU per synthesis
+    (with the 100 ms after it), the shortest as soon (73 ms), longer ones up to 6 ms later;
+    without spinning at all, 162 ms but up to 6 ms later on the shortest too
+    (``python -m benchmarks.onnx_spinning``).
     """
     import onnxruntime
 
