@@ -1,6 +1,6 @@
 """How onnxruntime's thread pool waits, measured on Piper on every core: spinning (its default),
-spinning only within a run (``session.force_spinning_stop``, what ``media.tts.onnx_session``
-sets), or not at all (``session.intra_op.allow_spinning`` 0).
+spinning only within a run (``session.force_spinning_stop``, ``media.tts.PIPER_SESSION_CONFIG``),
+or not at all (``session.intra_op.allow_spinning`` 0).
 
 Answers' first sentences, the three sessions taking turns, each run followed by 100 ms of idle
 time as between a call's syntheses; the CPU of a run counts that idle time (threads spinning
@@ -16,16 +16,18 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from media.piper_graph import noiseless_inputs
+from media.tts import PIPER_SESSION_CONFIG, default_piper_voice, onnx_session, piper_voice
 
 __all__ = ["MODES", "main", "measure"]
 
-MODES: dict[str, dict[str, str]] = {
+MODES: dict[str, Mapping[str, str]] = {
     "spinning (default)": {},
-    "spinning stopped after each run": {"session.force_spinning_stop": "1"},
+    "spinning stopped after each run": PIPER_SESSION_CONFIG,
     "no spinning": {"session.intra_op.allow_spinning": "0"},
 }
 TEXTS = ["Sure, I can help.", "Your order shipped on Monday.", "We open at nine tomorrow morning."]
@@ -35,22 +37,9 @@ IDLE_S = 0.1
 def measure(rounds: int) -> dict[str, dict[str, Any]]:
     """Per mode: the median wall ms of each text's run and the mean CPU ms per run (with the
     idle time after it)."""
-    import onnxruntime
-    from piper import PiperVoice
-
-    from media.tts import default_piper_voice
-
     model, config = default_piper_voice()
-    voice = PiperVoice.load(model, config_path=config)  # for its phonemes
-    sessions = {}
-    for mode, entries in MODES.items():
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = 0
-        for key, value in entries.items():
-            options.add_session_config_entry(key, value)
-        sessions[mode] = onnxruntime.InferenceSession(
-            str(model), sess_options=options, providers=["CPUExecutionProvider"]
-        )
+    voice = piper_voice(config)  # for its phonemes
+    sessions = {mode: onnx_session(model, 0, settings) for mode, settings in MODES.items()}
     feeds = [noiseless_inputs(voice, text) for text in TEXTS]
     wall: dict[str, list[list[float]]] = {mode: [[] for _ in TEXTS] for mode in sessions}
     cpu: dict[str, float] = dict.fromkeys(sessions, 0.0)

@@ -22,7 +22,7 @@ import numpy as np
 
 from benchmarks.llm import LONG_ANSWER, SHORT_ANSWER
 from media.piper_graph import noiseless_inputs, voice_graph
-from media.tts import default_piper_voice, onnx_session
+from media.tts import default_piper_voice, onnx_session, piper_voice
 
 __all__ = ["main", "measure"]
 
@@ -37,10 +37,8 @@ def measure(rounds: int, threads: int) -> dict[str, Any]:
     """CPU and wall ms per second of audio for each graph on ``threads`` intra-op threads, per
     round (all sentences), and the largest difference between the two graphs' samples (full
     scale 1)."""
-    from piper import PiperVoice
-
     model, config = default_piper_voice()
-    voice = PiperVoice.load(model, config_path=config)  # for its phonemes
+    voice = piper_voice(config)  # for its phonemes
     with voice_graph(model) as rewritten:
         sessions = {
             "exported": onnx_session(model, threads),

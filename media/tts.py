@@ -12,7 +12,7 @@ import asyncio
 import json
 import os
 import threading
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +25,7 @@ from .yielding import GiveWay, YieldingSession
 
 __all__ = [
     "PIECE_MS",
+    "PIPER_SESSION_CONFIG",
     "Synthesizer",
     "SynthesizerSettings",
     "TextToSpeech",
@@ -32,6 +33,7 @@ __all__ = [
     "VoiceVariants",
     "default_piper_voice",
     "onnx_session",
+    "piper_voice",
 ]
 
 PIECE_MS = 200
@@ -151,7 +153,7 @@ class Synthesizer:
             model, config = default_piper_voice()
         if not model.is_file() or not config.is_file():
             raise FileNotFoundError(f"Piper voice needs {model} and {config}")
-        voice = _piper_voice(config)
+        voice = piper_voice(config)
         synthesizer = cls(voice, settings, model)
         voice.session = synthesizer._session_of(model)
         for _ in synthesizer._chunks("Hello."):
@@ -177,7 +179,7 @@ class Synthesizer:
         with self._loading:
             voice = self._voices.get(key)
             if voice is None:
-                voice = _piper_voice(model.with_name(model.name + ".json"))
+                voice = piper_voice(model.with_name(model.name + ".json"))
                 voice.session = self._session_of(model)
                 self._voices[key] = voice
         return voice
@@ -297,30 +299,35 @@ class _Variant:
         """Nothing of its own: the owner's workers and voices outlive it."""
 
 
-def _piper_voice(config: Path) -> Any:
-    """A Piper voice of ``config`` (its phonemes, rate and sample rate), its session to be set."""
+def piper_voice(config: Path) -> Any:
+    """A Piper voice of ``config`` (its phonemes, rate and sample rate) without an onnxruntime
+    session: set one (:func:`onnx_session`), or use it for its phonemes only."""
     from piper import PiperConfig, PiperVoice
 
     settings = json.loads(config.read_text(encoding="utf-8"))
     return PiperVoice(config=PiperConfig.from_dict(settings), session=None)
 
 
-def onnx_session(graph: Path | str, threads: int) -> Any:
-    """An onnxruntime session of ``graph`` on the CPU with ``threads`` intra-op threads (0:
-    onnxruntime's default, one per core).
+PIPER_SESSION_CONFIG: Mapping[str, str] = {"session.force_spinning_stop": "1"}
+"""onnxruntime's session settings for Piper: its pool threads stop spinning when a run ends.
+onnxruntime's default keeps them spin-waiting for the next run, a core busy while the calls'
+other work waits for it. On two AVX-512 cores, answers' first sentences cost 185 instead of
+223 ms of CPU per synthesis (with the 100 ms after it), the shortest as soon (73 ms), longer
+ones up to 6 ms later; without spinning at all, 162 ms but up to 6 ms later on the shortest
+too (``python -m benchmarks.onnx_spinning``)."""
 
-    Its pool threads stop spinning when a run ends: onnxruntime's default keeps them
-    spin-waiting for the next run, a core busy while the calls' other work waits for it. On two
-    AVX-512 cores, answers' first sentences cost 185 instead of 223 ms of CPU per synthesis
-    (with the 100 ms after it), the shortest as soon (73 ms), longer ones up to 6 ms later;
-    without spinning at all, 162 ms but up to 6 ms later on the shortest too
-    (``python -m benchmarks.onnx_spinning``).
-    """
+
+def onnx_session(
+    graph: Path | str, threads: int, config: Mapping[str, str] = PIPER_SESSION_CONFIG
+) -> Any:
+    """An onnxruntime session of ``graph`` on the CPU with ``threads`` intra-op threads (0:
+    onnxruntime's default, one per core) and the session settings ``config``."""
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads
-    options.add_session_config_entry("session.force_spinning_stop", "1")
+    for key, value in config.items():
+        options.add_session_config_entry(key, value)
     return onnxruntime.InferenceSession(
         str(graph), sess_options=options, providers=["CPUExecutionProvider"]
     )
