@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -41,6 +42,7 @@ __all__ = [
     "ReplayedOpusPackets",
     "SpokenUtterance",
     "WebRTCCaller",
+    "longest_gap_ms",
     "voiced_span_ms",
 ]
 
@@ -108,6 +110,20 @@ class ReceivedFrame:
     at: float
     """Monotonic clock seconds when the decoded 20 ms frame was available."""
     dbfs: float
+
+
+def longest_gap_ms(frames: Sequence[ReceivedFrame], start: float, end: float) -> float:
+    """The longest run of inaudible frames between two audible ones in [start, end], in ms of
+    audio (20 ms a frame): how long a pause inside one answer gets."""
+    longest = run = 0
+    for frame in frames:
+        if frame.at < start or frame.at > end:
+            continue
+        if frame.dbfs > SILENCE_DBFS:
+            longest, run = max(longest, run), 0
+        else:
+            run += 1
+    return longest * FRAME_MS
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from .cli import run_harness
-from .client import SILENCE_DBFS, ReceivedFrame, WebRTCCaller
+from .client import SILENCE_DBFS, ReceivedFrame, WebRTCCaller, longest_gap_ms
 from .compare_report import SIDES, summarize_side, to_markdown
 from .compare_report import ratios as compute_ratios
 from .corpus import Utterance, load_corpus
@@ -456,20 +456,6 @@ def last_sound_after(frames: Sequence[ReceivedFrame], t: float) -> float | None:
         if frame.dbfs > SILENCE_DBFS:
             return frame.at
     return None
-
-
-def longest_gap_ms(frames: Sequence[ReceivedFrame], start: float, end: float) -> float:
-    """The longest run of inaudible frames between two audible ones in [start, end], in ms of
-    audio (20 ms a frame): how long a pause inside one answer gets."""
-    longest = run = 0
-    for frame in frames:
-        if frame.at < start or frame.at > end:
-            continue
-        if frame.dbfs > SILENCE_DBFS:
-            longest, run = max(longest, run), 0
-        else:
-            run += 1
-    return longest * FRAME_S * 1000
 
 
 def _streamed(llm: Any) -> list[dict[str, Any]]:

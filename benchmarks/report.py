@@ -70,6 +70,9 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
                 "client_v2v_ms": _stats([t["client_v2v_ms"] for t in ok]),
                 "floor_ms": _stats([t["floor_ms"] for t in ok]),
                 "overhead_ms": _stats([t["overhead_ms"] for t in ok]),
+                "longest_pause_ms": _stats(
+                    [t["longest_pause_ms"] for t in ok if t.get("longest_pause_ms") is not None]
+                ),
                 "server": stages,
                 "server_cpu_percent": level.get("server_cpu_percent"),
                 "server_rss_mb_peak": level.get("server_rss_mb_peak"),
@@ -154,6 +157,14 @@ def to_markdown(run: dict[str, Any], summary: dict[str, Any]) -> str:
             lines.append(
                 f"| {label} | {_ms(stats['p50'])} | {_ms(stats['p90'])} | {_ms(stats['p99'])} |"
             )
+        pause = first.get("longest_pause_ms") or {}
+        if pause.get("p50") is not None:
+            lines += [
+                "",
+                f"Longest pause inside an answer (between its sentences; longer when the next "
+                f"one was late): p50 {_ms(pause['p50'])}, p95 {_ms(pause['p95'])}, "
+                f"max {_ms(pause['max'])} ms.",
+            ]
     barge = summary["barge_in_ms"]
     lines += [
         "",

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .client import SpokenUtterance, WebRTCCaller
+from .client import SpokenUtterance, WebRTCCaller, longest_gap_ms
 from .corpus import Utterance
 from .server_process import ServerProcess
 
@@ -75,6 +75,7 @@ async def question_turn(
     if first_sound is None or server is None or transcript is None:
         return {**record, "ok": False, "error": "the answer was not heard or not measured"}
     client_ms = (first_sound - last_voiced) * 1000
+    answered = time.monotonic()
     llm_ms = target.llm_first_sentence_ms
     if llm_ms is None:
         llm_ms = (server["llm_first_token_ms"] or 0) + (server["first_sentence_ms"] or 0)
@@ -88,6 +89,7 @@ async def question_turn(
         "transcript": transcript["text"],
         "speculative": bool(transcript.get("speculative")),
         "client_v2v_ms": round(client_ms, 1),
+        "longest_pause_ms": longest_gap_ms(caller.frames, first_sound, answered),
         "server": {k: v for k, v in server.items() if k.endswith("_ms")},
         "floor_ms": round(floor, 1),
         "overhead_ms": round(client_ms - floor, 1),

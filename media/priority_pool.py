@@ -1,15 +1,11 @@
 """A thread pool that runs the most urgent waiting work first.
 
 Speech synthesis and recognition are shared by every call of the process. When calls pile up, a
-caller waiting in silence for an answer's first words should not wait behind another call's third
-sentence, which nobody will hear before its first two have played, nor a finished turn's decode
-behind another call's speculative one: work is taken by ``priority`` (lower first), then in the
-order it came.
-
-Work already running cannot be overtaken by a queue. Work that can stop half-way and carry on
-(a Piper synthesis: ``media.yielding.YieldingSession``) can instead hand its thread over: told by
-``on_submit`` that more urgent work has arrived, it stops and calls :meth:`PriorityPool.run_urgent`,
-which runs the more urgent work there and then, before it starts again.
+finished turn's decode should not wait behind another call's speculative one, nor a later
+sentence needed in half a second behind one needed in three: work is taken by ``priority``
+(lower first), then in the order it came. Work already running is not overtaken; work that must
+never wait behind another kind gets a pool of its own (``media.tts``: an answer's first words
+and its later sentences).
 """
 
 from __future__ import annotations
@@ -44,10 +40,6 @@ class PriorityPool:
         thread_name_prefix: str = "pool",
         initializer: Callable[[], object] | None = None,
     ) -> None:
-        self.on_submit: Callable[[int], object] = lambda priority: None
-        """Called with each submitted work's priority, after it is queued, in the submitting
-        thread (a hook: running work that can give way checks whether it should)."""
-        self._running = threading.local()
         self._busy = 0
         if workers < 1:
             raise ValueError("a pool needs at least one worker")
@@ -73,32 +65,11 @@ class PriorityPool:
                 self._threads.append(thread)
                 thread.start()
             self._ready.notify()
-        self.on_submit(priority)
         return future
 
-    def running_priority(self) -> int | None:
-        """The priority of the work the calling thread is running for this pool (the most
-        recent, when :meth:`run_urgent` nests work); None outside of the pool's work."""
-        stack = self._running_stack()
-        return stack[-1] if stack else None
-
-    def _running_stack(self) -> list[int]:
-        """The priorities of the work the calling thread runs, innermost last."""
-        stack: list[int] = self._running.__dict__.setdefault("stack", [])
-        return stack
-
-    def run_urgent(self, than: int) -> int:
-        """Run, in the calling thread, the waiting work more urgent than ``than`` (lower),
-        most urgent first, including any that arrives meanwhile; how many ran. Called by
-        running work that gives way to it."""
-        ran = 0
-        while True:
-            with self._ready:
-                if not self._queue or self._queue[0][0] >= than:
-                    return ran
-                priority, _order, future, fn, args = heapq.heappop(self._queue)
-            self._run(priority, future, fn, args)
-            ran += 1
+    def runs_here(self) -> bool:
+        """Whether the calling thread is one of this pool's workers."""
+        return threading.current_thread() in self._threads
 
     @property
     def idle_workers(self) -> int:
@@ -133,26 +104,21 @@ class PriorityPool:
                     self._ready.wait()
                 if not self._queue:
                     return
-                priority, _order, future, fn, args = heapq.heappop(self._queue)
+                _priority, _order, future, fn, args = heapq.heappop(self._queue)
                 self._busy += 1
             try:
-                self._run(priority, future, fn, args)
+                self._run(future, fn, args)
             finally:
                 with self._ready:
                     self._busy -= 1
 
-    def _run(
-        self, priority: int, future: Future[Any], fn: Callable[..., Any], args: tuple[Any, ...]
-    ) -> None:
+    @staticmethod
+    def _run(future: Future[Any], fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
         if not future.set_running_or_notify_cancel():
             return
-        stack = self._running_stack()
-        stack.append(priority)
         try:
             result = fn(*args)
         except BaseException as exc:  # handed to whoever waits on the future
             future.set_exception(exc)
         else:
             future.set_result(result)
-        finally:
-            stack.pop()

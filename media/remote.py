@@ -201,9 +201,12 @@ class RemoteSynthesizer:
         found = self._variants[settings] = RemoteSynthesizer(changed, _shared=self._client)
         return found
 
-    async def synthesize(self, text: str, *, urgent: bool = False) -> AsyncGenerator[bytes, None]:
+    async def synthesize(
+        self, text: str, *, urgent: bool = False, slack_s: float = 0.0
+    ) -> AsyncGenerator[bytes, None]:
         """PCM16 mono at :attr:`sample_rate` in pieces of at most ``PIECE_MS``, as the answer
-        streams in (``urgent`` changes nothing: the server schedules its own work). Raises
+        streams in (``urgent`` and ``slack_s`` change nothing: the server schedules its own
+        work). Raises
         :class:`RemoteInferenceError` (possibly after some audio, if the stream breaks); closing
         the generator or cancelling its consumer aborts the request."""
         if not text.strip():

@@ -126,6 +126,12 @@ class Speaker:
         """Whether audio is queued or playing."""
         return bool(self._queue)
 
+    @property
+    def queued_ms(self) -> float:
+        """Audio queued and not yet sent, in ms (a pause or hold aside)."""
+        unsent = sum(len(playback.pcm) - playback.sent_bytes for playback in self._queue)
+        return unsent / self.frame_bytes * self.frame_ms
+
     def push(self, pcm: bytes, sample_rate: int) -> Playback:
         """Queue PCM16 mono at ``sample_rate``; returns its handle."""
         if sample_rate != self.sample_rate:

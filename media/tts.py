@@ -9,9 +9,11 @@ distinct voice file is loaded once per process, on first use or by :meth:`Synthe
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import threading
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -19,11 +21,11 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from .piper_graph import voice_graph
-from .priority import in_background_thread, lower_this_thread
+from .priority import BACKGROUND_NICENESS, in_background_thread, lower_this_thread
 from .priority_pool import URGENT, PriorityPool
-from .yielding import GiveWay, YieldingSession
 
 __all__ = [
+    "LATER_NICENESS",
     "PIECE_MS",
     "PIPER_SESSION_CONFIG",
     "Synthesizer",
@@ -38,6 +40,15 @@ __all__ = [
 
 PIECE_MS = 200
 """Synthesized audio is handed out in pieces of at most this length, so a cancel lands quickly."""
+
+LATER_NICENESS = 10
+"""How much nicer than the engines' threads (``media.priority``) an answer's later sentences
+are synthesized, on a worker of their own. An answer's first words (somebody waits in silence
+for them) and Whisper's decodes (the next turn waits for them) then get the cores first, and a
+later sentence, needed only once the audio before it has played, takes what they leave; on an
+idle machine it runs at full speed all the same. At 16 calls on two cores the caller waited
+less for both: Whisper's decodes ran in 151-191 instead of 206-236 ms at p50, and since no
+synthesis is stopped half-way any more for first words, later sentences cost ~20 % less CPU."""
 
 _DONE = object()
 
@@ -75,11 +86,15 @@ class TextToSpeech(Protocol):
         """The rate of every piece :meth:`synthesize` yields (fixed for the engine's life)."""
         ...
 
-    def synthesize(self, text: str, *, urgent: bool = False) -> AsyncIterator[bytes]:
+    def synthesize(
+        self, text: str, *, urgent: bool = False, slack_s: float = 0.0
+    ) -> AsyncIterator[bytes]:
         """``text`` as PCM16 mono at :attr:`sample_rate`, in pieces of at most ``PIECE_MS``, the
         first as early as possible; raises when synthesis fails. Closing the iterator (or
         cancelling its consumer) stops the synthesis promptly. ``urgent``: somebody waits in
-        silence for it (an answer's first words): an engine shared by calls does it first."""
+        silence for it (an answer's first words): an engine shared by calls does it first.
+        Otherwise ``slack_s``: how long from now its audio is needed (the audio queued before it
+        plays that long); an engine shared by calls does the one needed soonest first."""
         ...
 
     async def aclose(self) -> None:
@@ -130,8 +145,13 @@ class Synthesizer:
         self._executor = PriorityPool(
             settings.workers, thread_name_prefix="piper", initializer=lower_this_thread
         )
-        self.give_way = GiveWay(self._executor)
-        """Stops another call's later sentence for an answer's first words (:mod:`.yielding`)."""
+        """Urgent synthesis (an answer's first words) and voice loads."""
+        self._later = PriorityPool(
+            settings.workers,
+            thread_name_prefix="piper-later",
+            initializer=functools.partial(lower_this_thread, BACKGROUND_NICENESS + LATER_NICENESS),
+        )
+        """The other sentences, the one needed soonest first, ``LATER_NICENESS`` nicer."""
         self._voices: dict[Path, Any] = {} if model is None else {model.resolve(): voice}
         self._loading = threading.Lock()
         self._variants: dict[VoiceSettings, _Variant] = {}
@@ -185,45 +205,59 @@ class Synthesizer:
         return voice
 
     def _session_of(self, model: Path) -> Any:
-        """The session the voice ``model`` runs on, per ``settings.threads``; its runs give way
-        to more urgent ones. A one-thread session runs the graph of
-        :func:`.piper_graph.voice_graph` (~10 % less CPU on one AVX-512 thread), a session on
-        more threads the graph as exported (the rewritten one was 12-19 % slower on two)."""
+        """The session the voice ``model`` runs on, per ``settings.threads``. A one-thread
+        session runs the graph of :func:`.piper_graph.voice_graph` (~10 % less CPU on one
+        AVX-512 thread), a session on more threads the graph as exported (the rewritten one was
+        12-19 % slower on two). A one-thread session runs in the calling worker's thread, at its
+        niceness; the threads of a session on more are the engines' (``settings.threads`` above
+        1 thus runs later sentences at the first words' priority)."""
         threads = self.settings.threads or (1 if (os.cpu_count() or 1) < 2 else 0)
         if threads > 1:
-            return YieldingSession(onnx_session(model, threads), self.give_way)
+            return onnx_session(model, threads)
         with voice_graph(model) as one_thread_graph:
             if threads == 1:
-                return YieldingSession(onnx_session(one_thread_graph, 1), self.give_way)
+                return onnx_session(one_thread_graph, 1)
             return LoadAwareSession(
-                YieldingSession(onnx_session(model, 0), self.give_way),
-                YieldingSession(onnx_session(one_thread_graph, 1), self.give_way),
-                self.contended,
+                onnx_session(model, 0), onnx_session(one_thread_graph, 1), self._runs_lean
             )
+
+    def _runs_lean(self) -> bool:
+        """Whether a step runs on one thread: a later sentence always (in its own nicer
+        thread), first words while other work competes for the CPU."""
+        return self._later.runs_here() or self.contended()
 
     def contended(self) -> bool:
         """Whether other work competes for the CPU: syntheses waiting for the pool, or what
         :attr:`also_contended` reports (the server adds Whisper's decodes)."""
         return self._executor.waiting > 0 or self.also_contended()
 
-    async def synthesize(self, text: str, *, urgent: bool = False) -> AsyncGenerator[bytes, None]:
+    async def synthesize(
+        self, text: str, *, urgent: bool = False, slack_s: float = 0.0
+    ) -> AsyncGenerator[bytes, None]:
         """PCM16 mono at :attr:`sample_rate`, piece by piece (each at most ``PIECE_MS``).
 
-        Each Piper step runs in the worker pool, ``urgent`` ones before the others waiting;
-        cancelling stops after the step in flight.
+        Each Piper step runs in a worker pool: ``urgent`` ones in their own, the others in the
+        ``LATER_NICENESS`` nicer one, needed soonest (now plus ``slack_s``) first; cancelling
+        stops after the step in flight.
         """
-        async for piece in self._stream(self._chunks(text), self.sample_rate, urgent):
+        async for piece in self._stream(self._chunks(text), self.sample_rate, urgent, slack_s):
             yield piece
 
     async def _stream(
-        self, chunks: Generator[tuple[bytes, bool], None, None], sample_rate: int, urgent: bool
+        self,
+        chunks: Generator[tuple[bytes, bool], None, None],
+        sample_rate: int,
+        urgent: bool,
+        slack_s: float,
     ) -> AsyncGenerator[bytes, None]:
         piece_bytes = sample_rate * PIECE_MS // 1000 * 2
-        priority = URGENT if urgent else URGENT + 1
+        pool = self._executor if urgent else self._later
+        needed_by_ms = round((time.monotonic() + max(0.0, slack_s)) * 1000)
+        priority = URGENT if urgent else needed_by_ms
         step: Future[object] | None = None
         try:
             while True:
-                step = self._executor.submit(next, chunks, _DONE, priority=priority)
+                step = pool.submit(next, chunks, _DONE, priority=priority)
                 chunk = await asyncio.wrap_future(step)
                 if chunk is _DONE:
                     return
@@ -246,6 +280,7 @@ class Synthesizer:
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self._later.shutdown(wait=False, cancel_futures=True)
 
     async def aclose(self) -> None:
         self.close()
@@ -284,7 +319,9 @@ class _Variant:
             config = json.loads(self._model.with_name(self._model.name + ".json").read_text())
             self.sample_rate = int(config["audio"]["sample_rate"])
 
-    async def synthesize(self, text: str, *, urgent: bool = False) -> AsyncGenerator[bytes, None]:
+    async def synthesize(
+        self, text: str, *, urgent: bool = False, slack_s: float = 0.0
+    ) -> AsyncGenerator[bytes, None]:
         owner = self._owner
         voice = owner._voice
         if self._model is not None:
@@ -292,7 +329,7 @@ class _Variant:
             voice = await asyncio.wrap_future(step)
         settings = self.settings
         chunks = owner._voiced_chunks(text, voice, settings.speaking_rate, settings.speaker)
-        async for piece in owner._stream(chunks, self.sample_rate, urgent):
+        async for piece in owner._stream(chunks, self.sample_rate, urgent, slack_s):
             yield piece
 
     async def aclose(self) -> None:
@@ -336,16 +373,17 @@ def onnx_session(
 class LoadAwareSession:
     """A Piper voice's ONNX session in two sizes: onnxruntime's own, on every core, while a
     synthesis has the CPU to itself (an answer's first words sooner), and a one-thread one while
-    ``contended()`` (other syntheses or decodes waiting or running). Under load the threads of
-    one run only fight the other work for the cores and wait on each other: 16 calls on two
-    cores answered at p95 1.9 s with one thread against 7.4 s, 23 of 64 turns lost, with two.
+    ``lean()`` (other syntheses or decodes waiting or running, or a later sentence). Under load
+    the threads of one run only fight the other work for the cores and wait on each other: 16
+    calls on two cores answered at p95 1.9 s with one thread against 7.4 s, 23 of 64 turns
+    lost, with two.
     """
 
-    def __init__(self, full: Any, lean: Any, contended: Callable[[], bool]) -> None:
+    def __init__(self, full: Any, lean: Any, lean_now: Callable[[], bool]) -> None:
         self.full = full
         self.lean = lean
-        self.contended = contended
+        self.lean_now = lean_now
 
     def run(self, *args: Any, **kwargs: Any) -> Any:
-        session = self.lean if self.contended() else self.full
+        session = self.lean if self.lean_now() else self.full
         return session.run(*args, **kwargs)

@@ -64,33 +64,13 @@ def test_shutdown_cancels_waiting_work_when_asked_and_refuses_more() -> None:
     pool.shutdown(wait=True)
 
 
-def test_running_work_can_run_more_urgent_waiting_work_in_its_own_thread() -> None:
+def test_a_pool_tells_its_own_workers_from_other_threads() -> None:
     pool = PriorityPool(1)
-    submitted: list[int] = []
-    pool.on_submit = submitted.append
-    started, gate = threading.Event(), threading.Event()
-    ran: list[tuple[str, str, int | None]] = []
-
-    def note(label: str) -> None:
-        ran.append((label, threading.current_thread().name, pool.running_priority()))
-
-    def later_sentence() -> int:
-        started.set()
-        assert pool.idle_workers == 0
-        gate.wait(5)  # more urgent work arrives meanwhile
-        return pool.run_urgent(than=5)
-
-    outer = pool.submit(later_sentence, priority=5)
-    assert started.wait(5)
-    urgent = pool.submit(note, "first words", priority=URGENT)
-    equal = pool.submit(note, "another later sentence", priority=5)
-    gate.set()
-    assert outer.result(timeout=5) == 1  # only the more urgent one, not the equal one
-    urgent.result(timeout=5)
-    equal.result(timeout=5)
-    worker = ran[0][1]
-    assert ran == [("first words", worker, URGENT), ("another later sentence", worker, 5)]
-    assert submitted == [5, URGENT, 5]
-    assert pool.running_priority() is None  # outside of the pool's work
-    assert pool.idle_workers == 1
-    pool.shutdown()
+    other = PriorityPool(1)
+    try:
+        assert pool.submit(pool.runs_here).result(timeout=5) is True
+        assert pool.submit(other.runs_here).result(timeout=5) is False
+        assert pool.runs_here() is False  # the test's own thread
+    finally:
+        pool.shutdown()
+        other.shutdown()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 import pytest
 
@@ -194,6 +194,50 @@ async def test_a_first_phrase_plays_early_and_joins_the_rest_without_a_gap(
     alone = _longest_silence_ms(piper.synthesize_all(answer), piper.sample_rate)
     assert _longest_silence_ms(heard) <= max(60.0, alone)
     assert words(await _agent_said(call, start)) == words(answer)
+
+
+class _NotingSynthesizer(Synthesizer):
+    """The tests' Piper voice, noting how each synthesis was asked for: (text, urgent,
+    slack_s)."""
+
+    def __init__(self) -> None:
+        shared = synthesizer()
+        super().__init__(shared._voice, shared.settings)
+        self.asked: list[tuple[str, bool, float]] = []
+
+    async def synthesize(
+        self, text: str, *, urgent: bool = False, slack_s: float = 0.0
+    ) -> AsyncGenerator[bytes, None]:
+        self.asked.append((text, urgent, slack_s))
+        async for piece in super().synthesize(text, urgent=urgent, slack_s=slack_s):
+            yield piece
+
+
+async def test_a_later_sentence_is_synthesized_by_when_its_audio_is_needed(
+    llm: ScriptedLLM, support: LoadedPlaybook, call_factory: list[VoiceCall]
+) -> None:
+    """First words are urgent; a later sentence waits its turn with the audio queued before it
+    as its slack, unless that audio has already played: then the caller waits in silence."""
+    tts = _NotingSynthesizer()
+    try:
+        answer = "Your order left our warehouse yesterday. It should arrive on Friday morning."
+        llm.script([Reply(content=answer)])
+        call = _call(call_factory, support, llm.base_url, tts=tts)
+        call.session.submit_text("Where is my order?")
+        await call.wait_idle(timeout_s=60)
+        first, *later = tts.asked
+        assert first[1] is True
+        assert later
+        assert all(not urgent and slack_s > 0.2 for _text, urgent, slack_s in later), tts.asked
+
+        tts.asked.clear()
+        late = "It should arrive on Friday."
+        llm.script([Reply(content=["Let me check that. ", late], chunk_delay_s=3.0)])
+        call.session.submit_text("And my other order?")
+        await call.wait_idle(timeout_s=60)
+        assert tts.asked[-1][:2] == (late, True), tts.asked  # after "Let me check that." played
+    finally:
+        tts.close()
 
 
 async def test_phase1_text_never_reaches_the_speaker(

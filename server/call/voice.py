@@ -373,7 +373,10 @@ class _Speech:
         trim_onset = self.onset_pending or (self.joining and not interim)
         joins = joins_next(sentence) and not interim
         held = bytearray()  # a joining chunk, whose trailing silence may span pieces
-        async for pcm in spoken.tts.synthesize(sentence, urgent=self.onset_pending):
+        # urgent: nothing of the answer left to play, the caller hears silence until it comes
+        urgent = self.onset_pending or not voice.speaker.busy
+        slack_s = voice.speaker.queued_ms / 1000
+        async for pcm in spoken.tts.synthesize(sentence, urgent=urgent, slack_s=slack_s):
             if generation != self.generation:
                 held.clear()
                 break

@@ -41,8 +41,6 @@ class Engines:
             await asyncio.to_thread(synthesizer.preload, list(dict.fromkeys(models)))
             if isinstance(transcriber, Transcriber):  # a decode under way: synthesize lean
                 synthesizer.also_contended = lambda: transcriber.in_flight > 0
-                # a Piper run stopped for first words wastes CPU a waiting decode needs
-                synthesizer.give_way.affordable = lambda: transcriber.backlog == 0
         llm = None
         if config.llm is not None:
             llm = ChatClient.connect(

@@ -1,0 +1,90 @@
+"""An answer's later sentences are synthesized apart from its first words (``media.tts``): on a
+worker of their own, ``LATER_NICENESS`` nicer, on one thread, the one needed soonest first. On
+the real voice."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from media.tts import LATER_NICENESS, Synthesizer, SynthesizerSettings
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def synth() -> Iterator[Synthesizer]:
+    synthesizer = Synthesizer.load(SynthesizerSettings(deterministic=True))
+    yield synthesizer
+    synthesizer.close()
+
+
+def _niceness() -> int:
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+
+async def _first_piece(synth: Synthesizer, text: str, heard: list[str], **kwargs: float) -> None:
+    async for _piece in synth.synthesize(text, **kwargs):  # type: ignore[arg-type]
+        heard.append(text)
+        return
+
+
+async def _until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    """Poll ``condition`` (a pool's state, which its threads change) until it holds."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.005)
+
+
+async def test_an_answers_first_words_do_not_wait_for_a_later_sentence(
+    synth: Synthesizer,
+) -> None:
+    release = threading.Event()
+    busy = synth._later.submit(release.wait, 10, priority=0)  # a long later sentence, say
+    heard: list[str] = []
+    try:
+        later = asyncio.create_task(_first_piece(synth, "It arrives on Friday.", heard))
+        await _until(lambda: synth._later.waiting == 1)
+        await asyncio.wait_for(_first_piece(synth, "Sure.", heard, urgent=True), 30)
+        assert heard == ["Sure."]  # while the later worker was still busy
+    finally:
+        release.set()
+    await asyncio.wait_for(later, 30)
+    assert heard == ["Sure.", "It arrives on Friday."]
+    assert busy.result(timeout=5) is True
+
+
+def test_later_sentences_run_nicer_than_first_words_and_on_one_thread(
+    synth: Synthesizer,
+) -> None:
+    first = synth._executor.submit(_niceness).result(timeout=5)
+    later = synth._later.submit(_niceness).result(timeout=5)
+    assert first == min(_niceness() + 5, 19)
+    assert later == min(first + LATER_NICENESS, 19)
+    # a session on every core would run its threads at the engines' niceness, not the lane's
+    assert synth._later.submit(synth._runs_lean).result(timeout=5) is True
+
+
+async def test_the_later_sentence_needed_soonest_is_synthesized_first(
+    synth: Synthesizer,
+) -> None:
+    release = threading.Event()
+    synth._later.submit(release.wait, 10, priority=0)
+    heard: list[str] = []
+    try:
+        tasks = [
+            asyncio.create_task(_first_piece(synth, "Needed in three seconds.", heard, slack_s=3)),
+            asyncio.create_task(_first_piece(synth, "Needed in one second.", heard, slack_s=1)),
+            asyncio.create_task(_first_piece(synth, "Needed in two seconds.", heard, slack_s=2)),
+        ]
+        await _until(lambda: synth._later.waiting == 3)
+    finally:
+        release.set()
+    await asyncio.wait_for(asyncio.gather(*tasks), 60)
+    assert heard == ["Needed in one second.", "Needed in two seconds.", "Needed in three seconds."]
