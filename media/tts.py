@@ -28,7 +28,6 @@ __all__ = [
     "LATER_NICENESS",
     "PIECE_MS",
     "PIPER_SESSION_CONFIG",
-    "PROMOTE_LEAD_S",
     "Synthesizer",
     "SynthesizerSettings",
     "TextToSpeech",
@@ -50,10 +49,6 @@ later sentence, needed only once the audio before it has played, takes what they
 idle machine it runs at full speed all the same. At 16 calls on two cores the caller waited
 less for both: Whisper's decodes ran in 151-191 instead of 206-236 ms at p50, and since no
 synthesis is stopped half-way any more for first words, later sentences cost ~20 % less CPU."""
-
-PROMOTE_LEAD_S = 0.3
-"""A later sentence still waiting for its worker this long before its audio is needed moves
-to the urgent pool (an urgent synthesis under load takes ~100-250 ms)."""
 
 _DONE = object()
 
@@ -256,15 +251,13 @@ class Synthesizer:
         slack_s: float,
     ) -> AsyncGenerator[bytes, None]:
         piece_bytes = sample_rate * PIECE_MS // 1000 * 2
-        needed_by = None if urgent else time.monotonic() + max(0.0, slack_s)
+        pool = self._executor if urgent else self._later
+        needed_by_ms = round((time.monotonic() + max(0.0, slack_s)) * 1000)
+        priority = URGENT if urgent else needed_by_ms
         step: Future[object] | None = None
         try:
             while True:
-                if needed_by is None:
-                    step = self._executor.submit(next, chunks, _DONE, priority=URGENT)
-                else:
-                    step = self._later.submit(next, chunks, _DONE, priority=round(needed_by * 1000))
-                    step = await self._promoted(step, chunks, needed_by)
+                step = pool.submit(next, chunks, _DONE, priority=priority)
                 chunk = await asyncio.wrap_future(step)
                 if chunk is _DONE:
                     return
@@ -274,26 +267,11 @@ class Synthesizer:
                     yield pcm[start : start + piece_bytes]
                 if last:  # not one more step, queued behind other calls' syntheses, to learn it
                     return
-                if needed_by is not None:  # the next step plays once this one has
-                    needed_by = max(needed_by, time.monotonic()) + len(pcm) / 2 / sample_rate
         finally:
             if step is None or step.done() or step.cancel():
                 chunks.close()
             else:  # the generator is running in the worker: close it there once the step ends
                 step.add_done_callback(lambda _: chunks.close())
-
-    async def _promoted(
-        self, step: Future[object], chunks: Generator[tuple[bytes, bool], None, None], by: float
-    ) -> Future[object]:
-        """A later sentence's ``step``; or, if it has not started ``PROMOTE_LEAD_S`` before its
-        audio is needed (``by``), the same step in the urgent pool instead: the caller would
-        otherwise hear the answer stop until the later worker gets to it."""
-        lead = by - PROMOTE_LEAD_S - time.monotonic()
-        if lead > 0:
-            await asyncio.wait([asyncio.wrap_future(step)], timeout=lead)
-        if step.cancel():  # still waiting for the later worker
-            return self._executor.submit(next, chunks, _DONE, priority=URGENT)
-        return step
 
     def synthesize_all(self, text: str) -> bytes:
         """The whole utterance at once, in the calling thread (tests and tools)."""

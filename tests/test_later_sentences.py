@@ -1,6 +1,6 @@
 """An answer's later sentences are synthesized apart from its first words (``media.tts``): on a
-worker of their own, ``LATER_NICENESS`` nicer, on one thread, the one needed soonest first, and
-moved to the urgent worker when it would otherwise come late. On the real voice."""
+worker of their own, ``LATER_NICENESS`` nicer, on one thread, the one needed soonest first. On
+the real voice."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from media.tts import LATER_NICENESS, PROMOTE_LEAD_S, Synthesizer, SynthesizerSettings
+from media.tts import LATER_NICENESS, Synthesizer, SynthesizerSettings
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -91,23 +91,3 @@ async def test_the_later_sentence_needed_soonest_is_synthesized_first(
     await asyncio.wait_for(asyncio.gather(*tasks), 60)
     assert heard == ["Needed in twenty seconds.", "Needed in half a minute.", "Needed in a minute."]
 
-
-async def test_a_later_sentence_not_started_in_time_moves_to_the_urgent_worker(
-    synth: Synthesizer,
-) -> None:
-    """Its slack gone (less than ``PROMOTE_LEAD_S`` left) while the later worker is still busy,
-    the sentence is synthesized by the urgent worker: the answer does not stop to wait."""
-    release = threading.Event()
-    synth._later.submit(release.wait, 10, priority=0)
-    heard: list[str] = []
-    try:
-        started = time.monotonic()
-        await asyncio.wait_for(
-            _first_piece(synth, "It arrives on Friday.", heard, slack_s=PROMOTE_LEAD_S + 0.2),
-            30,
-        )
-        assert heard == ["It arrives on Friday."]
-        assert time.monotonic() - started >= 0.2  # it waited for the later worker first
-        assert not release.is_set()
-    finally:
-        release.set()
