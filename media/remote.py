@@ -206,9 +206,8 @@ class RemoteSynthesizer:
     ) -> AsyncGenerator[bytes, None]:
         """PCM16 mono at :attr:`sample_rate` in pieces of at most ``PIECE_MS``, as the answer
         streams in (``urgent`` and ``slack_s`` change nothing: the server schedules its own
-        work). Raises
-        :class:`RemoteInferenceError` (possibly after some audio, if the stream breaks); closing
-        the generator or cancelling its consumer aborts the request."""
+        work). Raises :class:`RemoteInferenceError` (possibly after some audio, if the stream
+        breaks); closing the generator or cancelling its consumer aborts the request."""
         if not text.strip():
             return
         settings = self.settings

@@ -46,9 +46,9 @@ LATER_NICENESS = 10
 are synthesized, on a worker of their own. An answer's first words (somebody waits in silence
 for them) and Whisper's decodes (the next turn waits for them) then get the cores first, and a
 later sentence, needed only once the audio before it has played, takes what they leave; on an
-idle machine it runs at full speed all the same. At 16 calls on two cores the caller waited
-less for both: Whisper's decodes ran in 151-191 instead of 206-236 ms at p50, and since no
-synthesis is stopped half-way any more for first words, later sentences cost ~20 % less CPU."""
+idle machine it runs at full speed all the same. At 16 calls on two cores Whisper's decodes
+ran in 151-191 instead of 206-236 ms at p50, and voice-to-voice p95 was 1.11-1.43 s against
+1.23-1.65 s (``benchmarks/results/later-sentences``)."""
 
 _DONE = object()
 
@@ -65,6 +65,7 @@ class SynthesizerSettings:
     voice: str | None = None
     """A Piper ``.onnx`` voice (its ``.onnx.json`` beside it); default: bundled en_US-joe-medium."""
     workers: int = 1
+    """Syntheses that may run at once in each of the two pools (first words; later sentences)."""
     threads: int = 0
     """CPU threads of each synthesis (onnxruntime's intra-op threads). 0: load-aware, every
     core while a synthesis has the CPU to itself, one thread while other work waits (see
@@ -222,13 +223,14 @@ class Synthesizer:
             )
 
     def _runs_lean(self) -> bool:
-        """Whether a step runs on one thread: a later sentence always (in its own nicer
-        thread), first words while other work competes for the CPU."""
+        """Whether a step runs on one thread: a later sentence always (in its worker, at its
+        niceness), first words while other work competes for the CPU."""
         return self._later.runs_here() or self.contended()
 
     def contended(self) -> bool:
-        """Whether other work competes for the CPU: syntheses waiting for the pool, or what
-        :attr:`also_contended` reports (the server adds Whisper's decodes)."""
+        """Whether other work competes with first words for the CPU: first words waiting for
+        their worker, or what :attr:`also_contended` reports (the server adds Whisper's
+        decodes)."""
         return self._executor.waiting > 0 or self.also_contended()
 
     async def synthesize(
@@ -372,10 +374,10 @@ def onnx_session(
 class LoadAwareSession:
     """A Piper voice's ONNX session in two sizes: onnxruntime's own, on every core, while a
     synthesis has the CPU to itself (an answer's first words sooner), and a one-thread one while
-    ``lean()`` (other syntheses or decodes waiting or running, or a later sentence). Under load
-    the threads of one run only fight the other work for the cores and wait on each other: 16
-    calls on two cores answered at p95 1.9 s with one thread against 7.4 s, 23 of 64 turns
-    lost, with two.
+    ``lean_now()`` (a later sentence, or first words while other syntheses or decodes wait or
+    run). Under load the threads of one run only fight the other work for the cores and wait on
+    each other: 16 calls on two cores answered at p95 1.9 s with one thread against 7.4 s, 23 of
+    64 turns lost, with two.
     """
 
     def __init__(self, full: Any, lean: Any, lean_now: Callable[[], bool]) -> None:

@@ -90,4 +90,3 @@ async def test_the_later_sentence_needed_soonest_is_synthesized_first(
         release.set()
     await asyncio.wait_for(asyncio.gather(*tasks), 60)
     assert heard == ["Needed in twenty seconds.", "Needed in half a minute.", "Needed in a minute."]
-
