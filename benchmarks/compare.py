@@ -42,7 +42,7 @@ from .llm import LLMPacing, paced_llm
 from .provenance import git_commit, machine
 from .server_process import ProcessSample, ServerProcess, free_port
 
-__all__ = ["heard_between", "longest_gap_ms", "main"]
+__all__ = ["heard_between", "main"]
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"

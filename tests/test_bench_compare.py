@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from benchmarks.client import SILENCE_DBFS, ReceivedFrame
-from benchmarks.compare import heard_between, last_sound_after, longest_gap_ms
+from benchmarks.client import SILENCE_DBFS, ReceivedFrame, longest_gap_ms
+from benchmarks.compare import heard_between, last_sound_after
 from benchmarks.compare_report import SIDES, ratio, ratios, summarize_side, to_markdown
 
 

@@ -9,9 +9,11 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
+from media.priority import BACKGROUND_NICENESS
 from media.tts import LATER_NICENESS, Synthesizer, SynthesizerSettings
 
 pytestmark = pytest.mark.timeout(120)
@@ -28,8 +30,8 @@ def _niceness() -> int:
     return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 
 
-async def _first_piece(synth: Synthesizer, text: str, heard: list[str], **kwargs: float) -> None:
-    async for _piece in synth.synthesize(text, **kwargs):  # type: ignore[arg-type]
+async def _first_piece(synth: Synthesizer, text: str, heard: list[str], **kwargs: Any) -> None:
+    async for _piece in synth.synthesize(text, **kwargs):
         heard.append(text)
         return
 
@@ -65,7 +67,7 @@ def test_later_sentences_run_nicer_than_first_words_and_on_one_thread(
 ) -> None:
     first = synth._executor.submit(_niceness).result(timeout=5)
     later = synth._later.submit(_niceness).result(timeout=5)
-    assert first == min(_niceness() + 5, 19)
+    assert first == min(_niceness() + BACKGROUND_NICENESS, 19)
     assert later == min(first + LATER_NICENESS, 19)
     # a session on every core would run its threads at the engines' niceness, not the lane's
     assert synth._later.submit(synth._runs_lean).result(timeout=5) is True
