@@ -15,6 +15,7 @@ from numpy.typing import NDArray
 __all__ = [
     "FRAME_BYTES",
     "FRAME_MS",
+    "KEEP_AFTER_SOUND_MS",
     "SAMPLE_RATE",
     "FrameSplitter",
     "Resampler",
@@ -23,6 +24,7 @@ __all__ = [
     "pcm_rms_dbfs",
     "pcm_to_float32",
     "silence",
+    "sounding_length",
     "trim_leading_silence",
     "trim_trailing_silence",
 ]
@@ -99,8 +101,23 @@ def trim_leading_silence(
     return pcm[start * 2 :]
 
 
+def sounding_length(pcm: bytes, sample_rate: int, *, threshold_dbfs: float = -50.0) -> int:
+    """Bytes of ``pcm`` up to the end of its last 5 ms louder than ``threshold_dbfs`` (RMS),
+    0 if nothing is that loud: what precedes them is no trailing silence, whatever follows."""
+    span = _loud_span(pcm, sample_rate, threshold_dbfs)
+    return 0 if span is None else span[1] * 2
+
+
+KEEP_AFTER_SOUND_MS = 10.0
+"""Silence :func:`trim_trailing_silence` keeps after the last sound (its fading edge)."""
+
+
 def trim_trailing_silence(
-    pcm: bytes, sample_rate: int, *, threshold_dbfs: float = -50.0, keep_ms: float = 10.0
+    pcm: bytes,
+    sample_rate: int,
+    *,
+    threshold_dbfs: float = -50.0,
+    keep_ms: float = KEEP_AFTER_SOUND_MS,
 ) -> bytes:
     """``pcm`` up to ``keep_ms`` after its last 5 ms louder than ``threshold_dbfs`` (RMS), so
     the next piece of the same phrase follows without a gap; unchanged if nothing is that

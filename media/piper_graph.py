@@ -28,7 +28,13 @@ import numpy as np
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["DECODER_PREFIX", "decoder_as_2d", "noiseless_inputs", "voice_graph"]
+__all__ = [
+    "DECODER_PREFIX",
+    "decoder_as_2d",
+    "noiseless_inputs",
+    "split_at_decoder",
+    "voice_graph",
+]
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +159,37 @@ def decoder_as_2d(model: onnx.ModelProto, prefix: str = DECODER_PREFIX) -> int:
     del graph.value_info[:]
     graph.value_info.extend(shapes)
     return len(convolutions)
+
+
+def split_at_decoder(
+    model: onnx.ModelProto, prefix: str = DECODER_PREFIX
+) -> tuple[onnx.ModelProto, onnx.ModelProto, str] | None:
+    """The graph ``model`` as two: what comes before its decoder (the nodes named ``prefix*``),
+    from the graph's inputs to the latent frames the decoder takes, and the decoder, from those
+    frames to the audio; with the latent tensor's name. None when the decoder takes more than
+    one tensor from outside it (a speaker embedding, say) or the graph has more than one
+    output (alignments): those are not split."""
+    from onnx.utils import Extractor
+
+    graph = model.graph
+    nodes = [node for node in graph.node if node.name.startswith(prefix)]
+    produced = {name for node in nodes for name in node.output}
+    constant = {tensor.name for tensor in graph.initializer}
+    constant |= {node.output[0] for node in graph.node if node.op_type == "Constant"}
+    entering = {
+        name
+        for node in nodes
+        for name in node.input
+        if name and name not in produced and name not in constant
+    }
+    if not nodes or len(entering) != 1 or len(graph.output) != 1:
+        return None
+    (latent,) = entering
+    extractor = Extractor(model)
+    inputs = [tensor.name for tensor in graph.input if tensor.name not in constant]
+    front = extractor.extract_model(inputs, [latent])
+    decoder = extractor.extract_model([latent], [graph.output[0].name])
+    return front, decoder, latent
 
 
 def _check(

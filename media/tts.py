@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import logging
 import os
 import threading
 import time
@@ -20,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from .piper_graph import voice_graph
+from .piper_graph import noiseless_inputs, voice_graph
+from .piper_stream import SplitVoiceSession, normalized, split_voice_session, stream_sentence
 from .priority import BACKGROUND_NICENESS, in_background_thread, lower_this_thread
 from .priority_pool import URGENT, PriorityPool
 
@@ -38,6 +40,8 @@ __all__ = [
     "piper_voice",
 ]
 
+log = logging.getLogger(__name__)
+
 PIECE_MS = 200
 """Synthesized audio is handed out in pieces of at most this length, so a cancel lands quickly."""
 
@@ -49,6 +53,10 @@ later sentence, needed only once the audio before it has played, takes what they
 idle machine it runs at full speed all the same. At 16 calls on two cores Whisper's decodes
 ran in 151-191 instead of 206-236 ms at p50, and voice-to-voice p95 was 1.11-1.43 s against
 1.23-1.65 s (``benchmarks/results/later-sentences``)."""
+
+CALIBRATION_TEXT = "This is how the first words of an answer are said, a window at a time."
+"""A sentence several first windows long, decoded whole and in windows when a voice loads
+(:meth:`.piper_stream.SplitVoiceSession.calibrate`)."""
 
 _DONE = object()
 
@@ -177,6 +185,7 @@ class Synthesizer:
         voice = piper_voice(config)
         synthesizer = cls(voice, settings, model)
         voice.session = synthesizer._session_of(model)
+        _calibrate(voice)
         for _ in synthesizer._chunks("Hello."):
             pass
         return synthesizer
@@ -202,6 +211,7 @@ class Synthesizer:
             if voice is None:
                 voice = piper_voice(model.with_name(model.name + ".json"))
                 voice.session = self._session_of(model)
+                _calibrate(voice)
                 self._voices[key] = voice
         return voice
 
@@ -211,16 +221,19 @@ class Synthesizer:
         AVX-512 thread), a session on more threads the graph as exported (the rewritten one was
         12-19 % slower on two). A one-thread session runs in the calling worker's thread, at its
         niceness; the threads of a session on more are the engines' (``settings.threads`` above
-        1 thus runs later sentences at the first words' priority)."""
+        1 thus runs later sentences at the first words' priority). The session on every core
+        is split at the decoder (:mod:`.piper_stream`) where the graph allows: first words are
+        decoded a window at a time there."""
         threads = self.settings.threads or (1 if (os.cpu_count() or 1) < 2 else 0)
         if threads > 1:
             return onnx_session(model, threads)
         with voice_graph(model) as one_thread_graph:
             if threads == 1:
                 return onnx_session(one_thread_graph, 1)
-            return LoadAwareSession(
-                onnx_session(model, 0), onnx_session(one_thread_graph, 1), self._runs_lean
-            )
+            lean = onnx_session(one_thread_graph, 1)
+        with split_voice_session(model, functools.partial(onnx_session, threads=0)) as split:
+            full = split if split is not None else onnx_session(model, 0)
+        return LoadAwareSession(full, lean, self._runs_lean)
 
     def _runs_lean(self) -> bool:
         """Whether a step runs on one thread: a later sentence always (in its worker, at its
@@ -242,7 +255,8 @@ class Synthesizer:
         ``LATER_NICENESS`` nicer one, needed soonest (now plus ``slack_s``) first; cancelling
         stops after the step in flight.
         """
-        async for piece in self._stream(self._chunks(text), self.sample_rate, urgent, slack_s):
+        chunks = self._chunks(text, stream_first=urgent)
+        async for piece in self._stream(chunks, self.sample_rate, urgent, slack_s):
             yield piece
 
     async def _stream(
@@ -286,13 +300,24 @@ class Synthesizer:
     async def aclose(self) -> None:
         self.close()
 
-    def _chunks(self, text: str) -> Generator[tuple[bytes, bool], None, None]:
-        return self._voiced_chunks(text, self._voice)
+    def _chunks(
+        self, text: str, *, stream_first: bool = False
+    ) -> Generator[tuple[bytes, bool], None, None]:
+        return self._voiced_chunks(text, self._voice, stream_first=stream_first)
 
     def _voiced_chunks(
-        self, text: str, voice: Any, rate: float | None = None, speaker: int | None = None
+        self,
+        text: str,
+        voice: Any,
+        rate: float | None = None,
+        speaker: int | None = None,
+        *,
+        stream_first: bool = False,
     ) -> Generator[tuple[bytes, bool], None, None]:
-        """Piper's audio of ``text`` a sentence at a time, each with whether it is the last."""
+        """Piper's audio of ``text`` a sentence at a time, each with whether it is the last
+        piece; with ``stream_first``, the first sentence in two pieces where the voice runs
+        split on every core and nothing else competes (:func:`.piper_stream.stream_sentence`):
+        its first words sooner."""
         from piper import SynthesisConfig
 
         length_scale = self.settings.length_scale
@@ -302,10 +327,65 @@ class Synthesizer:
         config = SynthesisConfig(
             length_scale=length_scale, speaker_id=speaker, noise_scale=noise, noise_w_scale=noise
         )
-        # counted as Piper splits them (phonemizing again costs ~0.3 ms, <1 % of a sentence)
-        sentences = sum(1 for phonemes in voice.phonemize(text) if phonemes)
-        for n, chunk in enumerate(voice.synthesize(text, syn_config=config), start=1):
-            yield chunk.audio_int16_bytes, n == sentences
+        sentences = [phonemes for phonemes in voice.phonemize(text) if phonemes]
+        split = _streaming_session(voice) if stream_first else None
+        for n, phonemes in enumerate(sentences, start=1):
+            ids = voice.phonemes_to_ids(phonemes)
+            if n == 1 and split is not None:
+                feed = piper_feed(voice, ids, config)
+                rate = int(voice.config.sample_rate)
+                for audio, whole in stream_sentence(split, feed, rate):
+                    yield _pcm16(audio), whole and n == len(sentences)
+                continue
+            audio, _gain = normalized(voice.phoneme_ids_to_audio(ids, config))
+            yield _pcm16(audio), n == len(sentences)
+
+
+def _streaming_session(voice: Any) -> SplitVoiceSession | None:
+    """The split session a voice's first words can be decoded a window at a time on: its
+    every-core one, while nothing makes it run lean."""
+    session = voice.session
+    if not isinstance(session, LoadAwareSession) or not isinstance(session.full, SplitVoiceSession):
+        return None
+    if session.full.context_frames is None or session.lean_now():
+        return None
+    return session.full
+
+
+def piper_feed(voice: Any, ids: list[int], config: Any) -> dict[str, Any]:
+    """The inputs Piper's ``phoneme_ids_to_audio`` gives a voice's graph for ``ids``."""
+    import numpy as np
+
+    length_scale = config.length_scale or voice.config.length_scale
+    noise = voice.config.noise_scale if config.noise_scale is None else config.noise_scale
+    noise_w = voice.config.noise_w_scale if config.noise_w_scale is None else config.noise_w_scale
+    feed: dict[str, Any] = {
+        "input": np.array([ids], dtype=np.int64),
+        "input_lengths": np.array([len(ids)], dtype=np.int64),
+        "scales": np.array([noise, length_scale, noise_w], dtype=np.float32),
+    }
+    if voice.config.num_speakers > 1:
+        speaker = (
+            voice.config.default_speaker_id if config.speaker_id is None else config.speaker_id
+        )
+        feed["sid"] = np.array([speaker], dtype=np.int64)
+    return feed
+
+
+def _pcm16(audio: Any) -> bytes:
+    """Float audio as PCM16 bytes, clipped as Piper clips it."""
+    import numpy as np
+
+    return bytes(np.clip(audio * 32767.0, -32767.0, 32767.0).astype(np.int16).tobytes())
+
+
+def _calibrate(voice: Any) -> None:
+    """Let a voice's split session decode windows, if it has one that windows suit."""
+    session = voice.session
+    if not isinstance(session, LoadAwareSession) or not isinstance(session.full, SplitVoiceSession):
+        return
+    if not session.full.calibrate(noiseless_inputs(voice, CALIBRATION_TEXT)):
+        log.info("Piper voice: first words decoded whole (windows do not match it)")
 
 
 class _Variant:
@@ -329,7 +409,9 @@ class _Variant:
             step = owner._executor.submit(owner._voice_for, self._model)
             voice = await asyncio.wrap_future(step)
         settings = self.settings
-        chunks = owner._voiced_chunks(text, voice, settings.speaking_rate, settings.speaker)
+        chunks = owner._voiced_chunks(
+            text, voice, settings.speaking_rate, settings.speaker, stream_first=urgent
+        )
         async for piece in owner._stream(chunks, self.sample_rate, urgent, slack_s):
             yield piece
 

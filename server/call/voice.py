@@ -34,7 +34,7 @@ from media import (
     joins_next,
     speakable,
 )
-from media.audio import trim_leading_silence, trim_trailing_silence
+from media.audio import KEEP_AFTER_SOUND_MS, sounding_length, trim_leading_silence
 from media.speaker import Playback, PlaybackResult
 from media.tts import VoiceSettings, VoiceVariants
 from playbooks import BargeInPolicy, OrchestratorEvent, PlaybookOrchestrator, Retraction, Turn
@@ -372,7 +372,7 @@ class _Speech:
         pieces: list[Playback] = []
         trim_onset = self.onset_pending or (self.joining and not interim)
         joins = joins_next(sentence) and not interim
-        held = bytearray()  # a joining chunk, whose trailing silence may span pieces
+        held = bytearray()  # a joining chunk's audio since its last sound
         # urgent: nothing of the answer left to play, the caller hears silence until it comes
         urgent = self.onset_pending or not voice.speaker.busy
         slack_s = voice.speaker.queued_ms / 1000
@@ -385,12 +385,17 @@ class _Speech:
             if trim_onset:
                 trim_onset = self.onset_pending = False
                 pcm = trim_leading_silence(pcm, rate)
-            if joins:
-                held += pcm
-            else:
+            if not joins:
                 pieces.append(voice.speaker.push(pcm, rate))
-        if held:  # (Piper gives a chunk's pieces all at once: holding them costs no time)
-            pieces.append(voice.speaker.push(trim_trailing_silence(bytes(held), rate), rate))
+                continue
+            held += pcm  # until its end, only what may be the chunk's trailing silence
+            sounding = sounding_length(bytes(held), rate)
+            if sounding:
+                pieces.append(voice.speaker.push(bytes(held[:sounding]), rate))
+                del held[:sounding]
+        if held:  # after sound, the join keeps the silence's fading edge; without, all of it
+            keep = round(rate * KEEP_AFTER_SOUND_MS / 1000) * 2 if pieces else len(held)
+            pieces.append(voice.speaker.push(bytes(held[:keep]), rate))
         if not interim:
             self.joining = joins
         if not pieces:

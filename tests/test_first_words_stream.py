@@ -1,0 +1,129 @@
+"""An answer's first words are decoded a window at a time (``media.piper_stream``): the voice's
+graph split at its decoder says what the whole graph says, the windows what the whole decode
+says, and the first window is heard while the rest is still to be decoded. On the real voice."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from media.piper_graph import noiseless_inputs
+from media.piper_stream import FIRST_FRAMES, SplitVoiceSession, stream_sentence
+from media.priority_pool import URGENT
+from media.tts import (
+    LoadAwareSession,
+    Synthesizer,
+    SynthesizerSettings,
+    default_piper_voice,
+    onnx_session,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+TEXT = "Your order left our warehouse yesterday morning."
+
+
+@pytest.fixture(scope="module")
+def synth() -> Iterator[Synthesizer]:
+    synthesizer = Synthesizer.load(SynthesizerSettings(deterministic=True))
+    yield synthesizer
+    synthesizer.close()
+
+
+def _split(synth: Synthesizer) -> SplitVoiceSession:
+    session = synth._voice.session
+    assert isinstance(session, LoadAwareSession)
+    assert isinstance(session.full, SplitVoiceSession)
+    return session.full
+
+
+def test_the_split_graph_says_what_the_whole_graph_says(synth: Synthesizer) -> None:
+    model, _config = default_piper_voice()
+    feed = noiseless_inputs(synth._voice, TEXT)
+    whole = onnx_session(model, 0).run(None, feed)[0].reshape(-1)
+    split = np.asarray(_split(synth).run(None, feed)[0]).reshape(-1)
+    assert split.shape == whole.shape
+    assert float(np.max(np.abs(split - whole))) < 1e-5
+
+
+def test_windows_decode_what_the_whole_decode_does(synth: Synthesizer) -> None:
+    split = _split(synth)
+    assert split.context_frames is not None  # calibrated when the voice loaded
+    assert split.hop == 256
+    latent = split.latent(noiseless_inputs(synth._voice, TEXT))
+    frames = latent.shape[2]
+    whole = split.decode(latent, 0, frames, 0)
+    assert whole.size == frames * split.hop
+    windows = [
+        split.decode(latent, start, min(frames, start + 20)) for start in range(0, frames, 20)
+    ]
+    assert float(np.max(np.abs(np.concatenate(windows) - whole))) < 1e-4
+    # without context a window's edge sounds different: the context is what makes it equal
+    cut = split.decode(latent, 0, FIRST_FRAMES, 0)
+    assert float(np.max(np.abs(cut - whole[: cut.size]))) > 1e-3
+
+
+def test_a_streamed_sentence_is_piper_audio_at_the_voice_gain(synth: Synthesizer) -> None:
+    split = _split(synth)
+    feed = noiseless_inputs(synth._voice, TEXT)
+    pieces = list(stream_sentence(split, feed, synth.sample_rate))
+    assert [last for _audio, last in pieces] == [False, True]
+    assert pieces[0][0].size == FIRST_FRAMES * split.hop
+    streamed = np.concatenate([audio for audio, _last in pieces])
+    raw = split.decode(split.latent(feed), 0, streamed.size // split.hop, 0)
+    peak = float(np.max(np.abs(raw)))
+    gain = min(split.voice_gain, 1 / peak)  # no clipping, and one gain throughout
+    assert float(np.max(np.abs(streamed))) <= 1.0 + 1e-6
+    assert float(np.max(np.abs(streamed - raw * gain))) < 1e-3
+    # within a few dB of the level Piper chooses (the peak at full scale)
+    assert 10 ** (-6 / 20) < gain * peak <= 1.0
+
+
+async def test_first_words_are_heard_before_the_rest_of_their_sentence_is_decoded(
+    synth: Synthesizer,
+) -> None:
+    """After the first window, the pool's worker is held: the first piece is out all the same,
+    and the rest of the sentence comes once the worker is free."""
+    release = threading.Event()
+    pieces: list[bytes] = []
+    first_piece = asyncio.Event()
+
+    async def listen() -> None:
+        async for piece in synth.synthesize(TEXT, urgent=True):
+            pieces.append(piece)
+            if len(pieces) == 1:
+                synth._executor.submit(release.wait, 10, priority=URGENT)
+                first_piece.set()
+
+    listening = asyncio.create_task(listen())
+    try:
+        await asyncio.wait_for(first_piece.wait(), 30)
+        await asyncio.sleep(0.3)  # the rest would be decoded by now, were the worker free
+        assert len(pieces) == 1
+        heard_ms = len(pieces[0]) / 2 / synth.sample_rate * 1000
+        assert heard_ms == pytest.approx(FIRST_FRAMES * 256 / synth.sample_rate * 1000)
+    finally:
+        release.set()
+    await asyncio.wait_for(listening, 30)
+    total = b"".join(pieces)
+    assert len(total) == len(synth.synthesize_all(TEXT))
+
+
+async def test_first_words_are_decoded_whole_while_other_work_competes(
+    synth: Synthesizer,
+) -> None:
+    synth.also_contended = lambda: True  # e.g. a Whisper decode under way: one thread, whole
+    try:
+        started = time.monotonic()
+        pieces = [piece async for piece in synth.synthesize(TEXT, urgent=True)]
+        assert time.monotonic() - started < 30
+    finally:
+        synth.also_contended = lambda: False
+    assert b"".join(pieces) != b"".join(
+        [piece async for piece in synth.synthesize(TEXT, urgent=True)]
+    )  # (the lean graph at Piper's gain, against windows at the voice's)
