@@ -33,7 +33,7 @@ __all__ = [
     "RAMP_MS",
     "SplitVoiceSession",
     "normalized",
-    "split_voice_session",
+    "split_graph_files",
     "stream_sentence",
 ]
 
@@ -68,10 +68,13 @@ class SplitVoiceSession:
     sentence); :meth:`latent` and :meth:`decode` run a sentence window by window once
     :meth:`calibrate` found how many frames of context a window needs."""
 
-    def __init__(self, front: Any, decoder: Any, latent: str) -> None:
+    def __init__(self, front: Any, decoder: Any, latent: str, lean_decoder: Any = None) -> None:
         self.front = front
         self.decoder = decoder
         self.latent_name = latent
+        self.lean_decoder = lean_decoder
+        """The decoder on one thread, for a window decoded while other work competes (None:
+        ``decoder`` always)."""
         self.context_frames: int | None = None
         """Frames of context each side of a window (None: not calibrated, no windows)."""
         self.hop = 0
@@ -88,15 +91,23 @@ class SplitVoiceSession:
         return np.asarray(self.front.run(None, feed)[0])
 
     def decode(
-        self, latent: np.ndarray, start: int, end: int, context: int | None = None
+        self,
+        latent: np.ndarray,
+        start: int,
+        end: int,
+        context: int | None = None,
+        *,
+        lean: bool = False,
     ) -> np.ndarray:
         """The audio of frames ``start``..``end`` of ``latent`` (float, 1-D), decoded with
-        ``context`` frames each side (the calibrated ones by default)."""
+        ``context`` frames each side (the calibrated ones by default), on one thread if
+        ``lean`` and the session has a :attr:`lean_decoder`."""
         reach = self.context_frames if context is None else context
         assert reach is not None, "calibrate the session before decoding windows"
         first = max(0, start - reach)
         window = latent[:, :, first : min(latent.shape[2], end + reach)]
-        audio = np.asarray(self.decoder.run(None, {self.latent_name: window})[0]).reshape(-1)
+        decoder = self.lean_decoder if lean and self.lean_decoder is not None else self.decoder
+        audio = np.asarray(decoder.run(None, {self.latent_name: window})[0]).reshape(-1)
         hop = audio.size // window.shape[2]
         return audio[(start - first) * hop : (end - first) * hop]
 
@@ -126,12 +137,16 @@ class SplitVoiceSession:
 
 
 def stream_sentence(
-    session: SplitVoiceSession, feed: dict[str, np.ndarray], sample_rate: int
+    session: SplitVoiceSession,
+    feed: dict[str, np.ndarray],
+    sample_rate: int,
+    lean_now: Callable[[], bool] = lambda: False,
 ) -> Iterator[tuple[np.ndarray, bool]]:
     """One sentence's audio, each piece with whether it is the last: two windows at the
     session's ``voice_gain``, lowered where that would clip (the first window at once, the
     rest over :data:`RAMP_MS`), when it is at least two :data:`FIRST_FRAMES` long; else whole,
-    normalized as Piper does."""
+    normalized as Piper does. The rest is decoded on one thread if ``lean_now()`` says other
+    work competes by then."""
     latent = session.latent(feed)
     frames = latent.shape[2]
     if session.context_frames is None or frames < 2 * FIRST_FRAMES:
@@ -144,7 +159,7 @@ def stream_sentence(
         session.voice_gain if first_peak < 1e-8 else min(session.voice_gain, 1.0 / first_peak)
     )
     yield first * first_gain, False
-    rest = session.decode(latent, FIRST_FRAMES, frames)
+    rest = session.decode(latent, FIRST_FRAMES, frames, lean=lean_now())
     rest_peak = float(np.max(np.abs(rest)))
     gain = first_gain if rest_peak < 1e-8 else min(first_gain, 1.0 / rest_peak)
     ramp = min(rest.size, round(sample_rate * RAMP_MS / 1000))
@@ -154,12 +169,11 @@ def stream_sentence(
 
 
 @contextmanager
-def split_voice_session(
-    graph: Path, make_session: Callable[[Path], Any]
-) -> Iterator[SplitVoiceSession | None]:
-    """The voice graph file ``graph`` as a :class:`SplitVoiceSession` whose two parts
-    ``make_session`` opens (from files, as onnxruntime keeps the bytes of a session made from
-    bytes), or None when it does not split (:func:`.piper_graph.split_at_decoder`)."""
+def split_graph_files(graph: Path) -> Iterator[tuple[Path, Path, str] | None]:
+    """The voice graph file ``graph`` split at its decoder, while inside: temporary files of
+    its front and its decoder, and the latent tensor's name; None when it does not split
+    (:func:`.piper_graph.split_at_decoder`). Files, since onnxruntime keeps the bytes of a
+    session made from bytes."""
     import onnx
 
     try:
@@ -171,9 +185,10 @@ def split_voice_session(
         yield None
         return
     front, decoder, latent = parts
+    del parts
     with tempfile.TemporaryDirectory(prefix="vocable-voice-") as directory:
         paths = Path(directory) / "front.onnx", Path(directory) / "decoder.onnx"
         onnx.save(front, str(paths[0]))
         onnx.save(decoder, str(paths[1]))
         del front, decoder
-        yield SplitVoiceSession(make_session(paths[0]), make_session(paths[1]), latent)
+        yield paths[0], paths[1], latent

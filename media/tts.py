@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from .piper_graph import noiseless_inputs, voice_graph
-from .piper_stream import SplitVoiceSession, normalized, split_voice_session, stream_sentence
+from .piper_stream import SplitVoiceSession, normalized, split_graph_files, stream_sentence
 from .priority import BACKGROUND_NICENESS, in_background_thread, lower_this_thread
 from .priority_pool import URGENT, PriorityPool
 
@@ -231,11 +231,8 @@ class Synthesizer:
             if threads == 1:
                 return onnx_session(one_thread_graph, 1)
             lean = onnx_session(one_thread_graph, 1)
-        # without arenas: windows of many sizes would keep ~150 MB more, at the same speed
-        every_core = functools.partial(onnx_session, threads=0, arena=False)
-        with split_voice_session(model, every_core) as split:
-            full = split if split is not None else onnx_session(model, 0)
-        return LoadAwareSession(full, lean, self._runs_lean)
+            full = _split_session(model, one_thread_graph)
+        return LoadAwareSession(full or onnx_session(model, 0), lean, self._runs_lean)
 
     def _runs_lean(self) -> bool:
         """Whether a step runs on one thread: a later sentence always (in its worker, at its
@@ -336,11 +333,28 @@ class Synthesizer:
             if n == 1 and split is not None:
                 feed = piper_feed(voice, ids, config)
                 rate = int(voice.config.sample_rate)
-                for audio, whole in stream_sentence(split, feed, rate):
+                for audio, whole in stream_sentence(split, feed, rate, voice.session.lean_now):
                     yield _pcm16(audio), whole and n == len(sentences)
                 continue
             audio, _gain = normalized(voice.phoneme_ids_to_audio(ids, config))
             yield _pcm16(audio), n == len(sentences)
+
+
+def _split_session(model: Path, one_thread_graph: Path) -> SplitVoiceSession | None:
+    """``model`` on every core split at its decoder, with the decoder of ``one_thread_graph``
+    on one thread for a window decoded while other work competes; None if it does not split.
+    Without onnxruntime's arenas: windows of many sizes kept ~150 MB more there, at the same
+    speed."""
+    with split_graph_files(model) as parts:
+        if parts is None:
+            return None
+        front, decoder = (onnx_session(part, 0, arena=False) for part in parts[:2])
+        latent = parts[2]
+    lean_decoder = None
+    with split_graph_files(one_thread_graph) as lean_parts:
+        if lean_parts is not None and lean_parts[2] == latent:
+            lean_decoder = onnx_session(lean_parts[1], 1, arena=False)
+    return SplitVoiceSession(front, decoder, latent, lean_decoder)
 
 
 def _streaming_session(voice: Any) -> SplitVoiceSession | None:

@@ -8,6 +8,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -127,3 +128,33 @@ async def test_first_words_are_decoded_whole_while_other_work_competes(
     assert b"".join(pieces) != b"".join(
         [piece async for piece in synth.synthesize(TEXT, urgent=True)]
     )  # (the lean graph at Piper's gain, against windows at the voice's)
+
+
+class _Counting:
+    """An onnxruntime session that counts its runs."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.runs = inner, 0
+
+    def run(self, *args: Any) -> Any:
+        self.runs += 1
+        return self.inner.run(*args)
+
+
+def test_the_rest_is_decoded_on_one_thread_when_other_work_competes_by_then(
+    synth: Synthesizer,
+) -> None:
+    split = _split(synth)
+    lean = split.lean_decoder
+    assert lean is not None
+    assert lean.get_session_options().intra_op_num_threads == 1
+    feed = noiseless_inputs(synth._voice, TEXT)
+    calm = list(stream_sentence(split, feed, synth.sample_rate))
+    counting = split.lean_decoder = _Counting(lean)
+    try:
+        crowded = list(stream_sentence(split, feed, synth.sample_rate, lambda: True))
+    finally:
+        split.lean_decoder = lean
+    assert counting.runs == 1  # the rest, not the first window
+    assert np.array_equal(crowded[0][0], calm[0][0])
+    assert float(np.max(np.abs(crowded[1][0] - calm[1][0]))) < 1e-4

@@ -12,6 +12,8 @@ from playbooks import ChatClient, LoadedPlaybook, RetryPolicy, load_playbooks
 from playbooks.identity import voice_models
 from server.config.server import ServerConfig
 
+from .memory import return_free_memory
+
 __all__ = ["Engines"]
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,7 @@ class Engines:
             await asyncio.to_thread(synthesizer.preload, list(dict.fromkeys(models)))
             if isinstance(transcriber, Transcriber):  # a decode under way: synthesize lean
                 synthesizer.also_contended = lambda: transcriber.in_flight > 0
+        await asyncio.to_thread(return_free_memory)  # what rewriting the voice graphs freed
         llm = None
         if config.llm is not None:
             llm = ChatClient.connect(
