@@ -348,10 +348,12 @@ class _FailingSynthesizer(Synthesizer):
         super().__init__(shared._voice, shared.settings)
         self.trigger = trigger
 
-    def _chunks(self, text: str) -> Generator[tuple[bytes, bool], None, None]:
+    def _chunks(
+        self, text: str, *, stream_first: bool = False
+    ) -> Generator[tuple[bytes, bool], None, None]:
         if self.trigger is None or self.trigger in text:
             raise RuntimeError(f"Piper failed on {text!r} (injected)")
-        yield from super()._chunks(text)
+        yield from super()._chunks(text, stream_first=stream_first)
 
 
 async def test_whisper_raising_speaks_the_fallback_without_asking_the_llm(
