@@ -331,9 +331,10 @@ class Synthesizer:
         for n, phonemes in enumerate(sentences, start=1):
             ids = voice.phonemes_to_ids(phonemes)
             if n == 1 and split is not None:
-                feed = piper_feed(voice, ids, config)
-                rate = int(voice.config.sample_rate)
-                for audio, whole in stream_sentence(split, feed, rate, voice.session.lean_now):
+                feed = _piper_feed(voice, ids, config)
+                sample_rate = int(voice.config.sample_rate)
+                windows = stream_sentence(split, feed, sample_rate, voice.session.lean_now)
+                for audio, whole in windows:
                     yield _pcm16(audio), whole and n == len(sentences)
                 continue
             audio, _gain = normalized(voice.phoneme_ids_to_audio(ids, config))
@@ -368,7 +369,7 @@ def _streaming_session(voice: Any) -> SplitVoiceSession | None:
     return session.full
 
 
-def piper_feed(voice: Any, ids: list[int], config: Any) -> dict[str, Any]:
+def _piper_feed(voice: Any, ids: list[int], config: Any) -> dict[str, Any]:
     """The inputs Piper's ``phoneme_ids_to_audio`` gives a voice's graph for ``ids``."""
     import numpy as np
 
