@@ -83,10 +83,11 @@ async def test_a_cough_or_backchannel_pauses_then_resumes_where_it_stopped(
     assert resumed.t - paused.t < 1.5
     # the whole answer was heard, once, in order: nothing repeated, nothing skipped
     assert call.voice.heard == LONG_ANSWER
-    recording = bytes(call.line.recording)
-    before = await transcriber().transcribe(recording[: paused_at[0]])
-    after = await transcriber().transcribe(recording[paused_at[0] :])
-    assert word_error_rate(f"{before.text} {after.text}", LONG_ANSWER) <= 0.15
+    # what the caller heard, the pause's silence inside it, says the answer once (a repeat or a
+    # skip would show): transcribed whole, since halves cut mid-word sound like other words to
+    # tiny.en ("your order." + "Your order, like our.", for "Your order left our")
+    heard = await transcriber().transcribe(bytes(call.line.recording))
+    assert word_error_rate(heard.text, LONG_ANSWER) <= 0.15
     # and the caller heard silence from the moment the agent paused
     gap = call.line.recording[paused_at[0] : paused_at[0] + 32000 * 3 // 10]
     assert pcm_rms_dbfs(bytes(gap)) < -60
