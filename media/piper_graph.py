@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DECODER_PREFIX",
     "decoder_as_2d",
+    "graph_feed",
     "noiseless_inputs",
     "split_at_decoder",
     "voice_graph",
@@ -82,18 +83,35 @@ def voice_graph(model: Path) -> Iterator[Path]:
         yield path
 
 
+def graph_feed(voice: Any, ids: list[int], config: Any) -> dict[str, np.ndarray]:
+    """The inputs Piper's ``phoneme_ids_to_audio`` gives a ``voice``'s graph for the phoneme
+    ``ids`` with the ``SynthesisConfig`` ``config`` (unset fields: the voice's own)."""
+    length_scale = voice.config.length_scale if config.length_scale is None else config.length_scale
+    noise = voice.config.noise_scale if config.noise_scale is None else config.noise_scale
+    noise_w = voice.config.noise_w_scale if config.noise_w_scale is None else config.noise_w_scale
+    feed: dict[str, np.ndarray] = {
+        "input": np.array([ids], dtype=np.int64),
+        "input_lengths": np.array([len(ids)], dtype=np.int64),
+        "scales": np.array([noise, length_scale, noise_w], dtype=np.float32),
+    }
+    if voice.config.num_speakers > 1:
+        speaker = (
+            voice.config.default_speaker_id if config.speaker_id is None else config.speaker_id
+        )
+        feed["sid"] = np.array([speaker], dtype=np.int64)
+    return feed
+
+
 def noiseless_inputs(voice: Any, text: str) -> dict[str, np.ndarray]:
     """What a Piper ``voice``'s graph takes to say ``text`` (all its sentences in one run) at
     the voice's own rate without sampling noise, so two graphs of it compare sample for
     sample."""
+    from piper import SynthesisConfig
+
     ids: list[int] = []
     for phonemes in voice.phonemize(text):
         ids += voice.phonemes_to_ids(phonemes)
-    return {
-        "input": np.array([ids], dtype=np.int64),
-        "input_lengths": np.array([len(ids)], dtype=np.int64),
-        "scales": np.array([0.0, voice.config.length_scale, 0.0], dtype=np.float32),
-    }
+    return graph_feed(voice, ids, SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0))
 
 
 def decoder_as_2d(model: onnx.ModelProto, prefix: str = DECODER_PREFIX) -> int:

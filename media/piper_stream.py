@@ -32,6 +32,7 @@ __all__ = [
     "FIRST_FRAMES",
     "RAMP_MS",
     "SplitVoiceSession",
+    "full_scale_gain",
     "normalized",
     "split_graph_files",
     "stream_sentence",
@@ -53,13 +54,17 @@ CONTEXT_CHOICES = (8, 16, 32, 64)
 """Context frames tried, fewest first, when a voice is calibrated (:meth:`calibrate`)."""
 
 
-def normalized(audio: np.ndarray) -> tuple[np.ndarray, float]:
-    """``audio`` scaled to a peak of full scale, as Piper does, with the gain applied (silence
-    stays silence, gain 1)."""
+def full_scale_gain(audio: np.ndarray, silent: float = 1.0) -> float:
+    """The gain that brings ``audio``'s peak to full scale, as Piper normalizes a sentence;
+    ``silent`` for audio with no peak to speak of (below 1e-8, where Piper outputs zeros)."""
     peak = float(np.max(np.abs(audio))) if audio.size else 0.0
-    if peak < 1e-8:
-        return np.zeros_like(audio), 1.0
-    return audio / peak, 1.0 / peak
+    return silent if peak < 1e-8 else 1.0 / peak
+
+
+def normalized(audio: np.ndarray) -> np.ndarray:
+    """``audio`` scaled to a peak of full scale, as Piper does (silence stays silence)."""
+    gain = full_scale_gain(audio, silent=0.0)
+    return audio * gain if gain else np.zeros_like(audio)
 
 
 class SplitVoiceSession:
@@ -77,8 +82,6 @@ class SplitVoiceSession:
         ``decoder`` always)."""
         self.context_frames: int | None = None
         """Frames of context each side of a window (None: not calibrated, no windows)."""
-        self.hop = 0
-        """Audio samples per latent frame (set by :meth:`calibrate`)."""
         self.voice_gain = 1.0
         """The gain Piper gives the calibration sentence: the level windows play at."""
 
@@ -114,14 +117,13 @@ class SplitVoiceSession:
     def calibrate(self, feed: dict[str, np.ndarray]) -> bool:
         """Find the fewest :data:`CONTEXT_CHOICES` frames of context for which the windows of
         the sentence ``feed`` (two or more windows long) sound as the whole decode, to 1e-4 of
-        its peak; learn the hop and the sentence's gain. False: none does (no windows)."""
+        its peak; learn the sentence's gain. False: none does (no windows)."""
         latent = self.latent(feed)
         whole = np.asarray(self.decoder.run(None, {self.latent_name: latent})[0]).reshape(-1)
         frames = latent.shape[2]
         if frames < 2 * FIRST_FRAMES or whole.size % frames:
             return False
-        self.hop = whole.size // frames
-        _, self.voice_gain = normalized(whole)
+        self.voice_gain = full_scale_gain(whole)
         tolerance = 1e-4 * float(np.max(np.abs(whole)))
         for context in CONTEXT_CHOICES:
             windows = np.concatenate(
@@ -150,18 +152,13 @@ def stream_sentence(
     latent = session.latent(feed)
     frames = latent.shape[2]
     if session.context_frames is None or frames < 2 * FIRST_FRAMES:
-        audio, _gain = normalized(session.decode(latent, 0, frames, 0))
-        yield audio, True
+        yield normalized(session.decode(latent, 0, frames, 0)), True
         return
     first = session.decode(latent, 0, FIRST_FRAMES)
-    first_peak = float(np.max(np.abs(first)))
-    first_gain = (
-        session.voice_gain if first_peak < 1e-8 else min(session.voice_gain, 1.0 / first_peak)
-    )
+    first_gain = min(session.voice_gain, full_scale_gain(first, silent=session.voice_gain))
     yield first * first_gain, False
     rest = session.decode(latent, FIRST_FRAMES, frames, lean=lean_now())
-    rest_peak = float(np.max(np.abs(rest)))
-    gain = first_gain if rest_peak < 1e-8 else min(first_gain, 1.0 / rest_peak)
+    gain = min(first_gain, full_scale_gain(rest, silent=first_gain))
     ramp = min(rest.size, round(sample_rate * RAMP_MS / 1000))
     scale = np.full(rest.size, gain, dtype=np.float32)
     scale[:ramp] = np.linspace(first_gain, gain, ramp, endpoint=False, dtype=np.float32)

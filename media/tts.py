@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from .piper_graph import noiseless_inputs, voice_graph
+from .piper_graph import graph_feed, noiseless_inputs, voice_graph
 from .piper_stream import SplitVoiceSession, normalized, split_graph_files, stream_sentence
 from .priority import BACKGROUND_NICENESS, in_background_thread, lower_this_thread
 from .priority_pool import URGENT, PriorityPool
@@ -328,17 +328,17 @@ class Synthesizer:
         )
         sentences = [phonemes for phonemes in voice.phonemize(text) if phonemes]
         split = _streaming_session(voice) if stream_first else None
+        sample_rate = int(voice.config.sample_rate)
         for n, phonemes in enumerate(sentences, start=1):
             ids = voice.phonemes_to_ids(phonemes)
             if n == 1 and split is not None:
-                feed = _piper_feed(voice, ids, config)
-                sample_rate = int(voice.config.sample_rate)
+                feed = graph_feed(voice, ids, config)
                 windows = stream_sentence(split, feed, sample_rate, voice.session.lean_now)
                 for audio, whole in windows:
-                    yield _pcm16(audio), whole and n == len(sentences)
+                    yield _pcm16(audio, sample_rate), whole and n == len(sentences)
                 continue
-            audio, _gain = normalized(voice.phoneme_ids_to_audio(ids, config))
-            yield _pcm16(audio), n == len(sentences)
+            audio = normalized(voice.phoneme_ids_to_audio(ids, config))
+            yield _pcm16(audio, sample_rate), n == len(sentences)
 
 
 def _split_session(model: Path, one_thread_graph: Path) -> SplitVoiceSession | None:
@@ -369,31 +369,12 @@ def _streaming_session(voice: Any) -> SplitVoiceSession | None:
     return session.full
 
 
-def _piper_feed(voice: Any, ids: list[int], config: Any) -> dict[str, Any]:
-    """The inputs Piper's ``phoneme_ids_to_audio`` gives a voice's graph for ``ids``."""
-    import numpy as np
+def _pcm16(audio: Any, sample_rate: int) -> bytes:
+    """Float audio as PCM16 bytes, converted (and clipped) by Piper."""
+    from piper import AudioChunk
 
-    length_scale = voice.config.length_scale if config.length_scale is None else config.length_scale
-    noise = voice.config.noise_scale if config.noise_scale is None else config.noise_scale
-    noise_w = voice.config.noise_w_scale if config.noise_w_scale is None else config.noise_w_scale
-    feed: dict[str, Any] = {
-        "input": np.array([ids], dtype=np.int64),
-        "input_lengths": np.array([len(ids)], dtype=np.int64),
-        "scales": np.array([noise, length_scale, noise_w], dtype=np.float32),
-    }
-    if voice.config.num_speakers > 1:
-        speaker = (
-            voice.config.default_speaker_id if config.speaker_id is None else config.speaker_id
-        )
-        feed["sid"] = np.array([speaker], dtype=np.int64)
-    return feed
-
-
-def _pcm16(audio: Any) -> bytes:
-    """Float audio as PCM16 bytes, clipped as Piper clips it."""
-    import numpy as np
-
-    return bytes(np.clip(audio * 32767.0, -32767.0, 32767.0).astype(np.int16).tobytes())
+    chunk = AudioChunk(sample_rate, 2, 1, audio, phonemes=[], phoneme_ids=[])
+    return chunk.audio_int16_bytes
 
 
 def _calibrate(voice: Any) -> None:
