@@ -170,12 +170,13 @@ def _bench_stt(
 
 
 def _synthesize_timed(synthesizer: Synthesizer, text: str) -> tuple[float, float, int]:
-    """One synthesis through ``_chunks`` (what the server's worker steps through): (s to the first
-    chunk, s to the last, bytes of PCM16)."""
+    """One synthesis through ``_chunks`` (what the server's worker steps through for an answer's
+    first words: its first sentence streamed where the voice allows): (s to the first chunk, s
+    to the last, bytes of PCM16)."""
     started = time.perf_counter()
     first: float | None = None
     size = 0
-    for chunk in synthesizer._chunks(text):
+    for chunk, _last in synthesizer._chunks(text, stream_first=True):
         if first is None:
             first = time.perf_counter() - started
         size += len(chunk)

@@ -52,6 +52,7 @@ def test_run_micro_reports_every_component_with_finite_positive_numbers() -> Non
         "rtf_median",
     }
     assert results["tts"][0]["chars"] == len("Hello there.")
+    assert 0.4 < results["tts"][0]["audio_s"] < 3.0  # the audio's length, not the pieces' count
     assert set(results["vad"]) == {"frames", "us_per_frame_median"}
     assert results["vad"]["frames"] == 200
     assert set(results["chunker"]) == {"chars", "chars_per_s", "us_per_delta"}

@@ -1,18 +1,20 @@
 """An answer's first words are decoded a window at a time (``media.piper_stream``): the voice's
 graph split at its decoder says what the whole graph says, the windows what the whole decode
-says, and the first window is heard while the rest is still to be decoded. On the real voice."""
+says, and the first window is heard while the rest is still to be decoded, on a call too. On
+the real voice."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 
+from media import joins_next
 from media.piper_graph import noiseless_inputs
 from media.piper_stream import FIRST_FRAMES, SplitVoiceSession, stream_sentence
 from media.priority_pool import URGENT
@@ -23,6 +25,12 @@ from media.tts import (
     default_piper_voice,
     onnx_session,
 )
+from playbooks import load_playbook
+from server.call.session import SessionSettings
+from tests.calls import VoiceCall, start_call, transcriber, word_error_rate
+from tests.conftest import EXAMPLES
+from tests.scripted_llm import ScriptedLLM, answers_by_words
+from tests.speech import piper_speech
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -160,3 +168,57 @@ def test_the_rest_is_decoded_on_one_thread_when_other_work_competes_by_then(
     assert counting.runs == 1  # the rest, not the first window
     assert np.array_equal(crowded[0][0], calm[0][0])
     assert float(np.max(np.abs(crowded[1][0] - calm[1][0]))) < 1e-4
+
+
+class _HeldAfterFirstPiece:
+    """The real synthesizer, each synthesis held after its first piece until :attr:`go` is
+    set: what a caller hears before then was played before its chunk was synthesized whole."""
+
+    def __init__(self, inner: Synthesizer) -> None:
+        self.inner = inner
+        self.go = asyncio.Event()
+
+    @property
+    def sample_rate(self) -> int:
+        return self.inner.sample_rate
+
+    async def synthesize(
+        self, text: str, *, urgent: bool = False, slack_s: float = 0.0
+    ) -> AsyncIterator[bytes]:
+        pieces = 0
+        async for pcm in self.inner.synthesize(text, urgent=urgent, slack_s=slack_s):
+            yield pcm
+            pieces += 1
+            if pieces == 1:
+                await self.go.wait()
+
+    async def aclose(self) -> None:
+        """The inner synthesizer is the module's."""
+
+
+ANSWER = "It should arrive on Friday, before noon."
+
+
+async def test_a_joining_first_chunk_is_heard_before_its_synthesis_ends(
+    synth: Synthesizer, llm: ScriptedLLM, calls: list[VoiceCall]
+) -> None:
+    """The answer's first chunk ("It should arrive") goes on into the next one, so the silence
+    Piper ends it with is cut; its sound is played as it comes, not once it is whole."""
+    llm.script(answers_by_words({}, ANSWER))
+    held = _HeldAfterFirstPiece(synth)
+    playbook = load_playbook(EXAMPLES / "support.yaml")
+    call = start_call(playbook, llm.base_url, settings=SessionSettings(greet=False), tts=held)
+    calls.append(call)
+    await call.say(piper_speech("When will my parcel arrive?"), 200)
+    first = await call.wait_event("agent_sentence", timeout_s=60)
+    assert joins_next(first.data["text"]), first.data  # the case under test
+    await call.line.wait_until(lambda: _peak(call.line.recording) > 3000, 30)  # its voice
+    assert not held.go.is_set()
+    held.go.set()
+    await call.wait_idle(60)
+    heard = await transcriber().transcribe(bytes(call.line.recording))
+    assert word_error_rate(heard.text, ANSWER) <= 0.15  # nothing lost or played twice
+
+
+def _peak(pcm: bytearray) -> int:
+    return int(np.max(np.abs(np.frombuffer(bytes(pcm), np.int16)))) if pcm else 0
