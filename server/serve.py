@@ -35,7 +35,6 @@ from server.config.server import ServerConfig
 from server.http.app import CALLS, create_app
 from server.http.siblings import control_socket
 from server.runtime.logs import configure_logging
-from server.runtime.memory import map_large_allocations
 
 __all__ = ["run_server", "serve"]
 
@@ -56,7 +55,6 @@ def run_server(config: ServerConfig, announce: Callable[[str], None]) -> int:
 
 async def serve(config: ServerConfig, announce: Callable[[str], None] = print) -> None:
     """One serving process: up until SIGTERM/SIGINT, then drained and closed."""
-    map_large_allocations()  # before the models load (runtime/memory.py)
     app = create_app(config)
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
     await runner.setup()

@@ -8,6 +8,7 @@ Retry-After, and takes calls again once the loop is on time.
 from __future__ import annotations
 
 import asyncio
+import platform
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -22,6 +23,7 @@ from server.config.overload import OverloadSettings
 from server.config.server import ServerConfig, SipSettings
 from server.http.app import CALLS, SIP
 from server.runtime.load import LoadGauge
+from server.runtime.memory import return_free_memory
 from tests.calls import transcriber, voice_server
 from tests.sip_phone import SipPhone
 
@@ -281,3 +283,8 @@ def test_the_cost_is_learned_only_while_the_same_calls_are_live() -> None:
     assert gauge.call_cost == pytest.approx(0.15)
     unchecked, _ = _costed(OverloadSettings(capacity_cpu_percent=0), calls)
     assert unchecked.full(100) is None
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
+def test_freed_memory_can_be_handed_back_to_the_system() -> None:
+    assert return_free_memory() is True

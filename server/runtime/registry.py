@@ -29,7 +29,7 @@ from .cores import busy_time_reader
 from .engines import Engines
 from .load import LoadGauge
 from .logs import bind_session
-from .memory import return_free_memory
+from .memory import collect_cycles, return_free_memory
 from .ratelimit import RateLimiter
 
 __all__ = ["NO_LLM_LINE", "Call", "CallRegistry", "OverCapacity", "UnknownPlaybook"]
@@ -209,8 +209,10 @@ class CallRegistry:
             self.on_event(VoiceEvent("state", {"state": "closed", "reason": reason}))
 
     def _trim_if_idle(self) -> None:
-        """Still no call: give what the last ones freed back to the system (off the loop)."""
+        """Still no call: free what the last ones left in reference cycles, then give what they
+        freed back to the system (off the loop)."""
         if not self.calls and not self.draining:
+            collect_cycles()
             asyncio.get_running_loop().run_in_executor(None, return_free_memory)
 
     def see_off(self, farewell: Coroutine[Any, Any, None], name: str) -> None:
