@@ -15,7 +15,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from typing import Any, Protocol
 
-from media import Speaker
+from media import Speaker, Synthesizer
 from media.stt import decode_backlog
 from playbooks import OrchestratorOptions, PlaybookOrchestrator
 from server.call.events import VoiceEvent
@@ -29,7 +29,7 @@ from .cores import busy_time_reader
 from .engines import Engines
 from .load import LoadGauge
 from .logs import bind_session
-from .memory import collect_cycles, return_free_memory
+from .memory import return_free_memory
 from .ratelimit import RateLimiter
 
 __all__ = ["NO_LLM_LINE", "Call", "CallRegistry", "OverCapacity", "UnknownPlaybook"]
@@ -209,11 +209,17 @@ class CallRegistry:
             self.on_event(VoiceEvent("state", {"state": "closed", "reason": reason}))
 
     def _trim_if_idle(self) -> None:
-        """Still no call: free what the last ones left in reference cycles, then give what they
-        freed back to the system (off the loop)."""
+        """Still no call: give what the last ones took back to the system (off the loop)."""
         if not self.calls and not self.draining:
-            collect_cycles()
-            asyncio.get_running_loop().run_in_executor(None, return_free_memory)
+            asyncio.get_running_loop().run_in_executor(None, self._give_back_memory)
+
+    def _give_back_memory(self) -> None:
+        """The synthesizer's arenas shrunk, then the C heap trimmed (blocking)."""
+        synthesizer = self.engines.synthesizer
+        if isinstance(synthesizer, Synthesizer):
+            shrunk = synthesizer.return_arena_memory()
+            log.debug("idle: %d onnxruntime arenas shrunk", shrunk)
+        return_free_memory()
 
     def see_off(self, farewell: Coroutine[Any, Any, None], name: str) -> None:
         """Run a released call's last transport work in the background (bounded by the call);
