@@ -295,7 +295,7 @@ class Synthesizer:
     def return_arena_memory(self) -> int:
         """Shrink onnxruntime's memory arenas of every loaded voice to their first region, and
         return how many were shrunk. An arena keeps the most that runs at once ever took from it
-        (four long sentences at once on the one-thread session: ~270 MB); one short run with
+        (four long sentences at once on the one-thread session: ~275 MB); one short run with
         :data:`SHRINK_ARENA` frees what is not in use. Blocking (~10-100 ms); for when no call
         is live (the next long run takes some ms to extend it again)."""
         import onnxruntime
