@@ -210,11 +210,11 @@ async def test_a_joining_first_chunk_is_heard_before_its_synthesis_ends(
     call = start_call(playbook, llm.base_url, settings=SessionSettings(greet=False), tts=held)
     calls.append(call)
     await call.say(piper_speech("When will my parcel arrive?"), 200)
-    first = await call.wait_event("agent_sentence", timeout_s=60)
-    assert joins_next(first.data["text"]), first.data  # the case under test
-    await call.line.wait_until(lambda: _peak(call.line.recording) > 3000, 30)  # its voice
+    await call.line.wait_until(lambda: _peak(call.line.recording) > 3000, 60)  # its voice
     assert not held.go.is_set()
     held.go.set()
+    first = await call.wait_event("agent_sentence", timeout_s=30)
+    assert joins_next(first.data["text"]), first.data  # the case under test
     await call.wait_idle(60)
     heard = await transcriber().transcribe(bytes(call.line.recording))
     assert word_error_rate(heard.text, ANSWER) <= 0.15  # nothing lost or played twice
