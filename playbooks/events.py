@@ -24,6 +24,7 @@ EventType = Literal[
     "greeting",
     "language_changed",
     "answer_retracted",
+    "history_trimmed",
     "delegation_start",
     "delegation_end",
     "transfer_started",

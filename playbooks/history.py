@@ -49,6 +49,24 @@ class Conversation:
         del self.messages[:dropped]
         return dropped
 
+    def shed(self, keep_fraction: float, keep_from: int) -> int:
+        """Drop whole groups from the oldest until at most ``keep_fraction`` of the characters
+        before ``keep_from`` (the turn in progress, always kept) are left: for a history that
+        outgrew the model's context. Returns how many messages were dropped."""
+        sizes = [
+            len(str(m.get("content") or "")) + len(str(m.get("tool_calls") or ""))
+            for m in self.messages
+        ]
+        budget = sum(sizes[:keep_from]) * max(0.0, keep_fraction)
+        dropped = 0
+        while dropped < keep_from and sum(sizes[dropped:keep_from]) > budget:
+            end = _group_end(self.messages, dropped)
+            if end > keep_from:
+                break
+            dropped = end
+        del self.messages[:dropped]
+        return dropped
+
     def for_request(self, system_prompt: str | None) -> list[Message]:
         """The messages to send, led by the system prompt, without Vocable's local keys."""
         out: list[Message] = []
@@ -65,6 +83,11 @@ class Conversation:
             if message.get("role") == role and isinstance(message.get("content"), str):
                 return str(message["content"])
         return None
+
+
+def _size(message: Message) -> int:
+    """A message's size in characters, its tool calls included."""
+    return len(str(message.get("content") or "")) + len(str(message.get("tool_calls") or ""))
 
 
 def _group_end(messages: list[Message], start: int) -> int:

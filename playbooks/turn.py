@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 from .engine import IntentResult, TurnFacts
 from .events import Retraction
 from .history import Message
-from .llm import ChatClient, ChatRequest, LLMError
+from .llm import ChatClient, ChatRequest, ChatStream, LLMError
 from .tool_calls import ToolCalls, ToolHost
 
 if TYPE_CHECKING:
@@ -36,6 +36,10 @@ if TYPE_CHECKING:
 __all__ = ["Turn", "TurnHost"]
 
 _T = TypeVar("_T")
+
+_OVERFLOW_MARGIN = 0.7
+"""Of the history that fits the context by the endpoint's count, the share kept: room for the
+answer and for the tokens a character count misjudges."""
 
 
 class TurnHost(ToolHost, Protocol):
@@ -95,6 +99,7 @@ class Turn:
         self._facts = TurnFacts(user_text)
         self._calls = ToolCalls(host, self._facts, confirmed, host.options.max_tool_calls_per_turn)
         self._answer_message: Message | None = None
+        self._user_message: Message | None = None
         self._needs_answer_call = False
         self._phase2_announced = False
         self._round_has_text = False
@@ -149,6 +154,7 @@ class Turn:
         host = self._host
         conversation = host.conversation
         user_message: Message = {"role": "user", "content": self.user_text}
+        self._user_message = user_message
         conversation.append(user_message)
         conversation.trim(keep_from=len(conversation) - 1)
 
@@ -225,14 +231,13 @@ class Turn:
                 self._needs_answer_call = True
                 return
             two_phase = host.engine.stage.two_phase_execution
-            request = host.request(with_tools=True, first_round=first_round)
-            first_round = False
             requested_at = loop.time()
             try:
-                stream = await self._llm_step(host.client.stream(request), deadline)
+                stream = await self._open_round(True, first_round, user_message, deadline)
             except TimeoutError:
                 self._needs_answer_call = True
                 return
+            first_round = False
             streaming_answer = False
             saw_tool_call = False
             self._round_has_text = False
@@ -294,11 +299,9 @@ class Turn:
 
     async def _answer_round(self) -> AsyncIterator[str]:
         """Phase 2 as its own call: no tools, in the current stage."""
-        host = self._host
         loop = asyncio.get_running_loop()
         requested_at = loop.time()
-        request = host.request(with_tools=False, first_round=False)
-        stream = await self._llm_step(host.client.stream(request))
+        stream = await self._open_round(False, False, self._user_message)
         self._round_has_text = False
         try:
             iterator = aiter(stream)
@@ -313,6 +316,35 @@ class Turn:
                     yield self._add_text(delta.text)
         finally:
             await stream.aclose()
+
+    async def _open_round(
+        self,
+        with_tools: bool,
+        first_round: bool,
+        user_message: Message | None,
+        deadline: float | None = None,
+    ) -> ChatStream:
+        """Open the next LLM round in the current stage. A request that outgrows the model's
+        context sheds the oldest history (this turn's own messages stay) and is sent once more;
+        the history stays shed, so the next turns fit too."""
+        host = self._host
+        request = host.request(with_tools=with_tools, first_round=first_round)
+        try:
+            return await self._llm_step(host.client.stream(request), deadline)
+        except LLMError as exc:
+            if exc.context_overflow is None:
+                raise
+            conversation = host.conversation
+            turn_start = next(
+                (i for i, m in enumerate(conversation.messages) if m is user_message),
+                len(conversation.messages),
+            )
+            dropped = conversation.shed(exc.context_overflow * _OVERFLOW_MARGIN, turn_start)
+            if not dropped:
+                raise
+            host.emit("history_trimmed", dropped=dropped, reason=str(exc))
+            request = host.request(with_tools=with_tools, first_round=first_round)
+            return await self._llm_step(host.client.stream(request), deadline)
 
     async def _llm_step(self, step: Awaitable[_T], deadline: float | None = None) -> _T:
         """Await one step of the LLM (opening a round, or the round's next chunk). Raises

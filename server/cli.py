@@ -10,11 +10,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from playbooks import (
-    ChatClient,
     OrchestratorOptions,
     PlaybookError,
     PlaybookOrchestrator,
-    RetryPolicy,
     check_playbook,
     load_playbook,
     load_playbooks,
@@ -22,9 +20,10 @@ from playbooks import (
 from playbooks.outline import mermaid, outline
 from server.chat import run_chat
 from server.config.arguments import non_negative_int, positive_int
-from server.config.llm import ConfigError, LLMSettings, add_llm_arguments
-from server.config.server import add_serve_arguments
+from server.config.llm import ConfigError, LLMChoice, add_llm_arguments
+from server.config.server import LocalLLMSettings, add_serve_arguments
 from server.dial import add_call_arguments, run_call
+from server.runtime.llm_provider import WAYS_TO_AN_LLM, LLMProvider
 from server.runtime.logs import configure_logging
 
 __all__ = ["main"]
@@ -141,24 +140,31 @@ def _add_tools_module(parser: argparse.ArgumentParser) -> None:
 
 def _chat(args: argparse.Namespace) -> int:
     playbook = load_playbook(args.playbook, args.tools_module)
-    settings = LLMSettings.resolve(args, default_model=playbook.spec.default_llm_config.model)
+    choice = LLMChoice.resolve(args, default_model=playbook.spec.default_llm_config.model)
+    if not choice.embedded and choice.endpoint is None:
+        raise ConfigError(f"chat needs an LLM (--llm none was given): {WAYS_TO_AN_LLM}")
     options = OrchestratorOptions(
         max_tool_calls_per_turn=args.max_tool_calls,
         phase1_timeout_ms=args.phase1_timeout_ms,
         history_limit=args.history_limit,
     )
+    local = None
+    if choice.embedded:
+        search = choice.mode == "auto" and choice.gguf is None
+        local = LocalLLMSettings(gguf=choice.gguf, search=search, model=choice.model)
 
     async def run() -> None:
-        client = ChatClient.connect(
-            settings.base_url,
-            settings.api_key,
-            settings.model,
-            retry=RetryPolicy(retries=args.llm_retries),
+        provider = LLMProvider(
+            choice.endpoint, local, args.llm_retries, choice.model, announce=False
         )
         try:
+            await provider.start()
+            client = await provider.ready()
+            if client is None:
+                raise ConfigError(f"no LLM: {provider.status.detail}; {WAYS_TO_AN_LLM}")
             await run_chat(PlaybookOrchestrator(playbook, client, options), json_lines=args.json)
         finally:
-            await client.client.close()
+            await provider.close()
 
     asyncio.run(run())
     return 0
@@ -199,10 +205,16 @@ def _serve(args: argparse.Namespace) -> int:
         check_sip_stack()  # an untested aiosipua stops here, before the models load
     # an invalid playbook stops here, with its one line
     load_playbooks(config.playbook_path, config.tools_module)
-    if config.llm is None:
+    if config.local_llm is not None and config.local_llm.gguf is not None:
+        from server.runtime.gguf import GgufError, read_gguf
+
+        try:  # a missing, truncated or foreign file stops here, before the models load
+            read_gguf(config.local_llm.gguf)
+        except GgufError as exc:
+            raise ConfigError(str(exc)) from None
+    if config.llm is None and config.local_llm is None:
         print(
-            "vocable: no LLM endpoint configured (--llm-base-url or VOCABLE_LLM_BASE_URL); "
-            "calls will connect, but the agent can only say so",
+            "vocable: no LLM (--llm none): calls will connect, but the agent can only say so",
             file=sys.stderr,
         )
     if config.sip is not None:

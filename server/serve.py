@@ -31,6 +31,7 @@ from multiprocessing.process import BaseProcess
 
 from aiohttp import web
 
+from server.config.llm import ConfigError
 from server.config.server import ServerConfig
 from server.http.app import CALLS, create_app
 from server.http.siblings import control_socket
@@ -39,6 +40,9 @@ from server.runtime.logs import configure_logging
 __all__ = ["run_server", "serve"]
 
 log = logging.getLogger(__name__)
+
+EXIT_CONFIG = 2
+"""A worker's exit status when its configuration cannot work (the supervisor stops too)."""
 
 RESTART_LIMIT = 5
 """Restarts of one worker within a minute before the supervisor gives up on the server."""
@@ -161,7 +165,11 @@ def _worker_main(config: ServerConfig) -> None:
     def announce(message: str) -> None:
         print(f"vocable[w{config.worker_index}]: {message}", flush=True)
 
-    asyncio.run(serve(config, announce))
+    try:
+        asyncio.run(serve(config, announce))
+    except ConfigError as exc:  # e.g. a model llama.cpp cannot load: restarting cannot help
+        print(f"vocable[w{config.worker_index}]: {exc}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_CONFIG)
 
 
 def _supervise(config: ServerConfig, announce: Callable[[str], None]) -> int:
@@ -198,6 +206,10 @@ def _supervise(config: ServerConfig, announce: Callable[[str], None]) -> int:
         for index, process in list(workers.items()):
             if process.is_alive():
                 continue
+            if process.exitcode == EXIT_CONFIG:
+                status = EXIT_CONFIG
+                stop(signal.SIGTERM, None)
+                break
             recent = [t for t in restarts[index] if time.monotonic() - t < 60] + [time.monotonic()]
             restarts[index] = recent
             if len(recent) > RESTART_LIMIT:

@@ -28,6 +28,7 @@ from server.call.voice import VoicePlaybookOrchestrator
 from server.config.server import ServerConfig
 from server.http.app import create_app
 from server.runtime.engines import Engines
+from server.runtime.llm_provider import LLMProvider
 from server.transports.loopback import LoopbackCall
 from tests.speech import (
     espeak_wav,
@@ -183,7 +184,12 @@ async def voice_server(
     config = config or ServerConfig()
     config = replace(config, overload=replace(config.overload, capacity_cpu_percent=0))
     llm = ChatClient.connect(llm_url, None, "scripted") if llm_url else None
-    engines = Engines(transcriber(), synthesizer(), load_playbooks(playbooks or EXAMPLES), llm)
+    engines = Engines(
+        transcriber(),
+        synthesizer(),
+        load_playbooks(playbooks or EXAMPLES),
+        LLMProvider.serving(llm),
+    )
     server = TestServer(create_app(config, engines), host="127.0.0.1")
     await server.start_server()
     try:

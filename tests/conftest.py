@@ -22,6 +22,12 @@ if TYPE_CHECKING:
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "playbooks" / "examples"
 
+# Servers the tests start get the LLM each test gives them, nothing found or fetched on their
+# own: no LLM unless a test says so, and no model hub but a closed local port (a test that
+# fetches a model names its own stand-in hub).
+os.environ["VOCABLE_LLM"] = "none"
+os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _nothing_outlives_the_suite() -> Iterator[None]:

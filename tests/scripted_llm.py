@@ -117,6 +117,7 @@ class ScriptedLLM:
     async def start(self) -> str:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._handle)
+        app.router.add_get("/v1/models", self._models)
         self._runner, port = await start_on_loopback(app)
         self.base_url = f"http://127.0.0.1:{port}/v1"
         return self.base_url
@@ -126,6 +127,12 @@ class ScriptedLLM:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+    async def _models(self, request: web.Request) -> web.Response:
+        """The model list local servers answer (what Vocable's search for one asks)."""
+        return web.json_response(
+            {"object": "list", "data": [{"id": "scripted", "object": "model"}]}
+        )
 
     @property
     def last_request(self) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from playbooks import load_playbooks
 from server.call.events import VoiceEvent
 from server.config.server import ServerConfig, SipSettings
 from server.runtime.engines import Engines
+from server.runtime.llm_provider import LLMProvider
 from server.runtime.registry import CallRegistry
 from server.transports.audiosocket import HANGUP, SLIN_8K, UUID, AudioSocketServer, frame_message
 from server.transports.base import TransportCall
@@ -60,7 +61,9 @@ def listener() -> FailingListener:
 
 @pytest.fixture
 def registry(listener: FailingListener) -> CallRegistry:
-    engines = Engines(transcriber(), synthesizer(), load_playbooks(EXAMPLES), None)
+    engines = Engines(
+        transcriber(), synthesizer(), load_playbooks(EXAMPLES), LLMProvider.serving(None)
+    )
     config = ServerConfig(max_sessions=1, rate_limit_per_min=0)
     return CallRegistry(config, engines, listener)
 

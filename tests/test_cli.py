@@ -175,6 +175,8 @@ async def test_serve_starts_says_where_and_stops_cleanly(unused_tcp_port: int) -
         "serve",
         "--port",
         str(unused_tcp_port),
+        "--llm",
+        "none",
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         cwd=REPO,
@@ -197,5 +199,5 @@ async def test_serve_starts_says_where_and_stops_cleanly(unused_tcp_port: int) -
         process.send_signal(signal.SIGINT)
         _, err = await asyncio.wait_for(process.communicate(), timeout=30)
     assert process.returncode == 0, err.decode()
-    assert b"no LLM endpoint configured" in err
+    assert b"no LLM (--llm none)" in err
     assert b"Traceback" not in err

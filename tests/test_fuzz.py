@@ -59,6 +59,7 @@ from server.call.session import SessionSettings
 from server.config.server import ServerConfig, SipSettings
 from server.http.app import CALLS, SIP, create_app
 from server.runtime.engines import Engines
+from server.runtime.llm_provider import LLMProvider
 from server.transports.media_streams import TwilioCall
 from tests.calls import synthesizer, transcriber, voice_server
 from tests.conftest import EXAMPLES
@@ -171,7 +172,9 @@ def _deep(depth: int) -> str:
 async def http() -> AsyncIterator[Client]:
     """The real app on the shared models, without an LLM and without a rate limit (the fuzzer
     sends far more offers a minute than a browser would)."""
-    engines = Engines(transcriber(), synthesizer(), load_playbooks(EXAMPLES), None)
+    engines = Engines(
+        transcriber(), synthesizer(), load_playbooks(EXAMPLES), LLMProvider.serving(None)
+    )
     client = TestClient(TestServer(create_app(ServerConfig(rate_limit_per_min=0), engines)))
     await client.start_server()
     yield client
@@ -1256,7 +1259,9 @@ auth_values = st.one_of(
 @pytest.mark.slow
 @pytest.mark.filterwarnings(LOOP_USES_RANDOM)
 async def test_authorization_headers_get_401_unless_right_and_never_a_5xx() -> None:
-    engines = Engines(transcriber(), synthesizer(), load_playbooks(EXAMPLES), None)
+    engines = Engines(
+        transcriber(), synthesizer(), load_playbooks(EXAMPLES), LLMProvider.serving(None)
+    )
     app = create_app(ServerConfig(auth_token=TOKEN, rate_limit_per_min=0), engines)
     bridge = LoopBridge()
     statuses: Counter[int] = Counter()

@@ -8,7 +8,7 @@ import os
 import re
 import subprocess
 import sys
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
@@ -17,7 +17,7 @@ from server.call.recordings import RecordingSettings
 from server.config.flags import add_serve_arguments, parse_serve_options
 from server.config.llm import ConfigError
 from server.config.options import OPTIONS, ServeOptions
-from server.config.server import ServerConfig, SipSettings
+from server.config.server import LocalLLMSettings, ServerConfig, SipSettings
 from server.config.values import parse_port_range
 from tests.conftest import REPO
 
@@ -199,7 +199,10 @@ def test_the_config_defaults_are_the_options_defaults() -> None:
     assert ServerConfig.from_options(ServeOptions()) == ServerConfig()
     options, args = parse_serve_options([], {})
     assert options == ServeOptions()
-    assert ServerConfig.from_args(args, env={}) == ServerConfig()
+    # the command, given no LLM, finds or runs one (--llm auto); a config built in code has none
+    auto = ServerConfig.from_args(args, env={})
+    assert auto.local_llm == LocalLLMSettings(gguf=None, search=True)
+    assert replace(auto, local_llm=None) == ServerConfig()
     sip = ServerConfig.from_options(ServeOptions(sip=("127.0.0.1", 5060))).sip
     assert sip == SipSettings(port=5060)
 

@@ -19,6 +19,7 @@ from server.http.app import MAX_SDP_BYTES, create_app
 from server.http.auth import bearer_matches
 from server.http.middleware import errors_as_json, remember_prepared
 from server.runtime.engines import Engines
+from server.runtime.llm_provider import LLMProvider
 from tests.calls import synthesizer, transcriber
 from tests.conftest import EXAMPLES
 from tests.raw_http import raw_request
@@ -30,7 +31,9 @@ MakeClient = Callable[..., Awaitable[Client]]
 
 def engines(llm_url: str | None) -> Engines:
     client = ChatClient.connect(llm_url, None, "scripted") if llm_url else None
-    return Engines(transcriber(), synthesizer(), load_playbooks(EXAMPLES), client)
+    return Engines(
+        transcriber(), synthesizer(), load_playbooks(EXAMPLES), LLMProvider.serving(client)
+    )
 
 
 @pytest.fixture
@@ -75,6 +78,13 @@ async def test_health_config_playbooks_and_page(make_client: MakeClient, llm: Sc
         "status": "ok",
         "models_loaded": True,
         "llm_configured": True,
+        "llm": {
+            "state": "ready",
+            "source": "endpoint",
+            "model": "scripted",
+            "detail": "",
+            "progress": None,
+        },
         "active_sessions": 0,
         "max_sessions": 8,
         "worker": 0,
@@ -88,6 +98,7 @@ async def test_health_config_playbooks_and_page(make_client: MakeClient, llm: Sc
     assert config["auth_required"] is False
     assert config["ice_servers"] == []
     assert config["default_playbook"] in ("restaurant", "support")
+    assert config["llm"]["state"] == "ready"
     playbooks = await (await client.get("/playbooks")).json()
     assert {p["id"] for p in playbooks} == {"restaurant", "support"}
     assert all(p["name"] and p["description"] for p in playbooks)

@@ -187,7 +187,11 @@ async def test_silence_and_noise_give_no_text(transcriber: Transcriber, audio: b
 
 
 async def test_transcription_runs_off_the_event_loop(transcriber: Transcriber) -> None:
-    text = "Please book a table for four people at seven o'clock tomorrow evening."
+    # many words, so that even a fast CPU decodes for a while: a stalled loop would show
+    text = (
+        "Please book a table for four people at seven o'clock tomorrow evening. We would like "
+        "a quiet table by the window, and one of us needs a high chair for a small child."
+    )
     audio = silence(300) + speech.piper_speech(text) + silence(300)
     result: list[Transcript] = []
 
@@ -196,7 +200,7 @@ async def test_transcription_runs_off_the_event_loop(transcriber: Transcriber) -
 
     gap, ticks = await max_tick_gap(decode())
     decode_s = result[0].compute_ms / 1000
-    assert word_error_rate(result[0].text, text) <= 0.1
+    assert word_error_rate(result[0].text, text) <= 0.15
     assert decode_s > 0.1
     # the loop kept ticking all along: no pause anywhere near the decode time
     assert gap < max(0.05, decode_s / 3), (gap, decode_s)

@@ -139,9 +139,7 @@ function waitForIceGathering(pc) {
 
 async function startCall() {
   wantConnected = true;
-  showBanner(config && !config.llm_configured
-    ? "No LLM endpoint is configured on the server: start it with --llm-base-url (or VOCABLE_LLM_BASE_URL) and --llm-model. You can still test your microphone and the voice."
-    : "");
+  showBanner(config && !config.llm_configured ? llmNotice(config.llm) : "");
   setStatus("Asking for the microphone…");
   const raw = params.get("raw") === "1";
   let stream;
@@ -240,6 +238,41 @@ ui.typed.addEventListener("submit", (event) => {
   ui.text.value = "";
 });
 
+// What the server says of its LLM, while it has none ready: searching, downloading (with its
+// progress, polled until it is over), unavailable (what failed and the ways out), or off.
+function llmNotice(llm) {
+  const ways = "start the server with --llm-gguf FILE, --llm-base-url URL (any OpenAI-compatible server) or --llm none";
+  if (!llm || llm.state === "off") {
+    return "No LLM on this server (--llm none): calls connect, and the agent says it cannot answer yet.";
+  }
+  if (llm.state === "downloading") {
+    const percent = llm.progress == null ? "" : ` ${Math.floor(llm.progress * 100)} %`;
+    return `Downloading the language model ${llm.model || ""} (once)…${percent}. Calls connect meanwhile; the agent answers once it is loaded.`;
+  }
+  if (llm.state === "loading" || llm.state === "searching") {
+    return `Loading the language model ${llm.model || ""}…`;
+  }
+  if (llm.state === "unavailable") return `No language model: ${llm.detail}. To fix it, ${ways}.`;
+  return "";
+}
+
+async function showLlmStatus() {
+  if (config.llm_configured) {
+    if (ui.banner.dataset.llm) showBanner("");
+    delete ui.banner.dataset.llm;
+    return;
+  }
+  showBanner(llmNotice(config.llm));
+  ui.banner.dataset.llm = "1";
+  const pending = config.llm && ["downloading", "loading", "searching"].includes(config.llm.state);
+  if (pending) {
+    setTimeout(async () => {
+      try { config = await (await fetch("/config")).json(); } catch (error) { /* try again */ }
+      showLlmStatus();
+    }, 1000);
+  }
+}
+
 async function init() {
   try {
     config = await (await fetch("/config")).json();
@@ -250,9 +283,7 @@ async function init() {
       ui.playbook.add(option);
     }
     ui.playbook.value = params.get("playbook") || config.default_playbook;
-    if (!config.llm_configured) {
-      showBanner("No LLM endpoint is configured on the server: start it with --llm-base-url (or VOCABLE_LLM_BASE_URL) and --llm-model. Calls still connect; the agent will say it cannot answer yet.");
-    }
+    showLlmStatus();
   } catch (error) {
     showBanner(`Cannot reach the Vocable server: ${error.message}`, true);
     return;

@@ -1,4 +1,8 @@
-"""Where the LLM is: command-line flags first, then ``VOCABLE_*``, then ``OPENAI_*`` variables."""
+"""Where the LLM is: command-line flags first, then ``VOCABLE_*``, then ``OPENAI_*`` variables.
+
+With no endpoint configured, ``--llm auto`` (the default) looks for a local OpenAI-compatible
+server, then runs a model in process (``--llm-gguf FILE``, else the default model, downloaded
+once); ``--llm local`` skips the search; ``--llm none`` runs without one on purpose."""
 
 from __future__ import annotations
 
@@ -6,24 +10,32 @@ import argparse
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, cast, get_args
 
 __all__ = [
     "DEFAULT_MODEL",
     "ENV_NAMES",
     "LLM_GROUP",
     "ConfigError",
+    "LLMChoice",
+    "LLMMode",
     "LLMSettings",
     "add_llm_arguments",
 ]
 
+LLMMode = Literal["auto", "local", "none"]
+
 DEFAULT_MODEL = "gpt-4o-mini"
-LLM_GROUP = "LLM endpoint (any OpenAI-compatible server)"
+LLM_GROUP = "LLM (embedded llama.cpp, or any OpenAI-compatible server)"
 """The --help group of the LLM flags; ``vocable serve`` adds its LLM options to it."""
 
 ENV_NAMES: dict[str, tuple[str, ...]] = {
     "llm_base_url": ("VOCABLE_LLM_BASE_URL", "OPENAI_BASE_URL"),
     "llm_api_key": ("VOCABLE_LLM_API_KEY", "OPENAI_API_KEY"),
     "llm_model": ("VOCABLE_LLM_MODEL",),
+    "llm": ("VOCABLE_LLM",),
+    "llm_gguf": ("VOCABLE_LLM_GGUF",),
 }
 """The variables read for each flag left out, first set (and not empty) first."""
 
@@ -63,6 +75,59 @@ class LLMSettings:
         return cls(base_url=base_url, api_key=api_key, model=model)
 
 
+@dataclass(frozen=True)
+class LLMChoice:
+    """What the LLM flags ask for: an endpoint, or a model in process, or nothing."""
+
+    mode: LLMMode
+    endpoint: LLMSettings | None
+    """The configured endpoint (a base URL or an API key was given); None otherwise."""
+    gguf: Path | None
+    """``--llm-gguf``: the model file to run in process."""
+    model: str | None
+    """``--llm-model`` as given (None: the playbook's or the server's own)."""
+
+    @property
+    def embedded(self) -> bool:
+        """Whether no endpoint serves the calls: a local one is searched for or run."""
+        return self.endpoint is None and self.mode != "none"
+
+    @classmethod
+    def resolve(
+        cls,
+        args: argparse.Namespace,
+        env: Mapping[str, str] = os.environ,
+        default_model: str | None = None,
+    ) -> LLMChoice:
+        """The choice of parsed flags and the environment; raises :class:`ConfigError` for an
+        unknown mode or flags that contradict each other."""
+
+        def given(dest: str) -> str | None:
+            values = (getattr(args, dest, None), *(env.get(name) for name in ENV_NAMES[dest]))
+            return next((value for value in values if value), None)
+
+        mode_text = given("llm") or "auto"
+        if mode_text not in get_args(LLMMode):
+            raise ConfigError(f"--llm {mode_text}: choose auto, local or none [env VOCABLE_LLM]")
+        mode = cast(LLMMode, mode_text)
+        gguf_text = given("llm_gguf")
+        gguf = Path(gguf_text).expanduser() if gguf_text else None
+        explicit_url = getattr(args, "llm_base_url", None) or env.get("VOCABLE_LLM_BASE_URL")
+        try:
+            endpoint: LLMSettings | None = LLMSettings.resolve(args, env, default_model)
+        except ConfigError:
+            endpoint = None
+        if mode == "none" and gguf is not None:
+            raise ConfigError("--llm none and --llm-gguf contradict each other: drop one")
+        if gguf is not None and explicit_url:
+            raise ConfigError("--llm-gguf and --llm-base-url contradict each other: drop one")
+        if mode == "local" and explicit_url:
+            raise ConfigError("--llm local and --llm-base-url contradict each other: drop one")
+        if gguf is not None or mode == "local":
+            endpoint = None  # in process, as asked: an OPENAI_* variable does not count here
+        return cls(mode=mode, endpoint=endpoint, gguf=gguf, model=given("llm_model"))
+
+
 def add_llm_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     """The LLM endpoint flags, in their own --help group (returned, for more LLM flags)."""
 
@@ -70,6 +135,20 @@ def add_llm_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGrou
         return "env " + ", ".join(ENV_NAMES[dest])
 
     group = parser.add_argument_group(LLM_GROUP)
+    group.add_argument(
+        "--llm",
+        choices=get_args(LLMMode),
+        help="without an endpoint (--llm-base-url, OPENAI_API_KEY): 'auto' uses a local "
+        "server (Ollama, LM Studio, llama.cpp, vLLM) if one runs, else a model in process; "
+        "'local' runs the model in process; "
+        f"'none' runs without an LLM [{env('llm')}; default auto]",
+    )
+    group.add_argument(
+        "--llm-gguf",
+        metavar="FILE",
+        help="run this GGUF model file in process (llama.cpp) "
+        f"[{env('llm_gguf')}; default: a small instruct model, downloaded once]",
+    )
     group.add_argument(
         "--llm-base-url",
         metavar="URL",

@@ -4,6 +4,7 @@ checked flat :class:`~server.config.options.ServeOptions` (whose defaults its fi
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from server.call.recordings import RecordingSettings
 from server.call.session import SessionSettings
 
 from .flags import add_serve_arguments, serve_options
-from .llm import ConfigError, LLMSettings
+from .llm import LLMChoice, LLMSettings
 from .options import EXAMPLES, ServeOptions
 from .overload import OverloadSettings
 from .values import DEFAULT_HOST, parse_address, parse_port_range
@@ -87,6 +88,18 @@ class TransferApiSettings:
 
 
 @dataclass(frozen=True)
+class LocalLLMSettings:
+    """An LLM on this machine, for a server given no endpoint."""
+
+    gguf: Path | None = None
+    """The model file to run in process; None: the default model (downloaded once)."""
+    search: bool = True
+    """Look for a running local server (Ollama, LM Studio, ...) first."""
+    model: str | None = None
+    """The model to ask a local server for (``--llm-model``); None: the first it lists."""
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     host: str = DEFAULTS.host
     port: int = DEFAULTS.port
@@ -94,7 +107,10 @@ class ServerConfig:
     tools_module: Path | None = DEFAULTS.tools_module
     """The tools module of playbook files that name none."""
     llm: LLMSettings | None = None
-    """None: no endpoint configured; calls still work but the agent cannot answer."""
+    """The configured endpoint; None: see ``local_llm``."""
+    local_llm: LocalLLMSettings | None = None
+    """With no endpoint: where a local LLM is found or run; None (and no endpoint): calls still
+    work but the agent cannot answer."""
     llm_retries: int = DEFAULTS.llm_retries
     llm_timeout_s: float = DEFAULTS.llm_timeout_s
     """The longest the LLM may stay silent (before its first token or between chunks) before
@@ -151,11 +167,15 @@ class ServerConfig:
         """The configuration of a namespace parsed with :func:`add_serve_arguments` (``env`` is
         read for the LLM endpoint only); raises ConfigError with one line for bad values."""
         options = serve_options(args)
-        try:
-            llm: LLMSettings | None = LLMSettings.resolve(args, env)
-        except ConfigError:
-            llm = None
-        return cls.from_options(options, llm)
+        choice = LLMChoice.resolve(args, env)
+        local = None
+        if choice.embedded:
+            local = LocalLLMSettings(
+                gguf=choice.gguf,
+                search=choice.mode == "auto" and choice.gguf is None,
+                model=choice.model,
+            )
+        return dataclasses.replace(cls.from_options(options, choice.endpoint), local_llm=local)
 
     @classmethod
     def from_options(cls, options: ServeOptions, llm: LLMSettings | None = None) -> ServerConfig:

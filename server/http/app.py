@@ -169,6 +169,7 @@ async def _client_config(request: web.Request) -> web.Response:
             "ice_servers": [server.to_client() for server in config.ice_servers],
             "auth_required": config.auth_token is not None,
             "llm_configured": engines.llm is not None,
+            "llm": engines.llm_provider.status.to_json(),
             "default_playbook": engines.default_playbook,
         }
     )
@@ -347,6 +348,7 @@ async def _health(request: web.Request) -> web.Response:
             "status": "draining" if draining else "ok",
             "models_loaded": True,
             "llm_configured": engines.llm is not None,
+            "llm": engines.llm_provider.status.to_json(),
             "active_sessions": len(request.app[CALLS]),
             "max_sessions": request.app[CONFIG].max_sessions,
             "load": {

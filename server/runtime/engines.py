@@ -8,10 +8,11 @@ from dataclasses import dataclass
 
 from media import SpeechToText, Synthesizer, TextToSpeech, Transcriber
 from media.remote import RemoteSynthesizer, RemoteTranscriber
-from playbooks import ChatClient, LoadedPlaybook, RetryPolicy, load_playbooks
+from playbooks import ChatClient, LoadedPlaybook, load_playbooks
 from playbooks.identity import voice_models
 from server.config.server import ServerConfig
 
+from .llm_provider import LLMProvider
 from .memory import return_free_memory
 
 __all__ = ["Engines"]
@@ -24,8 +25,12 @@ class Engines:
     transcriber: SpeechToText
     synthesizer: TextToSpeech
     playbooks: dict[str, LoadedPlaybook]
-    llm: ChatClient | None
-    """None when no LLM endpoint is configured."""
+    llm_provider: LLMProvider
+
+    @property
+    def llm(self) -> ChatClient | None:
+        """The calls' LLM; None while there is none (not configured, downloading, failed)."""
+        return self.llm_provider.client
 
     @property
     def default_playbook(self) -> str:
@@ -33,34 +38,32 @@ class Engines:
 
     @classmethod
     async def load(cls, config: ServerConfig) -> Engines:
-        """Load playbooks (raising ``PlaybookError``), then speech recognition and synthesis
+        """Load playbooks (raising ``PlaybookError``), the LLM (see :class:`LLMProvider`;
+        ``ConfigError`` for a model file it cannot load), then speech recognition and synthesis
         concurrently, each warmed up: local Whisper and Piper in worker threads, or clients of
         the configured remote servers (which may be down: that is logged, not fatal)."""
         playbooks = load_playbooks(config.playbook_path, config.tools_module)
-        transcriber, synthesizer = await asyncio.gather(_transcriber(config), _synthesizer(config))
+        llm = LLMProvider.of_server(config)
+        await llm.start()  # first: a model file llama.cpp cannot load stops the server at once
+        try:
+            transcriber, synthesizer = await asyncio.gather(
+                _transcriber(config), _synthesizer(config)
+            )
+        except BaseException:
+            await llm.close()
+            raise
         if isinstance(synthesizer, Synthesizer):  # the playbooks' voices, once per process
             models = [m for p in playbooks.values() for m in voice_models(p.spec, p.source)]
             await asyncio.to_thread(synthesizer.preload, list(dict.fromkeys(models)))
             if isinstance(transcriber, Transcriber):  # a decode under way: synthesize lean
                 synthesizer.also_contended = lambda: transcriber.in_flight > 0
         await asyncio.to_thread(return_free_memory)  # what rewriting the voice graphs freed
-        llm = None
-        if config.llm is not None:
-            llm = ChatClient.connect(
-                config.llm.base_url,
-                config.llm.api_key,
-                config.llm.model,
-                retry=RetryPolicy(retries=config.llm_retries),
-            )
-        else:
-            log.warning("no LLM endpoint configured: calls connect, but the agent cannot answer")
         return cls(transcriber, synthesizer, playbooks, llm)
 
     async def close(self) -> None:
         await self.transcriber.aclose()
         await self.synthesizer.aclose()
-        if self.llm is not None:
-            await self.llm.client.close()
+        await self.llm_provider.close()
         if any(p.spec.mcp_servers for p in self.playbooks.values()):
             from playbooks.mcp import close_mcp_sessions
 

@@ -1,0 +1,175 @@
+"""llama.cpp in this process: a GGUF model served on a private loopback port.
+
+The embedded model is reached exactly as a remote one is, through the ``openai`` client and
+llama.cpp's OpenAI-compatible HTTP API, so streaming, tool calls, retries and cancellation (a
+closed stream stops the generation) are one code path. The port listens on 127.0.0.1 only and
+answers only requests carrying a key made at start.
+
+It shares the cores with Whisper and Piper, and the calls' speech goes first:
+
+- its threads (llama.cpp's HTTP and inference threads, OpenMP's pool) are started from a thread
+  made ``LLM_NICENESS`` nicer than the process, and inherit that niceness;
+- OpenMP waits passively (``OMP_WAIT_POLICY=PASSIVE``): with the default spinning wait, idle
+  workers burn the cores Whisper and Piper need, and generation itself falls to a few tokens per
+  second whenever they run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.resources
+import logging
+import os
+import secrets
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from media.priority import BACKGROUND_NICENESS, in_background_thread
+
+from .gguf import GgufInfo
+
+__all__ = ["LLM_NICENESS", "EmbeddedLLM", "EmbeddedSettings", "ModelLoadError"]
+
+log = logging.getLogger(__name__)
+
+LLM_NICENESS = BACKGROUND_NICENESS + 5
+"""How much nicer than the process the model's threads run: below speech recognition and
+synthesis (``BACKGROUND_NICENESS``), which a caller waits on sooner."""
+
+_TOOL_TEMPLATE = "chatml-tools.jinja"
+
+
+class ModelLoadError(RuntimeError):
+    """llama.cpp could not load the model; the message says which file and the likely cause."""
+
+
+@dataclass(frozen=True)
+class EmbeddedSettings:
+    threads: int | None = None
+    """Inference threads; None: the cores this process may use."""
+    slots: int | None = None
+    """Requests generated at once (continuous batching; more wait for a free slot); None: one
+    per usable core, at least 2 (each slot's context costs memory: 2 x 2048 tokens ~25 MB with
+    SmolLM2)."""
+    context_per_slot: int = 2048
+    """Tokens of prompt and answer each slot holds."""
+    prompt_cache_mib: int = 64
+    """RAM for prompt prefixes kept between requests (system prompts and tools of stages)."""
+    niceness: int = LLM_NICENESS
+
+
+class EmbeddedLLM:
+    """A loaded model and its private OpenAI-compatible endpoint. ``start`` blocks while the
+    model loads (run it in a worker thread); ``close`` stops generation and frees the model."""
+
+    def __init__(self, server: Any, info: GgufInfo, api_key: str, settings: EmbeddedSettings):
+        self._server: Any = server
+        self.info = info
+        self.api_key = api_key
+        self.settings = settings
+        self.base_url = f"{server.listening_address}/v1"
+        """The endpoint's base URL, for the ``openai`` client."""
+        self.origin: str = server.listening_address
+        self._lock = threading.Lock()
+
+    @property
+    def model(self) -> str:
+        """The model name requests carry (llama.cpp serves one model and ignores it)."""
+        return self.info.label
+
+    @classmethod
+    def start(cls, info: GgufInfo, settings: EmbeddedSettings | None = None) -> EmbeddedLLM:
+        """Load ``info``'s model and start its endpoint; raises :class:`ModelLoadError`."""
+        settings = settings or EmbeddedSettings()
+        api_key = secrets.token_urlsafe(24)
+        cores = len(os.sched_getaffinity(0))
+        slots = settings.slots or max(2, cores)
+        threads = settings.threads or cores
+
+        def load() -> Any:
+            with _passive_openmp():
+                import xllamacpp
+
+            params = xllamacpp.CommonParams()
+            params.model.path = str(info.path)
+            params.n_parallel = slots
+            params.n_ctx = slots * settings.context_per_slot
+            # the context cache at 8 bits: half the memory of 16, no difference heard
+            params.cache_type_k = params.cache_type_v = xllamacpp.ggml_type.GGML_TYPE_Q8_0
+            params.use_jinja = True
+            params.cpuparams.n_threads = threads
+            params.cpuparams_batch.n_threads = threads
+            params.n_threads_http = max(2, slots)
+            params.cache_ram_mib = settings.prompt_cache_mib
+            params.hostnames = ["127.0.0.1"]
+            params.port = 0  # a free one: listening_address tells which
+            params.api_keys = [api_key]
+            params.endpoint_metrics = True
+            params.endpoint_slots = True
+            params.verbosity = 0 if log.isEnabledFor(logging.DEBUG) else -1
+            template = tool_template(info)
+            if template is not None:
+                params.chat_template = template
+            try:
+                return xllamacpp.Server(params)
+            except RuntimeError as exc:
+                raise ModelLoadError(
+                    f"{info.path}: llama.cpp cannot load it (architecture "
+                    f"'{info.architecture}': unknown to this llama.cpp, or the file is damaged)"
+                ) from exc
+
+        server = in_background_thread(load, settings.niceness)
+        llm = cls(server, info, api_key, settings)
+        log.info(
+            "LLM: %s embedded (llama.cpp, %d threads, %d slots of %d tokens) at %s",
+            info.label,
+            threads,
+            slots,
+            settings.context_per_slot,
+            llm.origin,
+        )
+        return llm
+
+    def close(self) -> None:
+        """Stop serving and free the model (blocks until llama.cpp's threads end)."""
+        with self._lock:
+            server, self._server = self._server, None
+        del server  # llama.cpp's destructor joins its threads
+
+
+def tool_template(info: GgufInfo) -> str | None:
+    """A chat template that shows the tools to a ChatML model whose own template has none
+    (SmolLM2's, for one), in the Hermes form llama.cpp parses back into tool calls; None when
+    the model's own template is kept."""
+    template = info.chat_template
+    if template is None or "<|im_start|>" not in template or "tools" in template:
+        return None
+    return (importlib.resources.files(__package__) / "templates" / _TOOL_TEMPLATE).read_text()
+
+
+@contextlib.contextmanager
+def _passive_openmp() -> Iterator[None]:
+    """``OMP_WAIT_POLICY=PASSIVE`` while llama.cpp's OpenMP runtime loads (it reads the variable
+    once, then); the process's environment is left as it was."""
+    name = "OMP_WAIT_POLICY"
+    before = os.environ.get(name)
+    if _loaded("libgomp.so.1"):
+        log.warning("OpenMP was loaded before the LLM: its wait policy stays as it was")
+    os.environ[name] = "PASSIVE"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+
+
+def _loaded(library: str) -> bool:
+    """Whether a shared library of that file name is mapped in this process (Linux)."""
+    with contextlib.suppress(OSError), Path("/proc/self/maps").open() as maps:
+        return any(line.rstrip().endswith("/" + library) for line in maps)
+    return False

@@ -1,0 +1,220 @@
+"""Which LLM a server's calls talk to, and where it stands: ready, downloading, unavailable.
+
+In order: the configured endpoint; else (``--llm auto``) a local OpenAI-compatible server that
+is already running; else a GGUF model run in process (``--llm-gguf``, or the default model,
+downloaded once into the user's cache while the server already takes calls). What fails leaves
+the server in its no-LLM mode, with one line saying what failed and the ways out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal, TextIO
+
+from playbooks import ChatClient, RetryPolicy
+from server.config.llm import ConfigError, LLMSettings
+from server.config.server import LocalLLMSettings, ServerConfig
+
+from .discovery import LOCAL_SERVERS, LocalServer, find_local_server
+from .gguf import GgufError, read_gguf
+from .llamacpp import EmbeddedLLM, EmbeddedSettings, ModelLoadError
+from .model_download import DownloadableModel, ModelUnavailable, default_model, fetch_model
+
+__all__ = ["WAYS_OUT", "WAYS_TO_AN_LLM", "LLMProvider", "LLMStatus"]
+
+log = logging.getLogger(__name__)
+
+LLMState = Literal["ready", "searching", "downloading", "loading", "unavailable", "off"]
+LLMSource = Literal["endpoint", "local server", "embedded"]
+
+WAYS_TO_AN_LLM = (
+    "give --llm-gguf FILE (a GGUF model file), --llm-base-url URL (any OpenAI-compatible "
+    "server, e.g. http://127.0.0.1:11434/v1 for Ollama) or OPENAI_API_KEY (OpenAI)"
+)
+WAYS_OUT = f"{WAYS_TO_AN_LLM}; or --llm none to run without one"
+
+
+@dataclass(frozen=True)
+class LLMStatus:
+    """What ``/config`` and ``/healthz`` say of the LLM (and the page shows)."""
+
+    state: LLMState
+    source: LLMSource | None = None
+    model: str | None = None
+    detail: str = ""
+    progress: float | None = None
+    """Of a download, 0 to 1."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "state": self.state,
+            "source": self.source,
+            "model": self.model,
+            "detail": self.detail,
+            "progress": None if self.progress is None else round(self.progress, 3),
+        }
+
+
+class LLMProvider:
+    """The calls' LLM client (``client``, None until one is ready) and its status."""
+
+    def __init__(
+        self,
+        endpoint: LLMSettings | None = None,
+        local: LocalLLMSettings | None = None,
+        retries: int = RetryPolicy().retries,
+        model: str | None = None,
+        *,
+        search_in: Sequence[LocalServer] = LOCAL_SERVERS,
+        default_model: DownloadableModel | None = None,
+        hub: str | None = None,
+        cache_dir: Path | None = None,
+        announce: bool = True,
+    ) -> None:
+        """``search_in``, ``default_model`` (None: chosen by the cores), ``hub`` (None:
+        ``HF_ENDPOINT``, else huggingface.co) and ``cache_dir`` (None: the user's hub cache)
+        say where a local LLM is looked for and fetched from; ``announce``: print a line for
+        the person who started the server when the LLM is found, loaded, or fails."""
+        self._announce = announce
+        self._search_in = search_in
+        self._default_model = default_model
+        self._hub = hub
+        self._cache_dir = cache_dir
+        self._endpoint = endpoint
+        self._local = local
+        self._model = model
+        self._retries = retries
+        self.client: ChatClient | None = None
+        self.embedded: EmbeddedLLM | None = None
+        self.status = LLMStatus("off", detail="no LLM: started with --llm none")
+        self._background: asyncio.Task[None] | None = None
+
+    @classmethod
+    def of_server(cls, config: ServerConfig) -> LLMProvider:
+        model = config.local_llm.model if config.local_llm is not None else None
+        return cls(config.llm, config.local_llm, config.llm_retries, model)
+
+    @classmethod
+    def serving(cls, client: ChatClient | None) -> LLMProvider:
+        """A provider of a client already connected (None: no LLM), e.g. built by a test."""
+        provider = cls()
+        provider.client = client
+        if client is not None:
+            provider.status = LLMStatus("ready", "endpoint", client.model)
+        return provider
+
+    async def start(self) -> None:
+        """Connect what is ready now; a default model not yet on disk is downloaded and loaded
+        in the background. Raises :class:`ConfigError` for a model file llama.cpp cannot load
+        (a bad ``--llm-gguf``): the server does not start."""
+        if self._endpoint is not None:
+            endpoint = self._endpoint
+            self._connect(endpoint.base_url, endpoint.api_key, endpoint.model, "endpoint")
+            return
+        local = self._local
+        if local is None:
+            log.warning("no LLM (--llm none): calls connect, but the agent cannot answer")
+            return
+        if local.gguf is not None:
+            try:
+                await self._run_embedded(local.gguf)
+            except (GgufError, ModelLoadError) as exc:
+                raise ConfigError(str(exc)) from None
+            return
+        if local.search and await self._use_running_server():
+            return
+        self._background = asyncio.create_task(self._fetch_default_model(), name="llm:default")
+
+    async def ready(self) -> ChatClient | None:
+        """The client once the background download and load (if any) are over; None if they
+        failed."""
+        if self._background is not None:
+            await asyncio.shield(self._background)
+        return self.client
+
+    async def close(self) -> None:
+        if self._background is not None:
+            self._background.cancel()
+            await asyncio.gather(self._background, return_exceptions=True)
+        if self.client is not None:
+            await self.client.client.close()
+            self.client = None
+        if self.embedded is not None:
+            embedded, self.embedded = self.embedded, None
+            await asyncio.to_thread(embedded.close)
+
+    # -- the sources -----------------------------------------------------------------------------
+
+    def _connect(
+        self, base_url: str | None, key: str | None, model: str, source: LLMSource
+    ) -> None:
+        self.client = ChatClient.connect(
+            base_url,
+            key,
+            model,
+            retry=RetryPolicy(retries=self._retries),
+            constrain_forced_calls=source == "embedded",  # llama.cpp lets tool_choice pass
+        )
+        self.status = LLMStatus("ready", source, model, detail=base_url or "OpenAI")
+
+    async def _use_running_server(self) -> bool:
+        self.status = LLMStatus("searching", detail="looking for a local LLM server")
+        found = await find_local_server(self._search_in)
+        if found is None:
+            return False
+        model = self._model or found.models[0]
+        self._connect(found.server.base_url, None, model, "local server")
+        self.status = replace(self.status, detail=f"{found.server.name} at {found.server.base_url}")
+        self._say(
+            f"LLM: {found.server.name} at {found.server.base_url}, model {model} (another "
+            "with --llm-model; in process instead with --llm local)"
+        )
+        return True
+
+    async def _run_embedded(self, gguf: Path) -> None:
+        info = await asyncio.to_thread(read_gguf, gguf)
+        self.status = LLMStatus("loading", "embedded", info.label, detail=str(gguf))
+        embedded = await asyncio.to_thread(EmbeddedLLM.start, info, EmbeddedSettings())
+        self.embedded = embedded
+        self._connect(embedded.base_url, embedded.api_key, embedded.model, "embedded")
+        self.status = replace(self.status, detail=f"llama.cpp in process, {gguf}")
+        self._say(f"LLM: {info.label} in process (llama.cpp), from {gguf}")
+
+    async def _fetch_default_model(self) -> None:
+        """Download the default model (unless cached) and run it; on failure, one line."""
+        model = self._default_model or default_model()
+        loop = asyncio.get_running_loop()
+        last_shown = 0.0
+
+        def progress(done: int, total: int) -> None:
+            nonlocal last_shown
+            now = time.monotonic()
+            if now - last_shown < 0.25 and done < total:
+                return
+            last_shown = now
+            fraction = done / total if total else None
+            status = LLMStatus(
+                "downloading", "embedded", model.label, detail=model.filename, progress=fraction
+            )
+            loop.call_soon_threadsafe(setattr, self, "status", status)
+
+        self.status = LLMStatus("downloading", "embedded", model.label, detail=model.filename)
+        try:
+            path = await asyncio.to_thread(
+                fetch_model, model, progress=progress, endpoint=self._hub, cache_dir=self._cache_dir
+            )
+            await self._run_embedded(path)
+        except (ModelUnavailable, GgufError, ModelLoadError) as exc:
+            self.status = LLMStatus("unavailable", "embedded", model.label, detail=str(exc))
+            self._say(f"no LLM: {exc}; {WAYS_OUT}", sys.stderr)
+
+    def _say(self, line: str, stream: TextIO = sys.stdout) -> None:
+        """A line for the person who started the server, as ``vocable serve`` prints its own."""
+        if self._announce:
+            print(f"vocable: {line}", file=stream, flush=True)
