@@ -278,8 +278,12 @@ class ChatClient:
         retry: RetryPolicy | None = None,
         *,
         constrain_forced_calls: bool = False,
+        prefills: bool = False,
     ) -> None:
         self.client = client
+        self.prefills = prefills
+        """The endpoint keeps the prompts it has seen (llama.cpp's prompt cache), so
+        :meth:`prefill` is worth its cost."""
         self.model = model
         self.retry = retry or RetryPolicy()
         self.constrain_forced_calls = constrain_forced_calls
@@ -296,6 +300,7 @@ class ChatClient:
         timeout_s: float = 60.0,
         *,
         constrain_forced_calls: bool = False,
+        prefills: bool = False,
     ) -> ChatClient:
         """A client for ``base_url`` (OpenAI when None); local servers need no real key."""
         client = AsyncOpenAI(
@@ -307,7 +312,13 @@ class ChatClient:
         # the client imports its chat resources on first use (~40-60 ms): here, not in the
         # first caller's turn
         _ = client.chat.completions
-        return cls(client, model, retry, constrain_forced_calls=constrain_forced_calls)
+        return cls(
+            client,
+            model,
+            retry,
+            constrain_forced_calls=constrain_forced_calls,
+            prefills=prefills,
+        )
 
     async def stream(self, request: ChatRequest) -> ChatStream:
         """Open a streamed round; retried per the policy until its first chunk arrives."""
@@ -330,6 +341,17 @@ class ChatClient:
             return ChatStream(_prepend(first, iterator), raw.close, request.tools)
 
         return await self._with_retries(attempt)
+
+    async def prefill(self, request: ChatRequest) -> None:
+        """Have the endpoint read ``request``'s prompt (and generate one token), so that it
+        keeps it cached for the requests that start the same way; failures are only logged.
+        Costs the prompt's tokens: for endpoints that keep prompts (``prefills``)."""
+        kwargs = {**request.create_kwargs(), "max_tokens": 1}
+        kwargs.pop("tool_choice", None)
+        try:
+            await self.client.chat.completions.create(**kwargs)
+        except openai.APIError as exc:
+            log.debug("prefilling the prompt failed: %s", _describe(exc))
 
     async def complete(self, request: ChatRequest) -> str:
         """A non-streamed completion's text, unfiltered (used for intent classification, which

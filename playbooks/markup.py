@@ -4,7 +4,9 @@ Small models often write tool calls as text instead of using the API's ``tool_ca
 reasoning models think aloud. :class:`MarkupFilter` takes one LLM round's text deltas and
 releases the speakable text, holding nothing back but what could still open markup:
 
-- ``<think>``, ``<thinking>`` and ``<reasoning>`` blocks are dropped (a stray closing tag too);
+- ``<think>``, ``<thinking>`` and ``<reasoning>`` blocks are dropped (a stray closing tag too),
+  and so are the chat template's own ``<tool_response>`` and ``<tools>`` blocks and control
+  tokens (``<|im_end|>``), which small models echo;
 - code fences ``` are dropped, unless they hold JSON (then read as below);
 - JSON objects (and lists of them) in the text, ``<tool_call>...</tool_call>`` blocks and fenced
   JSON are parsed: a tool call in any of the usual forms (``{"name", "arguments"|"parameters"}``,
@@ -30,7 +32,10 @@ __all__ = ["MarkupFilter", "TextToolCall", "schema_problem"]
 log = logging.getLogger(__name__)
 
 _TOOL_CALL = "<tool_call>"
-_OPENING_TAGS = ("<think>", "<thinking>", "<reasoning>", _TOOL_CALL)
+_REASONING_TAGS = ("<think>", "<thinking>", "<reasoning>")
+_PROTOCOL_TAGS = ("<tool_response>", "<tools>")
+"""What chat templates wrap tool results and definitions in: a small model echoes them."""
+_OPENING_TAGS = (*_REASONING_TAGS, *_PROTOCOL_TAGS, _TOOL_CALL)
 _CLOSING_TAGS = tuple(f"</{tag[1:]}" for tag in _OPENING_TAGS)
 _TAGS = _OPENING_TAGS + _CLOSING_TAGS
 _LONGEST_TAG = max(len(tag) for tag in _TAGS)
@@ -40,6 +45,8 @@ _CLOSERS = {
 }
 """What ends each kind of block, found in any case."""
 _MAY_OPEN = re.compile(r"[{\[<`]")
+_SPECIAL_TOKEN = re.compile(r"<\|[\w.-]{1,40}\|>")
+"""A chat template's control token written out (``<|im_end|>``, ``<|python_tag|>``)."""
 _FENCE_INFO = re.compile(r"[\w+.#-]*")
 _JSON_OUTSIDE_STRINGS = frozenset("0123456789+-.eE,:{}[] \t\r\ntruefalsn")
 """Characters that may appear in JSON outside its strings: any other one means prose."""
@@ -129,6 +136,15 @@ class MarkupFilter:
             return self._release(pending[: match.start()])
         first = pending[0]
         if first == "<":
+            token = _SPECIAL_TOKEN.match(pending)
+            if token is not None:
+                self._pending = pending[token.end() :]
+                log.info("dropped a control token %s from speech", token.group())
+                self._dropped()
+                return ""
+            if not final and pending.startswith("<|") and "|>" not in pending[:44]:
+                if re.fullmatch(r"<\|[\w.-]{0,40}\|?", pending):
+                    return None
             head = pending[:_LONGEST_TAG].lower()
             for tag in _TAGS:
                 if head.startswith(tag):
@@ -221,6 +237,8 @@ class MarkupFilter:
             return self._drop(f"{article} {unclosed}code block", markup, closed)
         if self._opener == _TOOL_CALL:
             return self._read(_unfenced(body), markup, f"{unclosed}{_TOOL_CALL} block")
+        if self._opener in _PROTOCOL_TAGS:
+            return self._drop(f"{article} {unclosed}{self._opener} block", markup, closed)
         return self._drop(f"{article} {unclosed}reasoning block", markup, closed)
 
     # -- what markup means -----------------------------------------------------------------------

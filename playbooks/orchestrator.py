@@ -9,6 +9,7 @@ methods :class:`~playbooks.turn.TurnHost` names, and can undo a turn with :meth:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import inspect
 import json
@@ -74,6 +75,9 @@ class PlaybookOrchestrator:
             playbook, self._events.emit, max_tool_calls=self.options.max_tool_calls_per_turn
         )
         self._turn_active = False
+        self._stage_at_turn_start = self.engine.stage.id
+        self._prefills: set[asyncio.Task[None]] = set()
+        """Prefills of a new stage's prompt still running (kept so they are not collected)."""
         self._hooks: set[asyncio.Future[Any]] = set()
         """Async stage hooks still running."""
         self._greeting_due: str | None = None
@@ -167,11 +171,24 @@ class PlaybookOrchestrator:
         due (if any) is this turn's to say, so the prompt mentions it."""
         self._turn_active = True
         self._greeting_note = self._greeting_due
+        self._stage_at_turn_start = self.engine.stage.id
         provide_context(self.context)  # for the turn's tool calls
 
     def end_turn(self) -> None:
-        """The turn ended, completed or not."""
+        """The turn ended, completed or not. A turn that moved to another stage has the new
+        stage's prompt prefilled (when the LLM keeps prompts, see :meth:`ChatClient.prefill`),
+        while its answer is still being spoken: the next turn pays only for its new words."""
         self._turn_active = False
+        llm = self.llm
+        if llm is None or not llm.prefills or self.engine.stage.id == self._stage_at_turn_start:
+            return
+        with contextlib.suppress(RuntimeError):  # no running loop: nothing to gain
+            task = asyncio.get_running_loop().create_task(
+                llm.prefill(self.request(with_tools=True, first_round=True)),
+                name=f"prefill:{self.engine.stage.id}",
+            )
+            self._prefills.add(task)
+            task.add_done_callback(self._prefills.discard)
 
     def request(self, *, with_tools: bool, first_round: bool) -> ChatRequest:
         """The next LLM request in the current stage: its prompt, history and model settings;

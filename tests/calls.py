@@ -144,9 +144,10 @@ def start_call(
     retries: int = 0,
     echo: tuple[float, int] | None = None,
     options: OrchestratorOptions | None = None,
+    api_key: str | None = None,
 ) -> VoiceCall:
     """Wire a call like the server does, with a 16 kHz speaker so Whisper can check the output."""
-    client = ChatClient.connect(base_url, None, "scripted", retry=RetryPolicy(retries=retries))
+    client = ChatClient.connect(base_url, api_key, "scripted", retry=RetryPolicy(retries=retries))
     orchestrator = PlaybookOrchestrator(playbook, client, options)
     sink: list[Callable[[VoiceEvent], None]] = []
     voice = VoicePlaybookOrchestrator(
@@ -171,7 +172,10 @@ def base_url(server: TestServer) -> str:
 
 @asynccontextmanager
 async def voice_server(
-    llm_url: str | None, config: ServerConfig | None = None, playbooks: Path | None = None
+    llm_url: str | None,
+    config: ServerConfig | None = None,
+    playbooks: Path | None = None,
+    llm_api_key: str | None = None,
 ) -> AsyncIterator[TestServer]:
     """The real app on 127.0.0.1 with the shared models and the playbooks of ``playbooks`` (a
     folder or file; the example playbooks when None); no LLM when ``llm_url`` is None.
@@ -183,7 +187,7 @@ async def voice_server(
 
     config = config or ServerConfig()
     config = replace(config, overload=replace(config.overload, capacity_cpu_percent=0))
-    llm = ChatClient.connect(llm_url, None, "scripted") if llm_url else None
+    llm = ChatClient.connect(llm_url, llm_api_key, "scripted") if llm_url else None
     engines = Engines(
         transcriber(),
         synthesizer(),

@@ -147,6 +147,13 @@ SPEECH_FORMS = [
     ),
     Form("json-unfinished", 'It is sunny. {"name": "get_weather", "argu', "It is sunny. "),
     Form(
+        "tool-response-echoed",
+        '<tool_response>\n{"forecast": "sunny"}\n</tool_response>\nIt is sunny.',
+        "It is sunny.",
+    ),
+    Form("tools-echoed", "<tools>[get_weather]</tools>It is sunny.", "It is sunny."),
+    Form("control-tokens", "It is sunny.<|im_end|><|im_start|>", "It is sunny."),
+    Form(
         "tool-call-invalid-arguments",
         'It is sunny. {"name": "get_weather", "arguments": "not json"}',
         "It is sunny. ",

@@ -44,7 +44,8 @@ class Engines:
         the configured remote servers (which may be down: that is logged, not fatal)."""
         playbooks = load_playbooks(config.playbook_path, config.tools_module)
         llm = LLMProvider.of_server(config)
-        await llm.start()  # first: a model file llama.cpp cannot load stops the server at once
+        # first: a model file llama.cpp cannot load stops the server at once
+        await llm.start(prime=list(playbooks.values()))
         try:
             transcriber, synthesizer = await asyncio.gather(
                 _transcriber(config), _synthesizer(config)

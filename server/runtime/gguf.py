@@ -70,6 +70,8 @@ _BLOCKS: dict[int, tuple[int, int]] = {
 
 _MAX_STRING = 64 << 20
 """A longer metadata string means the header is not what it claims to be."""
+_MAX_DIMS = 4
+"""``GGML_MAX_DIMS``: a tensor of more dimensions means a damaged header."""
 
 
 class GgufError(ValueError):
@@ -95,15 +97,27 @@ class GgufInfo:
 
 
 class _Reader:
-    def __init__(self, stream: BinaryIO, path: Path) -> None:
+    def __init__(self, stream: BinaryIO, path: Path, size: int) -> None:
         self._stream = stream
         self._path = path
+        self._size = size
+
+    def _check_left(self, size: int) -> None:
+        # checked before reading: a damaged count (an array of 2**40 floats) would otherwise
+        # ask for that much memory, a MemoryError instead of this line
+        if size > self._size - self._stream.tell():
+            raise GgufError(f"{self._path}: truncated (the header ends early)")
 
     def take(self, size: int) -> bytes:
+        self._check_left(size)
         data = self._stream.read(size)
         if len(data) != size:
             raise GgufError(f"{self._path}: truncated (the header ends early)")
         return data
+
+    def skip(self, size: int) -> None:
+        self._check_left(size)
+        self._stream.seek(size, 1)
 
     def scalar(self, fmt: str) -> int | float | bool:
         value: int | float | bool = struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
@@ -127,7 +141,7 @@ class _Reader:
         if kind == _ARRAY:
             item_kind, count = self.u32(), self.u64()
             if item_kind in _SCALARS:  # skipped whole: token tables are large
-                self.take(struct.calcsize(_SCALARS[item_kind]) * count)
+                self.skip(struct.calcsize(_SCALARS[item_kind]) * count)
                 return None
             for _ in range(count):
                 self.value(item_kind)
@@ -154,8 +168,10 @@ def read_gguf(path: Path) -> GgufInfo:
     except OSError as exc:
         raise GgufError(f"{path}: cannot read it ({exc.strerror or exc})") from None
     with stream:
-        reader = _Reader(stream, path)
+        reader = _Reader(stream, path, size)
         magic = stream.read(4)
+        if not magic:
+            raise GgufError(f"{path}: an empty file, not a GGUF model file")
         if magic != MAGIC:
             raise GgufError(
                 f"{path}: not a GGUF model file (it starts with {magic!r}; llama.cpp "
@@ -172,13 +188,16 @@ def read_gguf(path: Path) -> GgufInfo:
         data_end = 0
         for _ in range(tensor_count):
             reader.string()  # name
-            dims = [reader.u64() for _ in range(reader.u32())]
+            n_dims = reader.u32()
+            if n_dims > _MAX_DIMS:
+                raise GgufError(f"{path}: damaged header (a tensor of {n_dims} dimensions)")
+            dims = [reader.u64() for _ in range(n_dims)]
             kind, offset = reader.u32(), reader.u64()
             data_end = max(data_end, offset + _tensor_bytes(kind, dims))
         alignment = metadata.get("general.alignment")
         align = alignment if isinstance(alignment, int) and alignment > 0 else ALIGNMENT
         data_start = -(-reader.tell() // align) * align
-    if data_start + data_end > size:
+    if data_end and data_start + data_end > size:  # no tensor data: no padding needed either
         raise GgufError(
             f"{path}: truncated ({size} bytes, its tensors need {data_start + data_end}; "
             "a download cut short?)"

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
-from playbooks import ChatClient, RetryPolicy
+from playbooks import ChatClient, LoadedPlaybook, PlaybookOrchestrator, RetryPolicy
 from server.config.llm import ConfigError, LLMSettings
 from server.config.server import LocalLLMSettings, ServerConfig
 
@@ -94,6 +94,8 @@ class LLMProvider:
         self.embedded: EmbeddedLLM | None = None
         self.status = LLMStatus("off", detail="no LLM: started with --llm none")
         self._background: asyncio.Task[None] | None = None
+        self._prime: tuple[LoadedPlaybook, ...] = ()
+        self._priming: asyncio.Task[None] | None = None
 
     @classmethod
     def of_server(cls, config: ServerConfig) -> LLMProvider:
@@ -109,10 +111,12 @@ class LLMProvider:
             provider.status = LLMStatus("ready", "endpoint", client.model)
         return provider
 
-    async def start(self) -> None:
+    async def start(self, prime: Sequence[LoadedPlaybook] = ()) -> None:
         """Connect what is ready now; a default model not yet on disk is downloaded and loaded
         in the background. Raises :class:`ConfigError` for a model file llama.cpp cannot load
-        (a bad ``--llm-gguf``): the server does not start."""
+        (a bad ``--llm-gguf``): the server does not start. The first prompt of each of
+        ``prime`` is prefilled in the background once an LLM that keeps prompts is ready."""
+        self._prime = tuple(prime)
         if self._endpoint is not None:
             endpoint = self._endpoint
             self._connect(endpoint.base_url, endpoint.api_key, endpoint.model, "endpoint")
@@ -139,9 +143,10 @@ class LLMProvider:
         return self.client
 
     async def close(self) -> None:
-        if self._background is not None:
-            self._background.cancel()
-            await asyncio.gather(self._background, return_exceptions=True)
+        for task in (self._background, self._priming):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         if self.client is not None:
             await self.client.client.close()
             self.client = None
@@ -160,6 +165,7 @@ class LLMProvider:
             model,
             retry=RetryPolicy(retries=self._retries),
             constrain_forced_calls=source == "embedded",  # llama.cpp lets tool_choice pass
+            prefills=source == "embedded",
         )
         self.status = LLMStatus("ready", source, model, detail=base_url or "OpenAI")
 
@@ -184,6 +190,10 @@ class LLMProvider:
         self.embedded = embedded
         self._connect(embedded.base_url, embedded.api_key, embedded.model, "embedded")
         self.status = replace(self.status, detail=f"llama.cpp in process, {gguf}")
+        if self._prime and self.client is not None:
+            self._priming = asyncio.create_task(
+                _prefill_first_prompts(self.client, self._prime), name="llm:prefill"
+            )
         self._say(f"LLM: {info.label} in process (llama.cpp), from {gguf}")
 
     async def _fetch_default_model(self) -> None:
@@ -218,3 +228,16 @@ class LLMProvider:
         """A line for the person who started the server, as ``vocable serve`` prints its own."""
         if self._announce:
             print(f"vocable: {line}", file=stream, flush=True)
+
+
+async def _prefill_first_prompts(client: ChatClient, playbooks: Sequence[LoadedPlaybook]) -> None:
+    """The prompt each playbook's calls start with (system prompt, tools, greeting) read once,
+    so that the first caller's first turn pays only for its own words."""
+    started = time.monotonic()
+    for playbook in playbooks:
+        orchestrator = PlaybookOrchestrator(playbook, client)
+        orchestrator.greet()
+        await client.prefill(orchestrator.request(with_tools=True, first_round=True))
+    log.info(
+        "prefilled %d playbook prompt(s) in %.1f s", len(playbooks), time.monotonic() - started
+    )
