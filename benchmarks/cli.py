@@ -61,6 +61,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--url", help="a running Vocable server (default: start one)")
     parser.add_argument("--token", help="bearer token for --url")
     parser.add_argument("--llm-base-url", help="a real LLM (default: a paced scripted one)")
+    parser.add_argument(
+        "--llm",
+        choices=["scripted", "local"],
+        default="scripted",
+        help="'local': the server runs its model in process (llama.cpp; --llm-gguf, else the "
+        "default model) instead of the paced scripted LLM",
+    )
+    parser.add_argument("--llm-gguf", help="with --llm local: the GGUF model file to run")
     parser.add_argument("--llm-model", default="bench")
     parser.add_argument("--llm-api-key")
     parser.add_argument("--ttft-ms", type=float, default=200.0, help="scripted LLM (default 200)")
@@ -117,17 +125,24 @@ async def _run(args: argparse.Namespace, command: str) -> Path:
     folder = args.output / (args.name or time.strftime("%Y%m%d-%H%M%S"))
     folder.mkdir(parents=True, exist_ok=True)
 
+    if args.llm_gguf:
+        args.llm = "local"
+    scripted = not args.llm_base_url and args.llm == "scripted"
     pacing = LLMPacing(args.ttft_ms, args.tokens_per_s)
-    llm = None if args.llm_base_url else paced_llm(pacing)
+    llm = paced_llm(pacing) if scripted else None
     server: ServerProcess | None = None
     try:
-        llm_url = args.llm_base_url if llm is None else await llm.start()
+        llm_url = await llm.start() if llm is not None else args.llm_base_url
         if args.url:
             base_url = args.url.rstrip("/")
         else:
+            if llm_url:
+                llm_args = ["--llm-base-url", llm_url, "--llm-model", args.llm_model]
+            else:
+                gguf = ["--llm-gguf", args.llm_gguf] if args.llm_gguf else []
+                llm_args = ["--llm", "local", *gguf]
             server_args = [
-                "--playbook", args.playbook, "--llm-base-url", llm_url,
-                "--llm-model", args.llm_model, "--max-sessions", str(max(levels) + 2),
+                "--playbook", args.playbook, *llm_args, "--max-sessions", str(max(levels) + 2),
                 "--end-silence-ms", str(args.end_silence_ms), "--idle-timeout-s", "900",
                 "--barge-in", args.barge_in,
                 "--rate-limit", "0",  # every caller is 127.0.0.1 here
@@ -147,7 +162,7 @@ async def _run(args: argparse.Namespace, command: str) -> Path:
             base_url=base_url,
             playbook="bench" if not args.url else None,
             end_silence_ms=args.end_silence_ms,
-            llm_first_sentence_ms=None if args.llm_base_url else pacing.first_sentence_ms(),
+            llm_first_sentence_ms=pacing.first_sentence_ms() if scripted else None,
             token=args.token,
         )
         total = sum(n * args.turns for n in levels) + args.barge_ins + 2 * args.backchannels
@@ -168,9 +183,7 @@ async def _run(args: argparse.Namespace, command: str) -> Path:
         "git_commit": git_commit(),
         "machine": machine(),
         "settings": {
-            "llm": f"scripted, first token {args.ttft_ms:g} ms, {args.tokens_per_s:g} tokens/s"
-            if not args.llm_base_url
-            else f"{args.llm_base_url} ({args.llm_model})",
+            "llm": _llm_setting(args, scripted),
             "stt_model": "tiny.en int8 (default)",
             "tts_voice": "en_US-joe-medium (default)",
             "end_silence_ms": args.end_silence_ms,
@@ -244,13 +257,24 @@ async def _scenarios(
     return results
 
 
+def _llm_setting(args: argparse.Namespace, scripted: bool) -> str:
+    if scripted:
+        return f"scripted, first token {args.ttft_ms:g} ms, {args.tokens_per_s:g} tokens/s"
+    if args.llm_base_url:
+        return f"{args.llm_base_url} ({args.llm_model})"
+    return f"in process (llama.cpp): {args.llm_gguf or 'the default model'}"
+
+
 async def _server_counters(base_url: str, token: str | None) -> dict[str, float]:
     """Vocable's own counters from its /metrics: speculative transcriptions used and wasted,
-    resumes, barge-ins, turns."""
+    resumes, barge-ins, turns; and an embedded model's tokens and the seconds they took."""
     import aiohttp
 
     wanted = ("vocable_speculative_transcriptions_total", "vocable_resumes_total",
-              "vocable_barge_ins_total", "vocable_turns_total")  # fmt: skip
+              "vocable_barge_ins_total", "vocable_turns_total",
+              "llamacpp:prompt_tokens_total", "llamacpp:prompt_tokens_cached_total",
+              "llamacpp:prompt_seconds_total", "llamacpp:tokens_predicted_total",
+              "llamacpp:tokens_predicted_seconds_total")  # fmt: skip
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
         async with (

@@ -109,6 +109,7 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
         "false_cuts": cuts,
         "resumes": resumes,
         "server_counters": run.get("server_counters", {}),
+        "llm_throughput": llm_throughput(counters),
         "goals": {name: {"goal": goal, "measured": measured[name]} for name, goal in GOALS.items()},
     }
 
@@ -181,6 +182,7 @@ def to_markdown(run: dict[str, Any], summary: dict[str, Any]) -> str:
         "Server counters: "
         + (", ".join(f"{k} {v:g}" for k, v in summary.get("server_counters", {}).items()) or "none")
         + ".",
+        *_llm_throughput_lines(summary.get("llm_throughput")),
         "",
         "## Against the goals",
         "",
@@ -297,3 +299,31 @@ def finite_numbers(data: Any) -> Iterable[float]:
     elif isinstance(data, list):
         for value in data:
             yield from finite_numbers(value)
+
+
+def llm_throughput(counters: dict[str, float]) -> dict[str, float] | None:
+    """An embedded model's tokens per second (generated, and prompt read) and the share of
+    prompt tokens its cache saved, from llama.cpp's counters; None without them."""
+    generated = counters.get("llamacpp:tokens_predicted")
+    generating_s = counters.get("llamacpp:tokens_predicted_seconds")
+    if not generated or not generating_s:
+        return None
+    read = counters.get("llamacpp:prompt_tokens", 0.0)
+    reading_s = counters.get("llamacpp:prompt_seconds", 0.0)
+    cached = counters.get("llamacpp:prompt_tokens_cached", 0.0)
+    return {
+        "generated_tokens_per_s": round(generated / generating_s, 1),
+        "prompt_tokens_per_s": round(read / reading_s, 1) if reading_s else 0.0,
+        "prompt_tokens_cached_share": round(cached / (cached + read), 3) if cached + read else 0.0,
+    }
+
+
+def _llm_throughput_lines(throughput: dict[str, float] | None) -> list[str]:
+    if throughput is None:
+        return []
+    return [
+        "",
+        f"LLM in process: {throughput['generated_tokens_per_s']:g} tokens/s generated, "
+        f"prompts read at {throughput['prompt_tokens_per_s']:g} tokens/s, "
+        f"{throughput['prompt_tokens_cached_share'] * 100:.0f} % of prompt tokens from its cache.",
+    ]

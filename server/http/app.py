@@ -364,9 +364,10 @@ async def _health(request: web.Request) -> web.Response:
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    """This process's metrics; with several workers, all of theirs, labelled by ``worker``
-    (``?local=1``: this worker's alone)."""
+    """This process's metrics (an embedded model's ``llamacpp:*`` among them); with several
+    workers, all of theirs, labelled by ``worker`` (``?local=1``: this worker's alone)."""
     own = request.app[METRICS].render()
+    own += (await request.app[ENGINES].llm_provider.metrics_text()).encode()
     siblings = request.app[SIBLINGS]
     if siblings.sockets and "local" not in request.query:
         texts = await siblings.metrics()

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+
 from media.priority import BACKGROUND_NICENESS, in_background_thread
 
 from .gguf import GgufInfo
@@ -59,14 +61,20 @@ class EmbeddedSettings:
     prompt_cache_mib: int = 64
     """RAM for prompt prefixes kept between requests (system prompts and tools of stages)."""
     niceness: int = LLM_NICENESS
+    passive_wait: bool = True
+    """OpenMP's workers sleep when idle (``OMP_WAIT_POLICY=PASSIVE``) instead of spinning."""
 
 
 class EmbeddedLLM:
     """A loaded model and its private OpenAI-compatible endpoint. ``start`` blocks while the
     model loads (run it in a worker thread); ``close`` stops generation and frees the model."""
 
-    def __init__(self, server: Any, info: GgufInfo, api_key: str, settings: EmbeddedSettings):
+    def __init__(
+        self, server: Any, info: GgufInfo, api_key: str, settings: EmbeddedSettings, slots: int
+    ) -> None:
         self._server: Any = server
+        self.slots = slots
+        """Requests it generates at once."""
         self.info = info
         self.api_key = api_key
         self.settings = settings
@@ -90,7 +98,7 @@ class EmbeddedLLM:
         threads = settings.threads or cores
 
         def load() -> Any:
-            with _passive_openmp():
+            with _passive_openmp() if settings.passive_wait else contextlib.nullcontext():
                 import xllamacpp
 
             params = xllamacpp.CommonParams()
@@ -122,7 +130,7 @@ class EmbeddedLLM:
                 ) from exc
 
         server = in_background_thread(load, settings.niceness)
-        llm = cls(server, info, api_key, settings)
+        llm = cls(server, info, api_key, settings, slots)
         log.info(
             "LLM: %s embedded (llama.cpp, %d threads, %d slots of %d tokens) at %s",
             info.label,
@@ -132,6 +140,20 @@ class EmbeddedLLM:
             llm.origin,
         )
         return llm
+
+    async def metrics_text(self) -> str:
+        """llama.cpp's own Prometheus metrics (``llamacpp:*``: tokens read and generated, the
+        seconds they took, requests queued); empty when it does not answer within 1 s."""
+        timeout = aiohttp.ClientTimeout(total=1.0)
+        headers = {"Authorization": f"Bearer {self.api_key}"}
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=timeout) as http,
+                http.get(f"{self.origin}/metrics", headers=headers) as response,
+            ):
+                return await response.text() if response.status == 200 else ""
+        except (aiohttp.ClientError, TimeoutError):
+            return ""
 
     def close(self) -> None:
         """Stop serving and free the model (blocks until llama.cpp's threads end)."""

@@ -135,6 +135,11 @@ class LLMProvider:
             return
         self._background = asyncio.create_task(self._fetch_default_model(), name="llm:default")
 
+    async def metrics_text(self) -> str:
+        """The embedded model's Prometheus metrics (see :meth:`EmbeddedLLM.metrics_text`);
+        empty for other LLMs."""
+        return await self.embedded.metrics_text() if self.embedded is not None else ""
+
     async def ready(self) -> ChatClient | None:
         """The client once the background download and load (if any) are over; None if they
         failed."""
