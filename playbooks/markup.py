@@ -47,6 +47,8 @@ _CLOSERS = {
 _MAY_OPEN = re.compile(r"[{\[<`]")
 _SPECIAL_TOKEN = re.compile(r"<\|[\w.-]{1,40}\|>")
 """A chat template's control token written out (``<|im_end|>``, ``<|python_tag|>``)."""
+_SPECIAL_TOKEN_START = re.compile(r"<\|[\w.-]{0,40}\|?")
+"""What may still become a control token."""
 _FENCE_INFO = re.compile(r"[\w+.#-]*")
 _JSON_OUTSIDE_STRINGS = frozenset("0123456789+-.eE,:{}[] \t\r\ntruefalsn")
 """Characters that may appear in JSON outside its strings: any other one means prose."""
@@ -142,9 +144,8 @@ class MarkupFilter:
                 log.info("dropped a control token %s from speech", token.group())
                 self._dropped()
                 return ""
-            if not final and pending.startswith("<|") and "|>" not in pending[:44]:
-                if re.fullmatch(r"<\|[\w.-]{0,40}\|?", pending):
-                    return None
+            if not final and _SPECIAL_TOKEN_START.fullmatch(pending):
+                return None
             head = pending[:_LONGEST_TAG].lower()
             for tag in _TAGS:
                 if head.startswith(tag):
