@@ -72,6 +72,8 @@ class SoakPlan:
     """Warm-up calls one after another (then one round of ``concurrent`` at once)."""
     rss_limit_percent: float = 10.0
     """RSS may grow less than this, baseline to final."""
+    llm_gguf: str | None = None
+    """The server runs this model in process (llama.cpp) instead of the paced scripted LLM."""
 
 
 def verdict(
@@ -178,12 +180,15 @@ def run_soak(
 
 
 async def _soak(plan: SoakPlan, log: Path, on_call: Callable[[], None]) -> dict[str, Any]:
-    llm = paced_llm(LLMPacing(), answer=ANSWER)
+    llm = paced_llm(LLMPacing(), answer=ANSWER) if plan.llm_gguf is None else None
     server: ServerProcess | None = None
     try:
-        llm_url = await llm.start()
+        if llm is not None:
+            llm_args = ["--llm-base-url", await llm.start(), "--llm-model", "bench"]
+        else:
+            llm_args = ["--llm-gguf", str(plan.llm_gguf)]
         server_args = [
-            "--playbook", str(PLAYBOOK), "--llm-base-url", llm_url, "--llm-model", "bench",
+            "--playbook", str(PLAYBOOK), *llm_args,
             "--max-sessions", str(plan.concurrent + 2),
             "--rate-limit", "0",  # every caller is 127.0.0.1 here
             # what is measured is what calls leave behind, not admission: the callers (and, in
@@ -196,7 +201,8 @@ async def _soak(plan: SoakPlan, log: Path, on_call: Callable[[], None]) -> dict[
     finally:
         if server is not None:
             await server.stop()
-        await llm.close()
+        if llm is not None:
+            await llm.close()
 
 
 async def _phases(
@@ -290,7 +296,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     argv = list(argv if argv is not None else sys.argv[1:])
     command = ("python -m benchmarks.soak " + shlex.join(argv)).strip()
-    plan = SoakPlan(args.sequential, args.concurrent, args.rounds, args.warmup, args.rss_limit)
+    plan = SoakPlan(
+        args.sequential, args.concurrent, args.rounds, args.warmup, args.rss_limit, args.llm_gguf
+    )
     total = plan.warmup + plan.concurrent * (1 + plan.rounds) + plan.sequential + 2
     print("starting vocable serve (loading models)...", file=sys.stderr)
     try:
@@ -311,6 +319,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=int, default=6, help="warm-up calls one after another")
     parser.add_argument("--rss-limit", type=float, default=10.0, help="RSS growth goal, %%")
     parser.add_argument("--output", type=Path, default=RESULTS, help="folder for the results")
+    parser.add_argument(
+        "--llm-gguf", help="the server runs this model in process instead of the scripted LLM"
+    )
     return parser
 
 
