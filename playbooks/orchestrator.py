@@ -153,6 +153,13 @@ class PlaybookOrchestrator:
         if engine.language != language_before:
             self._language_changed(engine.language)
 
+    async def aclose(self) -> None:
+        """Stop the work the conversation left running (prefills of a new stage's prompt):
+        before the LLM they talk to is closed. Idempotent."""
+        for task in tuple(self._prefills):
+            task.cancel()
+        await asyncio.gather(*self._prefills, return_exceptions=True)
+
     async def respond(self, user_text: str) -> str:
         """Run a whole turn and return its answer (for text interfaces and tests)."""
         async with self.turn(user_text) as turn:

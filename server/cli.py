@@ -162,7 +162,11 @@ def _chat(args: argparse.Namespace) -> int:
             client = await provider.ready()
             if client is None:
                 raise ConfigError(f"no LLM: {provider.status.detail}; {WAYS_TO_AN_LLM}")
-            await run_chat(PlaybookOrchestrator(playbook, client, options), json_lines=args.json)
+            orchestrator = PlaybookOrchestrator(playbook, client, options)
+            try:
+                await run_chat(orchestrator, json_lines=args.json)
+            finally:
+                await orchestrator.aclose()
         finally:
             await provider.close()
 

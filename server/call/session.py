@@ -794,6 +794,7 @@ class Session:
         for answer in tuple(self._unsettled):
             with contextlib.suppress(asyncio.CancelledError):
                 await answer.task
+        await self.voice.orchestrator.aclose()
         self.voice.speaker.close()
         self._enter(Phase.CLOSED)
 

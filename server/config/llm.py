@@ -100,32 +100,71 @@ class LLMChoice:
         default_model: str | None = None,
     ) -> LLMChoice:
         """The choice of parsed flags and the environment; raises :class:`ConfigError` for an
-        unknown mode or flags that contradict each other."""
-
-        def given(dest: str) -> str | None:
-            values = (getattr(args, dest, None), *(env.get(name) for name in ENV_NAMES[dest]))
-            return next((value for value in values if value), None)
-
-        mode_text = given("llm") or "auto"
+        unknown mode, or flags (or variables) that contradict each other. A flag beats a
+        variable, of its own setting or of one it contradicts."""
+        flags = {
+            "llm": getattr(args, "llm", None),
+            "llm_gguf": getattr(args, "llm_gguf", None),
+            "llm_base_url": getattr(args, "llm_base_url", None),
+        }
+        variables = {
+            "llm": env.get("VOCABLE_LLM") or None,
+            "llm_gguf": env.get("VOCABLE_LLM_GGUF") or None,
+            "llm_base_url": env.get("VOCABLE_LLM_BASE_URL") or None,
+        }
+        _refuse_contradictions(flags, "--llm", "--llm-gguf", "--llm-base-url")
+        unflagged = {dest: None if flags[dest] else value for dest, value in variables.items()}
+        _refuse_contradictions(unflagged, "VOCABLE_LLM", "VOCABLE_LLM_GGUF", "VOCABLE_LLM_BASE_URL")
+        chosen = dict(flags)
+        for dest, value in variables.items():
+            if chosen[dest] is None and not _contradicts(dest, value, flags):
+                chosen[dest] = value
+        mode_text = chosen["llm"] or "auto"
         if mode_text not in get_args(LLMMode):
             raise ConfigError(f"--llm {mode_text}: choose auto, local or none [env VOCABLE_LLM]")
         mode = cast(LLMMode, mode_text)
-        gguf_text = given("llm_gguf")
-        gguf = Path(gguf_text).expanduser() if gguf_text else None
-        explicit_url = getattr(args, "llm_base_url", None) or env.get("VOCABLE_LLM_BASE_URL")
-        try:
-            endpoint: LLMSettings | None = LLMSettings.resolve(args, env, default_model)
-        except ConfigError:
-            endpoint = None
-        if mode == "none" and gguf is not None:
-            raise ConfigError("--llm none and --llm-gguf contradict each other: drop one")
-        if gguf is not None and explicit_url:
-            raise ConfigError("--llm-gguf and --llm-base-url contradict each other: drop one")
-        if mode == "local" and explicit_url:
-            raise ConfigError("--llm local and --llm-base-url contradict each other: drop one")
-        if gguf is not None or mode == "local":
-            endpoint = None  # in process, as asked: an OPENAI_* variable does not count here
-        return cls(mode=mode, endpoint=endpoint, gguf=gguf, model=given("llm_model"))
+        gguf = Path(chosen["llm_gguf"]).expanduser() if chosen["llm_gguf"] else None
+        endpoint: LLMSettings | None = None
+        if gguf is None and mode != "local":  # in process, as asked: OPENAI_* do not count
+            base_url = chosen["llm_base_url"] or env.get("OPENAI_BASE_URL") or None
+            api_key = getattr(args, "llm_api_key", None) or next(
+                (env[name] for name in ENV_NAMES["llm_api_key"] if env.get(name)), None
+            )
+            if base_url or api_key:
+                model = getattr(args, "llm_model", None) or env.get("VOCABLE_LLM_MODEL")
+                endpoint = LLMSettings(base_url, api_key, model or default_model or DEFAULT_MODEL)
+        model_given = getattr(args, "llm_model", None) or env.get("VOCABLE_LLM_MODEL") or None
+        return cls(mode=mode, endpoint=endpoint, gguf=gguf, model=model_given)
+
+
+def _contradicts(dest: str, value: str | None, others: Mapping[str, str | None]) -> bool:
+    """Whether ``dest`` = ``value`` contradicts one of ``others`` (same keys)."""
+    return value is not None and _contradiction({**others, dest: value}) is not None
+
+
+def _contradiction(values: Mapping[str, str | None]) -> tuple[str, str] | None:
+    """The two settings of ``values`` that contradict each other, if any."""
+    mode, gguf, url = values["llm"], values["llm_gguf"], values["llm_base_url"]
+    if mode == "none" and gguf:
+        return ("llm", "llm_gguf")
+    if gguf and url:
+        return ("llm_gguf", "llm_base_url")
+    if mode == "local" and url:
+        return ("llm", "llm_base_url")
+    return None
+
+
+def _refuse_contradictions(values: Mapping[str, str | None], *names: str) -> None:
+    """Raise :class:`ConfigError` naming the two of ``names`` (in the order llm, llm_gguf,
+    llm_base_url) that contradict each other."""
+    pair = _contradiction(values)
+    if pair is None:
+        return
+    label = dict(zip(("llm", "llm_gguf", "llm_base_url"), names, strict=True))
+    mode = label["llm"] + (" " if label["llm"].startswith("--") else "=") + str(values["llm"])
+    shown = {**label, "llm": mode}
+    first, second = pair
+    raise ConfigError(f"{shown[first]} and {shown[second]} contradict each other: drop one")
 
 
 def add_llm_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:

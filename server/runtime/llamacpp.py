@@ -16,12 +16,14 @@ It shares the cores with Whisper and Piper, and the calls' speech goes first:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.resources
 import logging
 import os
 import secrets
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,8 +157,34 @@ class EmbeddedLLM:
         except (aiohttp.ClientError, TimeoutError):
             return ""
 
+    async def generating(self) -> int:
+        """How many requests llama.cpp is working on now (-1 when it does not answer)."""
+        timeout = aiohttp.ClientTimeout(total=1.0)
+        headers = {"Authorization": f"Bearer {self.api_key}"}
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=timeout) as http,
+                http.get(f"{self.origin}/slots", headers=headers) as response,
+            ):
+                slots = await response.json()
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return -1
+        return sum(1 for slot in slots if isinstance(slot, dict) and slot.get("is_processing"))
+
+    async def aclose(self, settle_s: float = 5.0) -> None:
+        """Free the model once no request is in flight (waiting up to ``settle_s``).
+
+        Close every client of the endpoint first: llama.cpp's destructor waits for the requests
+        it is answering and holds Python's lock meanwhile, so a request whose client is this
+        very process would never end."""
+        deadline = time.monotonic() + settle_s
+        while await self.generating() > 0 and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)  # (llama.cpp tells no one when a slot is done)
+        await asyncio.to_thread(self.close)
+
     def close(self) -> None:
-        """Stop serving and free the model (blocks until llama.cpp's threads end)."""
+        """Stop serving and free the model (blocks until llama.cpp's threads end: see
+        :meth:`aclose`)."""
         with self._lock:
             server, self._server = self._server, None
         del server  # llama.cpp's destructor joins its threads

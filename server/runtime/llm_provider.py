@@ -133,7 +133,9 @@ class LLMProvider:
             return
         if local.search and await self._use_running_server():
             return
-        self._background = asyncio.create_task(self._fetch_default_model(), name="llm:default")
+        model = self._default_model or default_model()
+        self.status = LLMStatus("downloading", "embedded", model.label, detail=model.filename)
+        self._background = asyncio.create_task(self._fetch_default_model(model), name="llm:default")
 
     async def metrics_text(self) -> str:
         """The embedded model's Prometheus metrics (see :meth:`EmbeddedLLM.metrics_text`);
@@ -157,7 +159,7 @@ class LLMProvider:
             self.client = None
         if self.embedded is not None:
             embedded, self.embedded = self.embedded, None
-            await asyncio.to_thread(embedded.close)
+            await embedded.aclose()
 
     # -- the sources -----------------------------------------------------------------------------
 
@@ -201,9 +203,8 @@ class LLMProvider:
             )
         self._say(f"LLM: {info.label} in process (llama.cpp), from {gguf}")
 
-    async def _fetch_default_model(self) -> None:
-        """Download the default model (unless cached) and run it; on failure, one line."""
-        model = self._default_model or default_model()
+    async def _fetch_default_model(self, model: DownloadableModel) -> None:
+        """Download ``model`` (unless cached) and run it; on failure, one line."""
         loop = asyncio.get_running_loop()
         last_shown = 0.0
 
@@ -219,7 +220,6 @@ class LLMProvider:
             )
             loop.call_soon_threadsafe(setattr, self, "status", status)
 
-        self.status = LLMStatus("downloading", "embedded", model.label, detail=model.filename)
         try:
             path = await asyncio.to_thread(
                 fetch_model, model, progress=progress, endpoint=self._hub, cache_dir=self._cache_dir
@@ -229,10 +229,11 @@ class LLMProvider:
             self.status = LLMStatus("unavailable", "embedded", model.label, detail=str(exc))
             self._say(f"no LLM: {exc}; {WAYS_OUT}", sys.stderr)
 
-    def _say(self, line: str, stream: TextIO = sys.stdout) -> None:
-        """A line for the person who started the server, as ``vocable serve`` prints its own."""
+    def _say(self, line: str, stream: TextIO | None = None) -> None:
+        """A line for the person who started the server (on stdout unless ``stream``), as
+        ``vocable serve`` prints its own."""
         if self._announce:
-            print(f"vocable: {line}", file=stream, flush=True)
+            print(f"vocable: {line}", file=stream or sys.stdout, flush=True)
 
 
 async def _prefill_first_prompts(client: ChatClient, playbooks: Sequence[LoadedPlaybook]) -> None:
