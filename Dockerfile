@@ -71,6 +71,8 @@ HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
 # SIGTERM drains: no new calls, live ones go on for --drain-timeout-s (default 30 s), then the
 # process exits. Give the container longer than that to stop (docker run --stop-timeout 45).
 STOPSIGNAL SIGTERM
-# The LLM: VOCABLE_LLM_BASE_URL, VOCABLE_LLM_MODEL, VOCABLE_LLM_API_KEY. Every flag has a
-# VOCABLE_* variable (vocable serve --help).
+# The LLM: VOCABLE_LLM_BASE_URL, VOCABLE_LLM_MODEL, VOCABLE_LLM_API_KEY for an endpoint; else a
+# model in process: VOCABLE_LLM_GGUF (a mounted GGUF file), or the default model, downloaded into
+# HF_HOME (mount a volume there so it is fetched once); VOCABLE_LLM=none for none. Every flag has
+# a VOCABLE_* variable (vocable serve --help).
 CMD ["vocable", "serve", "--host", "0.0.0.0"]
