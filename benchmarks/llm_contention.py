@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -46,8 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     gguf = args.gguf or _smollm2()
     if args.child:
-        print(json.dumps(asyncio.run(_measure(args.child, gguf, args.repeats))))
-        return 0
+        print(json.dumps(asyncio.run(_measure(args.child, gguf, args.repeats))), flush=True)
+        # no destructors at exit: with OpenMP spinning ("plain"), one aborts the process at
+        # exit after everything was closed
+        os._exit(0)
     results = {}
     for name in CONFIGS:
         print(f"measuring {name}...", file=sys.stderr)
@@ -85,24 +88,23 @@ async def _measure(config: str, gguf: Path, repeats: int) -> dict[str, Any]:
     model = await asyncio.to_thread(EmbeddedLLM.start, read_gguf(gguf), settings)
     try:
         idle = await _speech_times(transcriber, synthesizer, utterance, repeats)
-        before = await _generated(model)
-        started = time.monotonic()
-        load = [asyncio.create_task(_generate(model)) for _ in range(model.slots)]
+        tokens = [0]
+        load = [asyncio.create_task(_generate(model, tokens)) for _ in range(model.slots)]
         await asyncio.sleep(1.0)  # generation under way on every slot
+        before, started = tokens[0], time.monotonic()
         busy = await _speech_times(transcriber, synthesizer, utterance, repeats)
-        after = await _generated(model)
+        elapsed, generated = time.monotonic() - started, tokens[0] - before
         for task in load:
             task.cancel()
         await asyncio.gather(*load, return_exceptions=True)
-        elapsed = time.monotonic() - started
     finally:
-        await asyncio.to_thread(model.close)
+        await model.aclose()
         await transcriber.aclose()
         await synthesizer.aclose()
     return {
         "idle": idle,
         "generating": busy,
-        "llm_tokens_per_s": round((after - before) / elapsed, 1),
+        "llm_tokens_per_s": round(generated / elapsed, 1),
     }
 
 
@@ -128,7 +130,8 @@ async def _speech_times(
     }
 
 
-async def _generate(model: Any) -> None:
+async def _generate(model: Any, tokens: list[int]) -> None:
+    """Keep one slot generating; ``tokens[0]`` counts the streamed chunks (a token each)."""
     import aiohttp
 
     body = {
@@ -140,15 +143,9 @@ async def _generate(model: Any) -> None:
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as http,
         http.post(f"{model.base_url}/chat/completions", json=body, headers=headers) as response,
     ):
-        async for _ in response.content:
-            pass
-
-
-async def _generated(model: Any) -> float:
-    for line in (await model.metrics_text()).splitlines():
-        if line.startswith("llamacpp:tokens_predicted_total "):
-            return float(line.split()[-1])
-    return 0.0
+        async for line in response.content:
+            if line.startswith(b"data: {"):
+                tokens[0] += 1
 
 
 def _smollm2() -> Path:

@@ -61,7 +61,7 @@ def model() -> Iterator[EmbeddedLLM]:
         read_gguf(smollm2_gguf()), EmbeddedSettings(slots=2, context_per_slot=2048)
     )
     yield embedded
-    embedded.close()
+    asyncio.run(embedded.aclose())
 
 
 @pytest.fixture
