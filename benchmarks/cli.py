@@ -69,6 +69,14 @@ def _parser() -> argparse.ArgumentParser:
         "default model) instead of the paced scripted LLM",
     )
     parser.add_argument("--llm-gguf", help="with --llm local: the GGUF model file to run")
+    parser.add_argument(
+        "--server-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="one more argument for the server it starts, repeatable "
+        "(e.g. --server-arg=--overload-capacity-cpu-percent --server-arg=0)",
+    )
     parser.add_argument("--llm-model", default="bench")
     parser.add_argument("--llm-api-key")
     parser.add_argument("--ttft-ms", type=float, default=200.0, help="scripted LLM (default 200)")
@@ -155,6 +163,7 @@ async def _run(args: argparse.Namespace, command: str) -> Path:
                 server_args += ["--preempt-lead-ms", str(args.preempt_lead_ms)]
             if args.llm_api_key:
                 server_args += ["--llm-api-key", args.llm_api_key]
+            server_args += args.server_arg
             server = ServerProcess(server_args, ROOT, folder / "server.log")
             print("starting vocable serve (loading models)...", file=sys.stderr)
             base_url = await server.start(free_port())
