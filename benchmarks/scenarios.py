@@ -106,6 +106,8 @@ async def barge_in(
     spoken = await _talk_over_long_answer(caller, ask, interrupt)
     if spoken is None:
         return {**record, "ok": False, "error": "the agent never started its long answer"}
+    # a real model may answer in one short sentence: nothing left to talk over
+    over_already = len(caller.of_type("tts_end")) > answers_before
     try:
         started = await spoken.first_voiced_sent_at()
     except TimeoutError:
@@ -117,6 +119,8 @@ async def barge_in(
         await caller.wait_for("tts_end", answers_before + 2, TURN_TIMEOUT_S)
     except TimeoutError:
         return {**record, "ok": False, "error": "the interrupting question was not answered"}
+    if not cut and over_already:
+        return {**record, "ok": False, "error": "the answer was over before it was talked over"}
     if silent_at is None or not cut:
         return {**record, "ok": False, "error": "the agent did not stop talking"}
     return {**record, "ok": True, "silence_ms": round((silent_at - started) * 1000, 1)}
