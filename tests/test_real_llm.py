@@ -14,18 +14,22 @@ import json
 import os
 import re
 import time
+import wave
 from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
 from benchmarks.client import WebRTCCaller
+from media.audio import SAMPLE_RATE, silence
 from playbooks import OrchestratorOptions, PlaybookOrchestrator, load_playbook
 from playbooks.llm import ChatClient
 from server.call.session import SessionSettings
 from server.runtime.gguf import read_gguf
 from server.runtime.llamacpp import EmbeddedLLM, EmbeddedSettings
+from tests.browser import Browser
 from tests.calls import (
     base_url,
     piper_speech,
@@ -125,6 +129,44 @@ async def test_a_webrtc_caller_hears_english_the_model_wrote(model: EmbeddedLLM)
     # what the caller heard is what the model wrote (tiny.en mishears some words of it)
     assert len(set(said) & set(words(answer))) >= len(set(said)) // 2, (heard, answer)
     assert caller.of_type("turn_metrics")[0]["voice_to_voice_ms"] > 0
+
+
+@pytest.mark.timeout(120)
+async def test_chromium_plays_an_answer_the_model_wrote(model: EmbeddedLLM, tmp_path: Path) -> None:
+    """The web client, in a real browser, shows and plays what the model answered."""
+    microphone = tmp_path / "mic.wav"
+    pcm = silence(1500) + piper_speech(QUESTION) + silence(20000)  # (Chromium loops the file)
+    with wave.open(str(microphone), "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(SAMPLE_RATE)
+        wav.writeframes(pcm)
+    async with (
+        voice_server(
+            model.base_url, playbooks=PLAYBOOKS / "chat.yaml", llm_api_key=model.api_key
+        ) as server,
+        Browser(tmp_path / "profile", microphone) as browser,
+    ):
+        await browser.goto(f"{base_url(server)}/?raw=1&playbook=chat")
+        await browser.evaluate("document.getElementById('call').click()")
+        await browser.wait_until("call && call.pc.connectionState === 'connected'", 20)
+        agent = await browser.wait_until(
+            "[...document.querySelectorAll('.line.agent .text')].map(e => e.textContent)"
+            ".find(t => t.trim().length > 0)",
+            60,
+        )
+        assert not MARKUP.search(agent), agent
+        energy = 0.0
+        async with asyncio.timeout(20):  # (wait_until takes a promise for a truthy value)
+            while not energy:
+                energy = await browser.evaluate(
+                    "(async () => { let e = 0; (await call.pc.getStats()).forEach((r) => {"
+                    " if (r.type === 'inbound-rtp' && r.kind === 'audio')"
+                    " e = r.totalAudioEnergy || 0; }); return e; })()"
+                )
+                await asyncio.sleep(0.1)
+        assert energy > 0  # the answer's audio played, not just silence frames
+        assert await browser.evaluate("document.getElementById('banner').hidden") is True
 
 
 @pytest.mark.timeout(60)
