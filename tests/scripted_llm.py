@@ -61,6 +61,9 @@ class Reply:
     cut_after_chunks: int | None = None
     stall_after_chunks: int | None = None
     deltas: list[dict[str, Any]] | None = None
+    error: dict[str, Any] | None = None
+    """With ``status``: the error object sent, as a server words it (e.g. llama.cpp's
+    ``{"code": 503, "message": "Loading model", "type": "unavailable_error"}``)."""
 
 
 ReplySource = Iterable[Reply] | Callable[[dict[str, Any]], Reply]
@@ -158,6 +161,10 @@ class ScriptedLLM:
         if reply.hang:
             await self._wait(request, None)
             return _error(504, "the scripted LLM hung up", {})
+        if reply.status != 200 and reply.error is not None:
+            return web.json_response(
+                {"error": reply.error}, status=reply.status, headers=reply.headers
+            )
         if reply.status != 200:
             return _error(reply.status, f"scripted status {reply.status}", reply.headers)
         if reply.first_token_delay_s and not await self._wait(request, reply.first_token_delay_s):

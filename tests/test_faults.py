@@ -217,6 +217,15 @@ LLM_FAULTS = {
         None,
         ["Let me check that for you.", "Your parcel…"],
     ),
+    # a llama.cpp server still loading its model, as it words it
+    "still loading": (
+        Reply(
+            status=503,
+            error={"code": 503, "message": "Loading model", "type": "unavailable_error"},
+        ),
+        None,
+        [],
+    ),
 }
 
 
@@ -246,6 +255,9 @@ async def test_an_llm_fault_speaks_the_fallback(
     (error,) = _errors(faulty, "llm")
     if fault_name == "refused":
         assert "connect" in error["message"]
+    elif fault_name == "still loading":
+        assert "HTTP 503" in error["message"]
+        assert "Loading model" in error["message"]
     elif options is not None:
         assert error["message"] == "the LLM sent nothing for 1.5 s"
         # given up on after the LLM's silence, not the client's 60 s request timeout
