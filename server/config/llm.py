@@ -192,7 +192,7 @@ def add_llm_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGrou
         "--llm-base-url",
         metavar="URL",
         help="chat-completions base URL, e.g. http://127.0.0.1:11434/v1 "
-        f"[{env('llm_base_url')}; default: OpenAI]",
+        f"[{env('llm_base_url')}; default: OpenAI with OPENAI_API_KEY, else none]",
     )
     group.add_argument(
         "--llm-model",
