@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.resources
+import json
 import logging
 import os
 import secrets
@@ -146,30 +147,31 @@ class EmbeddedLLM:
     async def metrics_text(self) -> str:
         """llama.cpp's own Prometheus metrics (``llamacpp:*``: tokens read and generated, the
         seconds they took, requests queued); empty when it does not answer within 1 s."""
-        timeout = aiohttp.ClientTimeout(total=1.0)
-        headers = {"Authorization": f"Bearer {self.api_key}"}
-        try:
-            async with (
-                aiohttp.ClientSession(timeout=timeout) as http,
-                http.get(f"{self.origin}/metrics", headers=headers) as response,
-            ):
-                return await response.text() if response.status == 200 else ""
-        except (aiohttp.ClientError, TimeoutError):
-            return ""
+        return await self._get("/metrics") or ""
 
     async def generating(self) -> int:
         """How many requests llama.cpp is working on now (-1 when it does not answer)."""
+        text = await self._get("/slots")
+        try:
+            slots = json.loads(text) if text is not None else None
+        except ValueError:
+            slots = None
+        if not isinstance(slots, list):
+            return -1
+        return sum(1 for slot in slots if isinstance(slot, dict) and slot.get("is_processing"))
+
+    async def _get(self, path: str) -> str | None:
+        """The body of llama.cpp's answer to ``GET path``; None unless 200 within 1 s."""
         timeout = aiohttp.ClientTimeout(total=1.0)
         headers = {"Authorization": f"Bearer {self.api_key}"}
         try:
             async with (
                 aiohttp.ClientSession(timeout=timeout) as http,
-                http.get(f"{self.origin}/slots", headers=headers) as response,
+                http.get(f"{self.origin}{path}", headers=headers) as response,
             ):
-                slots = await response.json()
-        except (aiohttp.ClientError, TimeoutError, ValueError):
-            return -1
-        return sum(1 for slot in slots if isinstance(slot, dict) and slot.get("is_processing"))
+                return await response.text() if response.status == 200 else None
+        except (aiohttp.ClientError, TimeoutError):
+            return None
 
     async def aclose(self, settle_s: float = 5.0) -> None:
         """Free the model once no request is in flight (waiting up to ``settle_s``).
