@@ -148,10 +148,7 @@ def _chat(args: argparse.Namespace) -> int:
         phase1_timeout_ms=args.phase1_timeout_ms,
         history_limit=args.history_limit,
     )
-    local = None
-    if choice.embedded:
-        search = choice.mode == "auto" and choice.gguf is None
-        local = LocalLLMSettings(gguf=choice.gguf, search=search, model=choice.model)
+    local = LocalLLMSettings.of(choice)
 
     async def run() -> None:
         provider = LLMProvider(

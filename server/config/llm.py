@@ -50,30 +50,6 @@ class LLMSettings:
     api_key: str | None
     model: str
 
-    @classmethod
-    def resolve(
-        cls,
-        args: argparse.Namespace,
-        env: Mapping[str, str] = os.environ,
-        default_model: str | None = None,
-    ) -> LLMSettings:
-        """Settings from parsed flags and the environment; raises :class:`ConfigError` when no
-        endpoint is configured at all (no base URL and no API key)."""
-
-        def given(dest: str) -> str | None:
-            values = (getattr(args, dest), *(env.get(name) for name in ENV_NAMES[dest]))
-            return next((value for value in values if value), None)
-
-        base_url, api_key = given("llm_base_url"), given("llm_api_key")
-        model = given("llm_model") or default_model or DEFAULT_MODEL
-        if not base_url and not api_key:
-            raise ConfigError(
-                "no LLM endpoint configured: pass --llm-base-url (any OpenAI-compatible server, "
-                "e.g. http://127.0.0.1:11434/v1 for Ollama) or set VOCABLE_LLM_BASE_URL; "
-                "for OpenAI itself set OPENAI_API_KEY"
-            )
-        return cls(base_url=base_url, api_key=api_key, model=model)
-
 
 @dataclass(frozen=True)
 class LLMChoice:

@@ -98,6 +98,14 @@ class LocalLLMSettings:
     model: str | None = None
     """The model to ask a local server for (``--llm-model``); None: the first it lists."""
 
+    @classmethod
+    def of(cls, choice: LLMChoice) -> LocalLLMSettings | None:
+        """What ``choice`` asks of a local LLM; None when it names an endpoint or none."""
+        if not choice.embedded:
+            return None
+        search = choice.mode == "auto" and choice.gguf is None
+        return cls(gguf=choice.gguf, search=search, model=choice.model)
+
 
 @dataclass(frozen=True)
 class ServerConfig:
@@ -168,13 +176,7 @@ class ServerConfig:
         read for the LLM endpoint only); raises ConfigError with one line for bad values."""
         options = serve_options(args)
         choice = LLMChoice.resolve(args, env)
-        local = None
-        if choice.embedded:
-            local = LocalLLMSettings(
-                gguf=choice.gguf,
-                search=choice.mode == "auto" and choice.gguf is None,
-                model=choice.model,
-            )
+        local = LocalLLMSettings.of(choice)
         return dataclasses.replace(cls.from_options(options, choice.endpoint), local_llm=local)
 
     @classmethod
