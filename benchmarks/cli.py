@@ -1,4 +1,4 @@
-"""``python -m benchmarks`` (or ``vocable bench``): the voice-to-voice latency harness.
+"""``python -m benchmarks`` (from a source checkout): the voice-to-voice latency harness.
 
 It starts a paced scripted LLM and ``vocable serve`` in a child process (or targets ``--url`` and
 ``--llm-base-url``), drives real aiortc callers through the corpus, and writes ``run.json``,

@@ -33,8 +33,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from server.testkit.caller import SILENCE_DBFS, ReceivedFrame, WebRTCCaller, longest_gap_ms
+
 from .cli import run_harness
-from .client import SILENCE_DBFS, ReceivedFrame, WebRTCCaller, longest_gap_ms
 from .compare_report import SIDES, summarize_side, to_markdown
 from .compare_report import ratios as compute_ratios
 from .corpus import Utterance, load_corpus

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tests.scripted_llm import Reply, ScriptedLLM
+from server.testkit.scripted_llm import Reply, ScriptedLLM
 
 __all__ = ["LONG_ANSWER", "SHORT_ANSWER", "LLMPacing", "paced_llm"]
 

@@ -13,7 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .client import SpokenUtterance, WebRTCCaller, longest_gap_ms
+from server.testkit.caller import SpokenUtterance, WebRTCCaller, longest_gap_ms
+
 from .corpus import Utterance
 from .server_process import ServerProcess
 

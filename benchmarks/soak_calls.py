@@ -21,7 +21,8 @@ from typing import Any, Literal
 
 import aiohttp
 
-from .client import WebRTCCaller
+from server.testkit.caller import WebRTCCaller
+
 from .corpus import Utterance
 from .scenarios import BenchTarget
 

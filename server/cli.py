@@ -33,8 +33,6 @@ EXIT_USAGE = 2
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["bench"]:  # every later argument belongs to the harness
-        return _bench(argv[1:])
     parser = _parser()
     args = parser.parse_args(argv)
     # warnings to stderr; with -v Vocable's own debug lines too (libraries stay at warnings)
@@ -120,11 +118,6 @@ def _parser() -> argparse.ArgumentParser:
         " and the call's events until it ends; exit 0 if answered, 1 if not, 2 if refused.",
     )
     add_call_arguments(call)
-
-    bench = commands.add_parser(
-        "bench", help="the latency benchmark harness (python -m benchmarks --help)", add_help=False
-    )
-    bench.add_argument("bench_args", nargs=argparse.REMAINDER)
     return parser
 
 
@@ -222,18 +215,3 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"vocable: SIP on {config.sip.host}:{config.sip.port} (UDP and TCP)", flush=True)
     print(f"vocable: loading models and playbooks from {config.playbook_path} ...", flush=True)
     return run_server(config, lambda message: print(f"vocable: {message}", flush=True))
-
-
-def _bench(argv: list[str]) -> int:
-    """Run the harness, which lives beside the packages in a source checkout."""
-    root = Path(__file__).resolve().parent.parent
-    if not (root / "benchmarks" / "cli.py").is_file():
-        print(
-            "vocable: `vocable bench` needs a source checkout (the benchmarks/ folder)",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
-    sys.path.insert(0, str(root))
-    from benchmarks.cli import main as bench_main
-
-    return bench_main(argv)

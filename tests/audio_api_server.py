@@ -22,7 +22,7 @@ from aiohttp import web
 
 from media import Resampler, Synthesizer, Transcriber
 from media.tts import TextToSpeech, VoiceSettings
-from tests.loopback import start_on_loopback
+from server.testkit.loopback import start_on_loopback
 from tests.speech import to_16k
 
 __all__ = ["AudioApiServer", "RecordedRequest"]

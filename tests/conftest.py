@@ -1,4 +1,4 @@
-"""Shared fixtures. The only stand-in is the LLM: ``tests.scripted_llm.ScriptedLLM``."""
+"""Shared fixtures. The only stand-in is the LLM: ``server.testkit.scripted_llm.ScriptedLLM``."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from server.testkit.scripted_llm import ScriptedLLM
 from tests import processes
-from tests.scripted_llm import ScriptedLLM
 
 if TYPE_CHECKING:
-    from benchmarks.client import WebRTCCaller
+    from server.testkit.caller import WebRTCCaller
     from tests.calls import VoiceCall
 
 REPO = Path(__file__).resolve().parent.parent
@@ -65,7 +65,7 @@ async def llm() -> AsyncIterator[ScriptedLLM]:
 async def caller() -> AsyncIterator[WebRTCCaller]:
     """A WebRTC caller (aiortc, as a browser calls); ``await caller.connect(base_url(server))``
     starts its call. Closed after the test."""
-    from benchmarks.client import WebRTCCaller
+    from server.testkit.caller import WebRTCCaller
 
     caller = WebRTCCaller()
     yield caller

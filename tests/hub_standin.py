@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from tests.loopback import start_on_loopback
+from server.testkit.loopback import start_on_loopback
 
 __all__ = ["HubStandin", "SeenRequest"]
 

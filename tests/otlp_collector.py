@@ -27,7 +27,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from tests.loopback import start_on_loopback
+from server.testkit.loopback import start_on_loopback
 
 __all__ = ["ExportedSpan", "OtlpCollector", "attributes", "collector_in_thread"]
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from benchmarks.client import SILENCE_DBFS, ReceivedFrame, longest_gap_ms
 from benchmarks.compare import heard_between, last_sound_after
 from benchmarks.compare_report import SIDES, ratio, ratios, summarize_side, to_markdown
+from server.testkit.caller import SILENCE_DBFS, ReceivedFrame, longest_gap_ms
 
 
 def session(

@@ -10,9 +10,9 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from media.audio import SAMPLE_RATE, silence
+from server.testkit.scripted_llm import ScriptedLLM, answers_by_words
 from tests.browser import Browser
 from tests.calls import piper_speech, voice_server
-from tests.scripted_llm import ScriptedLLM, answers_by_words
 
 pytestmark = pytest.mark.slow
 

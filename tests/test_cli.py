@@ -13,9 +13,9 @@ from typing import Any
 import aiohttp
 import pytest
 
+from server.testkit.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
 from tests.conftest import EXAMPLES, REPO
 from tests.processes import run_vocable, spawn
-from tests.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
 
 
 def _json_lines(text: str) -> list[dict[str, Any]]:

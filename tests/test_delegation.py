@@ -15,8 +15,8 @@ import pytest
 from playbooks import ChatClient, PlaybookError, PlaybookOrchestrator, load_playbook
 from playbooks.delegation import WORKER_NOTE
 from playbooks.loader import check_playbook
+from server.testkit.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
 from tests.processes import run_vocable
-from tests.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
 from tests.test_cli import _json_lines
 
 PLAYBOOK = """

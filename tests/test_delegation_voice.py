@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from playbooks import load_playbook
+from server.testkit.scripted_llm import Reply, ScriptedLLM
 from tests.calls import piper_speech, start_call, synthesize_ahead, transcriber, words
-from tests.scripted_llm import Reply, ScriptedLLM
 from tests.test_delegation import PLAYBOOK, TOOLS_PY, team_llm
 
 pytestmark = pytest.mark.slow

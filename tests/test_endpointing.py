@@ -21,9 +21,9 @@ from server.call.endpointing import (
     sounds_complete,
 )
 from server.call.session import SessionSettings
+from server.testkit.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
 from tests.calls import VoiceCall, piper_speech, start_call, synthesize_ahead, words
 from tests.conftest import EXAMPLES
-from tests.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
 from tests.speech import whole_frames
 from tests.timed_stt import DECODE_TIMES, primed
 

@@ -23,7 +23,6 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks.client import WebRTCCaller
 from media import Synthesizer, Transcriber, Transcript
 from media.audio import silence
 from playbooks import OrchestratorOptions, load_playbook
@@ -33,6 +32,8 @@ from server.call.session import SessionSettings
 from server.config.server import ServerConfig
 from server.http.app import CALLS
 from server.runtime.observability import ServerMetrics
+from server.testkit.caller import WebRTCCaller
+from server.testkit.scripted_llm import NO_INTENT, Reply, ScriptedLLM, ScriptedToolCall
 from tests.calls import (
     VoiceCall,
     piper_speech,
@@ -45,7 +46,6 @@ from tests.calls import (
     word_error_rate,
     words,
 )
-from tests.scripted_llm import NO_INTENT, Reply, ScriptedLLM, ScriptedToolCall
 from tests.timed_stt import TimedTranscriber
 
 pytestmark = pytest.mark.slow

@@ -37,7 +37,6 @@ from aiosipua import SipResponse, parse_sdp
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from benchmarks.client import WebRTCCaller
 from playbooks import PlaybookError, load_playbook, load_playbooks
 from playbooks.errors import MAX_PROBLEMS, Problem
 from playbooks.models import (
@@ -60,11 +59,12 @@ from server.config.server import ServerConfig, SipSettings
 from server.http.app import CALLS, SIP, create_app
 from server.runtime.engines import Engines
 from server.runtime.llm_provider import LLMProvider
+from server.testkit.caller import WebRTCCaller
+from server.testkit.scripted_llm import ScriptedLLM, answers_by_words
 from server.transports.media_streams import TwilioCall
 from tests.calls import synthesizer, transcriber, voice_server
 from tests.conftest import EXAMPLES
 from tests.raw_http import raw_request
-from tests.scripted_llm import ScriptedLLM, answers_by_words
 from tests.sip_phone import SipPhone, offer_sdp
 
 T = TypeVar("T")

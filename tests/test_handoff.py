@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from playbooks import ChatClient, PlaybookOrchestrator, load_playbook
+from server.testkit.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
 from tests.processes import run_vocable
-from tests.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
 from tests.test_cli import _json_lines
 
 PLAYBOOK = """

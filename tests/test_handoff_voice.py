@@ -15,8 +15,8 @@ from playbooks import load_playbook
 from playbooks.loader import LoadedPlaybook
 from server.call.endpointing import EndpointSettings
 from server.call.session import SessionSettings
+from server.testkit.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
 from tests.calls import VoiceCall, piper_speech, start_call, synthesize_ahead, transcriber, words
-from tests.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
 from tests.test_handoff import NOTE, PLAYBOOK, SUMMARY
 from tests.timed_stt import primed
 

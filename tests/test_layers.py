@@ -2,8 +2,12 @@
 
 Top-level layers: ``server -> playbooks``, ``server -> media``; ``playbooks`` and ``media`` never
 import ``server`` or each other. Inside ``server``, from the top: the command (``cli``, ``chat``,
-``serve``) -> ``http`` -> ``transports`` -> ``runtime`` -> ``config`` -> ``call``. A package may
-import any package below it, never one above it.
+``serve``) -> ``testkit`` -> ``http`` -> ``transports`` -> ``runtime`` -> ``config`` -> ``call``. A
+package may import any package below it, never one above it.
+
+Outside the product: ``tests`` may import anything, ``benchmarks`` anything but ``tests``; the
+product (``server``, ``media``, ``playbooks``) imports neither. What both need (the scripted LLM,
+the WebRTC caller) lives in ``server.testkit``.
 """
 
 from __future__ import annotations
@@ -15,17 +19,17 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
-SERVER_LAYERS = ["command", "http", "transports", "runtime", "config", "call"]
+SERVER_LAYERS = ["command", "testkit", "http", "transports", "runtime", "config", "call"]
 """Sub-packages of ``server`` from the top; ``command`` is the modules directly in ``server/``."""
 
 CALL_FORBIDDEN = ("aiohttp", "aiortc", "aiosipua", "aiortp", "av")
 """What ``server/call`` must not import: it is the same for every transport."""
 
 
-def _imports(path: Path) -> set[str]:
-    """Absolute module names ``path`` imports (relative imports resolved)."""
+def _imports(path: Path, root: Path = REPO) -> set[str]:
+    """Absolute module names ``path`` (under ``root``) imports, relative imports resolved."""
     tree = ast.parse(path.read_text(), str(path))
-    package = path.relative_to(REPO).with_suffix("").parts[:-1]
+    package = path.relative_to(root).with_suffix("").parts[:-1]
     found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -50,6 +54,75 @@ def _layer(module: str) -> str | None:
 
 def _server_modules() -> list[Path]:
     return sorted((REPO / "server").rglob("*.py"))
+
+
+PRODUCT = ("server", "media", "playbooks")
+
+FORBIDDEN: dict[str, tuple[str, ...]] = {
+    **{top: ("tests", "benchmarks") for top in PRODUCT},
+    "benchmarks": ("tests",),
+}
+"""What each top-level folder must not import: the product ships alone, the harness runs
+without the test suite."""
+
+
+def _wrong_imports(root: Path, top: str) -> set[str]:
+    return {
+        f"{path.relative_to(root)} imports {name}"
+        for path in sorted((root / top).rglob("*.py"))
+        for name in _imports(path, root)
+        if name.split(".")[0] in FORBIDDEN[top]
+    }
+
+
+def _edits_sys_path(path: Path) -> bool:
+    """Whether ``path`` calls a method of ``sys.path`` (``insert``, ``append``) or assigns to it."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            changed = [node.func.value]
+        elif isinstance(node, ast.Assign):
+            changed = node.targets
+        elif isinstance(node, ast.AugAssign):
+            changed = [node.target]
+        else:
+            continue
+        if any(ast.unparse(target) == "sys.path" for target in changed):
+            return True
+    return False
+
+
+@pytest.mark.parametrize("top", sorted(FORBIDDEN))
+def test_neither_the_product_nor_the_harness_imports_the_tests(top: str) -> None:
+    assert not _wrong_imports(REPO, top)
+
+
+def test_the_direction_check_sees_forbidden_imports(tmp_path: Path) -> None:
+    """Product code importing the harness, and the harness importing the tests, are caught."""
+    (tmp_path / "server" / "http").mkdir(parents=True)
+    (tmp_path / "server" / "http" / "probe.py").write_text("from benchmarks.report import x\n")
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "probe.py").write_text(
+        "import tests.calls\nfrom tests import speech\n"
+    )
+    assert _wrong_imports(tmp_path, "server") == {"server/http/probe.py imports benchmarks.report"}
+    assert _wrong_imports(tmp_path, "benchmarks") == {
+        "benchmarks/probe.py imports tests.calls",
+        "benchmarks/probe.py imports tests",
+    }
+
+
+def test_nothing_edits_sys_path(tmp_path: Path) -> None:
+    """Every package is imported as installed: no module finds another by editing ``sys.path``."""
+    edits = [
+        str(path.relative_to(REPO))
+        for top in (*PRODUCT, "benchmarks", "tests")
+        for path in sorted((REPO / top).rglob("*.py"))
+        if _edits_sys_path(path)
+    ]
+    assert not edits
+    probe = tmp_path / "probe.py"
+    probe.write_text("import sys\nsys.path.insert(0, '.')\n")
+    assert _edits_sys_path(probe)
 
 
 @pytest.mark.parametrize("top", ["playbooks", "media"])

@@ -24,8 +24,8 @@ from playbooks.llm import (
     StreamDelta,
     ToolCallRequest,
 )
+from server.testkit.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
 from tests.conftest import FakeSleep
-from tests.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
 
 MESSAGES: list[dict[str, Any]] = [{"role": "user", "content": "hello"}]
 

@@ -35,12 +35,12 @@ from server.config.server import LocalLLMSettings, ServerConfig, add_serve_argum
 from server.runtime.discovery import FoundServer, LocalServer, find_local_server
 from server.runtime.llm_provider import LLMProvider, LLMStatus
 from server.runtime.model_download import DownloadableModel
+from server.testkit.loopback import start_on_loopback
+from server.testkit.scripted_llm import Reply, ScriptedLLM
 from tests.conftest import EXAMPLES, REPO
 from tests.hub_standin import HubStandin
-from tests.loopback import start_on_loopback
 from tests.models import SMOLLM2_FILENAME, smollm2_copy, smollm2_gguf, with_architecture
 from tests.processes import run_vocable, spawn, stop_group
-from tests.scripted_llm import Reply, ScriptedLLM
 
 pytestmark = pytest.mark.timeout(30)
 

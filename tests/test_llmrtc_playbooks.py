@@ -33,10 +33,10 @@ from playbooks import (
 )
 from playbooks.context import current_context
 from playbooks.models import CustomCondition, NamedToolChoice, Playbook
+from server.testkit.loopback import start_on_loopback
+from server.testkit.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
 from tests.conftest import REPO
-from tests.loopback import start_on_loopback
 from tests.processes import run_vocable
-from tests.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
 
 LLMRTC = REPO / "tests" / "playbooks" / "llmrtc"
 SUPPORT_BOT = LLMRTC / "support-bot.json"

@@ -1,5 +1,5 @@
 """Nothing a model writes as markup is spoken: the filter over every form and every split, then
-the same forms through the real ``openai`` client (``tests.scripted_llm``) and the orchestrator.
+the same forms through the real ``openai`` client (the scripted LLM) and the orchestrator.
 
 A tool call written as text that names a tool of the stage with valid arguments runs as a tool;
 any other is dropped. Plain prose is never held back.
@@ -32,8 +32,8 @@ from playbooks import (
 )
 from playbooks.llm import ChatStream, StreamDelta
 from playbooks.markup import MarkupFilter, schema_problem
+from server.testkit.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
 from tests.conftest import FakeSleep
-from tests.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
 
 Call = tuple[str, dict[str, Any]]
 PARIS: Call = ("get_weather", {"city": "Paris"})

@@ -18,9 +18,9 @@ import pytest
 from playbooks import PlaybookError, ToolError, load_playbook
 from playbooks.mcp import close_mcp_sessions
 from playbooks.tools import InvalidToolCall
+from server.testkit.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
 from tests.conftest import REPO
 from tests.processes import popen, run_vocable
-from tests.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
 from tests.test_cli import _json_lines
 
 ALL_TOOLS = {"lookup_order", "refund", "explode", "slow", "echo", "crash", "pid"}

@@ -21,13 +21,13 @@ from ipaddress import ip_network
 import aiohttp
 import pytest
 
-from benchmarks.client import WebRTCCaller
 from server.http.siblings import merge_metrics, worker_of
 from server.runtime.logs import JsonFormatter, bind_session, configure_logging
 from server.runtime.ratelimit import RateLimited, RateLimiter, client_address
+from server.testkit.caller import WebRTCCaller
+from server.testkit.scripted_llm import ScriptedLLM, answers_by_words
 from tests.conftest import REPO
 from tests.processes import spawn, stop_group
-from tests.scripted_llm import ScriptedLLM, answers_by_words
 
 # -- rate limits -------------------------------------------------------------------------------
 

@@ -1,8 +1,9 @@
 """The two-phase orchestrator against the scripted LLM: silence, streaming, limits, failures,
 events, cancellation, transitions and history.
 
-The real ``openai`` client runs against ``tests.scripted_llm``; tools are real Python functions in
-a playbook's tools module. Only the retry delays are injected (recorded, not slept).
+The real ``openai`` client runs against the scripted LLM (``server.testkit``); tools are real
+Python functions in a playbook's tools module. Only the retry delays are injected (recorded, not
+slept).
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ from playbooks import (
     load_playbook,
 )
 from playbooks.orchestrator import DEFAULT_FALLBACK
+from server.testkit.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
 from tests.conftest import EXAMPLES, FakeSleep
-from tests.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
 
 SPEC_EVENTS = {
     "phase1_start",

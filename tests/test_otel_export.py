@@ -25,14 +25,14 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.client import WebRTCCaller
 from server.config.server import ServerConfig
 from server.runtime.tracing import STAGES
+from server.testkit.caller import WebRTCCaller
+from server.testkit.scripted_llm import ScriptedLLM, answers_by_words
 from tests.calls import piper_speech, synthesize_ahead, voice_server
 from tests.conftest import REPO
 from tests.otlp_collector import OtlpCollector, collector_in_thread
 from tests.processes import spawn
-from tests.scripted_llm import ScriptedLLM, answers_by_words
 from tests.test_operations import start_serve
 
 QUESTION = "Hello, where is my parcel?"

@@ -22,13 +22,13 @@ from typing import Any
 import aiohttp
 import pytest
 
-from benchmarks.client import WebRTCCaller
 from media.audio import SAMPLE_RATE, silence
 from playbooks import OrchestratorOptions, PlaybookOrchestrator, load_playbook
 from playbooks.llm import ChatClient
 from server.call.session import SessionSettings
 from server.runtime.gguf import read_gguf
 from server.runtime.llamacpp import EmbeddedLLM, EmbeddedSettings
+from server.testkit.caller import WebRTCCaller
 from tests.browser import Browser
 from tests.calls import (
     base_url,

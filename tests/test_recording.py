@@ -20,13 +20,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from benchmarks.client import WebRTCCaller
 from media.audio import SAMPLE_RATE, silence
 from playbooks.models import Playbook
 from server.call.recorder import RECORDING_RATE, CallRecorder, FailureReason, StereoTimeline
 from server.call.recordings import Recordings, RecordingSettings, wants_recording
 from server.config.server import ServerConfig, SipSettings
 from server.http.app import CALLS, METRICS, SIP
+from server.testkit.caller import WebRTCCaller
+from server.testkit.scripted_llm import NO_INTENT, Reply, ScriptedLLM, ScriptedToolCall
 from tests.calls import (
     base_url,
     piper_speech,
@@ -36,7 +37,6 @@ from tests.calls import (
     word_error_rate,
 )
 from tests.phone import ANSWER, INTERRUPTION, LONG_ANSWER, PARCEL, phone_audio
-from tests.scripted_llm import NO_INTENT, Reply, ScriptedLLM, ScriptedToolCall
 from tests.sip_phone import SipPhone
 
 pytestmark = pytest.mark.slow

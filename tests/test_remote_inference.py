@@ -31,6 +31,7 @@ from playbooks.loader import LoadedPlaybook
 from server.config.llm import ConfigError
 from server.config.server import ServerConfig, add_serve_arguments
 from server.runtime.engines import Engines
+from server.testkit.scripted_llm import ScriptedLLM, answers_by_words
 from tests.audio_api_server import AudioApiServer
 from tests.calls import (
     VoiceCall,
@@ -42,7 +43,6 @@ from tests.calls import (
     words,
 )
 from tests.conftest import EXAMPLES
-from tests.scripted_llm import ScriptedLLM, answers_by_words
 from tests.speech import to_16k
 
 pytestmark = pytest.mark.slow

@@ -20,10 +20,10 @@ from server.http.auth import bearer_matches
 from server.http.middleware import errors_as_json, remember_prepared
 from server.runtime.engines import Engines
 from server.runtime.llm_provider import LLMProvider
+from server.testkit.scripted_llm import ScriptedLLM
 from tests.calls import synthesizer, transcriber
 from tests.conftest import EXAMPLES
 from tests.raw_http import raw_request
-from tests.scripted_llm import ScriptedLLM
 
 Client = TestClient[web.Request, web.Application]
 MakeClient = Callable[..., Awaitable[Client]]

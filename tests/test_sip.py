@@ -22,9 +22,9 @@ from media.audio import SAMPLE_RATE, silence
 from media.g711 import pcm_to_ulaw
 from server.config.server import ServerConfig, SipSettings
 from server.http.app import CALLS, SIP
+from server.testkit.scripted_llm import ScriptedLLM, answers_by_words
 from tests.calls import transcriber, voice_server, word_error_rate
 from tests.phone import ANSWER, INTERRUPTION, LONG_ANSWER, phone_audio
-from tests.scripted_llm import ScriptedLLM, answers_by_words
 from tests.sip_phone import SipPhone, offer_sdp
 from tests.sipp import run_sipp
 

@@ -20,11 +20,11 @@ from media import Resampler
 from media.audio import SAMPLE_RATE, silence
 from server.config.server import ServerConfig, SipSettings
 from server.http.app import CALLS, SIP
+from server.testkit.scripted_llm import ScriptedLLM, answers_by_words
 from server.transports.sip import SipCall
 from tests.baresip import RATE, loud_frames, start_baresip, until, utterances
 from tests.calls import transcriber, voice_server, word_error_rate, words
 from tests.phone import ANSWER, INTERRUPTION, LONG_ANSWER, PARCEL, phone_audio
-from tests.scripted_llm import ScriptedLLM, answers_by_words
 
 pytestmark = pytest.mark.slow
 

@@ -18,8 +18,8 @@ from media.tts import default_piper_voice
 from playbooks import load_playbook
 from playbooks.identity import LANGUAGE_TOOL
 from playbooks.loader import LoadedPlaybook
+from server.testkit.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
 from tests.calls import VoiceCall, start_call, synthesizer, transcriber, words
-from tests.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
 
 pytestmark = pytest.mark.slow
 

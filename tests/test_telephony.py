@@ -24,11 +24,11 @@ from media.g711 import pcm_to_ulaw, ulaw_to_pcm
 from server.call.session import SessionSettings
 from server.config.server import ServerConfig
 from server.http.app import AUDIOSOCKET, CALLS
+from server.testkit.scripted_llm import ScriptedLLM, answers_by_words
 from server.transports.audiosocket import DTMF, HANGUP, SLIN_8K, UUID, frame_message, read_message
 from server.transports.media_streams import MAX_MESSAGE_BYTES, TwilioCall
 from tests.calls import transcriber, voice_server, word_error_rate
 from tests.phone import ANSWER, INTERRUPTION, LONG_ANSWER, PARCEL, phone_audio
-from tests.scripted_llm import ScriptedLLM, answers_by_words
 
 pytestmark = pytest.mark.slow
 

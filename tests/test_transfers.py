@@ -32,14 +32,14 @@ from playbooks.transfer import TRANSFER_TOOL, TransferOutcome, TransferRequest
 from server.call.events import VoiceEvent
 from server.config.server import ServerConfig, SipSettings, TransferApiSettings
 from server.http.app import CALLS, SIP
+from server.testkit.loopback import start_on_loopback
+from server.testkit.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
 from server.transports.sip import SipCall
 from server.transports.sip_transfer import MAX_BACKLOG_MS, _Playout
 from tests.baresip import FRAME_BYTES, RATE, Baresip, start_baresip, until, utterances
 from tests.calls import transcriber, voice_server, word_error_rate
-from tests.loopback import start_on_loopback
 from tests.phone import phone_audio
 from tests.processes import free_port, stop_group
-from tests.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
 from tests.sipp import run_sipp, sipp_result, start_sipp
 from tests.speech import to_16k, tone
 from tests.test_telephony import TwilioPhone

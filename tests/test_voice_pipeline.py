@@ -12,6 +12,7 @@ from media.audio import FRAME_MS, SAMPLE_RATE, frame_bytes, pcm_rms_dbfs, silenc
 from playbooks import load_playbook
 from playbooks.loader import LoadedPlaybook
 from server.call.session import SessionSettings
+from server.testkit.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
 from tests.calls import (
     VoiceCall,
     espeak_speech,
@@ -25,7 +26,6 @@ from tests.calls import (
     words,
 )
 from tests.conftest import EXAMPLES
-from tests.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
 from tests.timed_stt import DECODE_TIMES, primed
 
 pytestmark = pytest.mark.slow

@@ -12,12 +12,13 @@ import numpy as np
 import pytest
 from aiohttp.test_utils import TestServer
 
-from benchmarks.client import ReplayedOpusPackets, WebRTCCaller
 from media.audio import pcm_rms_dbfs
 from server.call.session import SessionSettings
 from server.config.server import ServerConfig
 from server.http.app import CALLS
 from server.runtime.registry import NO_LLM_LINE
+from server.testkit.caller import ReplayedOpusPackets, WebRTCCaller
+from server.testkit.scripted_llm import Reply, ScriptedLLM, answers_by_words
 from server.transports.client_events import CLIENT_ERRORS
 from server.transports.tracks import (
     OUTPUT_RATE,
@@ -34,7 +35,6 @@ from tests.calls import (
     word_error_rate,
     words,
 )
-from tests.scripted_llm import Reply, ScriptedLLM, answers_by_words
 from tests.speech import tone
 
 pytestmark = pytest.mark.slow

@@ -1,5 +1,4 @@
-"""aiohttp test servers (the scripted LLM, audio APIs, the OTLP collector) on a free loopback
-port."""
+"""Serve an aiohttp app (the scripted LLM, a test's stand-in API) on a free loopback port."""
 
 from __future__ import annotations
 

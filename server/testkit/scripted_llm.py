@@ -1,4 +1,4 @@
-"""A scripted OpenAI-compatible chat-completions server: the only stand-in Vocable's tests use.
+"""A scripted OpenAI-compatible chat-completions server: the LLM of deterministic test runs.
 
 It speaks the real wire format (SSE streaming with content and tool-call deltas, non-streamed
 completions, error statuses with Retry-After) on 127.0.0.1, so the real ``openai`` client code path
@@ -18,7 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tests.loopback import start_on_loopback
+from server.testkit.loopback import start_on_loopback
 
 __all__ = ["Reply", "ScriptedLLM", "ScriptedToolCall", "answers_by_words"]
 

@@ -1,0 +1,11 @@
+"""Tools that test a Vocable server from the outside, as a caller and an LLM would.
+
+- :mod:`server.testkit.scripted_llm`: an OpenAI-compatible chat-completions server that answers
+  from a script (streamed text, tool calls, errors), for deterministic runs of a playbook.
+- :mod:`server.testkit.caller`: a WebRTC caller (aiortc) that speaks PCM into a call, records
+  what the agent says with arrival times, and reads the call's events.
+- :mod:`server.testkit.loopback`: serve an aiohttp app on a free 127.0.0.1 port.
+
+Vocable's own tests and its benchmark harness use them; so can a project testing its playbooks.
+Nothing in the server imports this package.
+"""
