@@ -30,12 +30,10 @@ COPY README.md LICENSE ./
 COPY server ./server
 COPY media ./media
 COPY playbooks ./playbooks
-RUN pip install ".${EXTRAS}"
-# The server looks for the web client beside its installed packages.
 COPY web-client ./web-client
-RUN cp -r web-client "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"
+RUN pip install ".${EXTRAS}"
 
-# -- runtime: the environment, the web client, no build tools ---------------------------------
+# -- runtime: the environment (web client and examples are package data), no build tools ----
 FROM python:${PYTHON_VERSION}-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \

@@ -23,6 +23,7 @@ from playbooks import BargeInPolicy, OrchestratorOptions, RetryPolicy
 from server.call.endpointing import EndpointSettings
 from server.call.session import SessionSettings
 
+from .bundled import EXAMPLES
 from .llm import LLM_GROUP, ConfigError
 from .overload import OverloadSettings
 from .values import (
@@ -41,10 +42,9 @@ from .values import (
     format_port_range,
 )
 
-__all__ = ["ENV_PREFIX", "EXAMPLES", "OPTIONS", "Cli", "Option", "ServeOptions", "validate_options"]
+__all__ = ["ENV_PREFIX", "OPTIONS", "Cli", "Option", "ServeOptions", "validate_options"]
 
 ENV_PREFIX = "VOCABLE_"
-EXAMPLES = Path(__file__).resolve().parents[2] / "playbooks" / "examples"
 
 # library defaults the options share, so that each is written once
 _SESSION = SessionSettings()

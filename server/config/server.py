@@ -18,9 +18,10 @@ from media.tts import SynthesizerSettings
 from server.call.recordings import RecordingSettings
 from server.call.session import SessionSettings
 
+from .bundled import EXAMPLES, WEB_CLIENT
 from .flags import add_serve_arguments, serve_options
 from .llm import LLMChoice, LLMSettings
-from .options import EXAMPLES, ServeOptions
+from .options import ServeOptions
 from .overload import OverloadSettings
 from .values import DEFAULT_HOST, parse_address, parse_port_range
 
@@ -166,7 +167,7 @@ class ServerConfig:
     log_format: str = DEFAULTS.log_format
     otel: bool = DEFAULTS.otel
     """Export a trace per turn over OTLP (the ``otel`` extra; ``OTEL_EXPORTER_OTLP_*``)."""
-    web_client_dir: Path = Path(__file__).resolve().parents[2] / "web-client"
+    web_client_dir: Path = WEB_CLIENT
 
     @classmethod
     def from_args(
