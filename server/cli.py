@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from playbooks import (
@@ -21,12 +21,13 @@ from playbooks.outline import mermaid, outline
 from server.chat import run_chat
 from server.config.arguments import non_negative_int, positive_int
 from server.config.llm import ConfigError, LLMChoice, add_llm_arguments
+from server.config.options import ServeOptions
 from server.config.server import LocalLLMSettings, add_serve_arguments
 from server.dial import add_call_arguments, run_call
 from server.runtime.llm_provider import WAYS_TO_AN_LLM, LLMProvider
 from server.runtime.logs import configure_logging
 
-__all__ = ["main"]
+__all__ = ["CHAT_TURN_FLAGS", "add_chat_arguments", "main"]
 
 EXIT_USAGE = 2
 
@@ -64,26 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     chat = commands.add_parser("chat", help="talk to a playbook in text over stdin/stdout")
-    chat.add_argument("playbook", type=Path, help="playbook file (.yaml, .yml, .json or .md)")
-    _add_tools_module(chat)
-    add_llm_arguments(chat)
-    chat.add_argument("--history-limit", type=positive_int, default=50, metavar="N")
-    chat.add_argument(
-        "--max-tool-calls",
-        type=positive_int,
-        default=10,
-        metavar="N",
-        help="tool calls per turn before the answer is forced (default 10)",
-    )
-    chat.add_argument(
-        "--llm-retries",
-        type=non_negative_int,
-        default=3,
-        metavar="N",
-        help="retries of a failed LLM call, backoff 1 s, 2 s, 4 s... (default 3)",
-    )
-    chat.add_argument("--phase1-timeout-ms", type=positive_int, default=60_000, metavar="N")
-    chat.add_argument("--json", action="store_true", help="one JSON object per event and answer")
+    add_chat_arguments(chat)
 
     playbook = commands.add_parser("playbook", help="check a playbook file or draw its graph")
     actions = playbook.add_subparsers(dest="action", required=True)
@@ -121,6 +103,54 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+CHAT_TURN_FLAGS: Mapping[str, tuple[str, str]] = {
+    "history_limit": ("--history-limit", "conversation messages the LLM is given"),
+    "max_tool_calls_per_turn": (
+        "--max-tool-calls",
+        "tool calls per turn before the answer is forced",
+    ),
+    "phase1_timeout_ms": (
+        "--phase1-timeout-ms",
+        "longest tool phase of a turn, in ms, before the answer is forced",
+    ),
+}
+"""``vocable chat``'s flags of :class:`OrchestratorOptions`, by field: (flag, help). Each flag's
+destination is its field, and its default the field's default."""
+
+
+def add_chat_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``vocable chat``. Each default shared with the library or with ``vocable serve``
+    is read where it is declared (:class:`OrchestratorOptions`, :class:`ServeOptions`), and the
+    help says it."""
+    parser.add_argument("playbook", type=Path, help="playbook file (.yaml, .yml, .json or .md)")
+    _add_tools_module(parser)
+    llm = add_llm_arguments(parser)
+    retries = ServeOptions.model_fields["llm_retries"]
+    llm.add_argument(
+        "--llm-retries",
+        type=non_negative_int,
+        default=retries.default,
+        metavar="N",
+        help=_with_default(retries.description or ""),
+    )
+    defaults = OrchestratorOptions()
+    for name, (flag, text) in CHAT_TURN_FLAGS.items():
+        parser.add_argument(
+            flag,
+            dest=name,
+            type=positive_int,
+            default=getattr(defaults, name),
+            metavar="N",
+            help=_with_default(text),
+        )
+    parser.add_argument("--json", action="store_true", help="one JSON object per event and answer")
+
+
+def _with_default(text: str) -> str:
+    # argparse fills in %(default)s, so the help cannot name another default than the flag's
+    return text.replace("%", "%%") + " (default %(default)s)"
+
+
 def _add_tools_module(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tools-module",
@@ -136,11 +166,7 @@ def _chat(args: argparse.Namespace) -> int:
     choice = LLMChoice.resolve(args, default_model=playbook.spec.default_llm_config.model)
     if not choice.embedded and choice.endpoint is None:
         raise ConfigError(f"chat needs an LLM (--llm none was given): {WAYS_TO_AN_LLM}")
-    options = OrchestratorOptions(
-        max_tool_calls_per_turn=args.max_tool_calls,
-        phase1_timeout_ms=args.phase1_timeout_ms,
-        history_limit=args.history_limit,
-    )
+    options = OrchestratorOptions(**{name: getattr(args, name) for name in CHAT_TURN_FLAGS})
     local = LocalLLMSettings.of(choice)
 
     async def run() -> None:
@@ -198,7 +224,7 @@ def _serve(args: argparse.Namespace) -> int:
 
         check_sip_stack()  # an untested aiosipua stops here, before the models load
     # an invalid playbook stops here, with its one line
-    load_playbooks(config.playbook_path, config.tools_module)
+    load_playbooks(config.playbook, config.tools_module)
     if config.local_llm is not None and config.local_llm.gguf is not None:
         from server.runtime.gguf import GgufError, read_gguf
 
@@ -213,5 +239,5 @@ def _serve(args: argparse.Namespace) -> int:
         )
     if config.sip is not None:
         print(f"vocable: SIP on {config.sip.host}:{config.sip.port} (UDP and TCP)", flush=True)
-    print(f"vocable: loading models and playbooks from {config.playbook_path} ...", flush=True)
+    print(f"vocable: loading models and playbooks from {config.playbook} ...", flush=True)
     return run_server(config, lambda message: print(f"vocable: {message}", flush=True))

@@ -1,5 +1,6 @@
 """``vocable serve``'s options: one model checks flags and ``VOCABLE_*`` variables alike, and
-holds each default once. Fast: no server starts (the two subprocesses stop at the check)."""
+holds each default once (``vocable chat`` reads those it shares). Fast: no server starts (the two
+subprocesses stop at the check)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,26 @@ import re
 import subprocess
 import sys
 from dataclasses import fields, replace
+from ipaddress import ip_network
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from playbooks import OrchestratorOptions, RetryPolicy
 from server.call.recordings import RecordingSettings
+from server.cli import CHAT_TURN_FLAGS, add_chat_arguments
 from server.config.flags import add_serve_arguments, parse_serve_options
 from server.config.llm import ConfigError
 from server.config.options import OPTIONS, ServeOptions
-from server.config.server import LocalLLMSettings, ServerConfig, SipSettings
+from server.config.server import (
+    BUILT_ALIKE,
+    OPTION_FIELDS,
+    IceServer,
+    LocalLLMSettings,
+    ServerConfig,
+    SipSettings,
+)
 from server.config.values import parse_port_range
 from tests.conftest import REPO
 
@@ -207,13 +219,79 @@ def test_the_config_defaults_are_the_options_defaults() -> None:
     assert sip == SipSettings(port=5060)
 
 
-def test_the_config_fields_named_like_options_default_alike() -> None:
+# The config fields that are options, found here apart from the code's own table: those named
+# like an option, and the one named otherwise.
+SHARED = {f.name: f.name for f in fields(ServerConfig) if f.name in ServeOptions.model_fields}
+SHARED |= {"rate_limit_per_min": "rate_limit"}
+
+NON_DEFAULT: dict[str, Any] = {  # by option: a value other than its default
+    "host": "0.0.0.0",
+    "port": 9000,
+    "playbook": Path("elsewhere.yaml"),
+    "tools_module": Path("tools.py"),
+    "llm_retries": 0,
+    "llm_timeout_s": 2.5,
+    "ice_servers": ("stun:stun.example.org:3478",),
+    "max_sessions": 3,
+    "auth_token": "tok",
+    "cors_origins": ("https://a.example",),
+    "idle_timeout_s": 60.0,
+    "max_call_s": 600.0,
+    "audiosocket": ("0.0.0.0", 9092),
+    "sip": ("0.0.0.0", 5080),
+    "rate_limit": 5.0,
+    "rate_limit_burst": 2,
+    "trusted_proxies": (ip_network("10.0.0.0/8"),),
+    "drain_timeout_s": 5.0,
+    "workers": 2,
+    "log_format": "json",
+    "otel": True,
+}
+
+
+def test_the_config_fields_that_are_options_default_alike() -> None:
     defaults = ServeOptions()
     config = ServerConfig()
-    shared = {f.name for f in fields(ServerConfig)} & set(ServeOptions.model_fields)
-    assert {"port", "max_sessions", "workers", "drain_timeout_s"} <= shared
-    for name in shared:
-        assert getattr(config, name) == getattr(defaults, name), name
+    assert {"port", "max_sessions", "workers", "playbook", "rate_limit_per_min"} <= set(SHARED)
+    for name, option in SHARED.items():
+        assert getattr(config, name) == getattr(defaults, option), name
+
+
+def test_every_option_a_config_field_stands_for_is_carried_through() -> None:
+    """A field added to both ServeOptions and ServerConfig, but left out of the derivation (or
+    built from the wrong option), fails here: each non-default option changes its field."""
+    assert set(NON_DEFAULT) == set(SHARED.values()), "give each shared option a NON_DEFAULT value"
+    defaults = ServeOptions()
+    options = ServeOptions(**NON_DEFAULT)
+    config = ServerConfig.from_options(options)
+    for name, option in SHARED.items():
+        assert getattr(options, option) != getattr(defaults, option), option  # a real change
+        assert getattr(config, name) != getattr(ServerConfig(), name), name
+        if name not in BUILT_ALIKE:  # taken as it is
+            assert getattr(config, name) == getattr(options, option), name
+    assert {name: o for name, o in SHARED.items() if name not in BUILT_ALIKE} == OPTION_FIELDS
+    assert config.ice_servers == (IceServer("stun:stun.example.org:3478"),)
+    assert config.sip == SipSettings(host="0.0.0.0", port=5080)
+
+
+def test_chat_defaults_are_those_of_serve_and_the_library() -> None:
+    parser = argparse.ArgumentParser(prog="vocable chat", formatter_class=_OneLineHelp)
+    add_chat_arguments(parser)
+    args = parser.parse_args(["support.yaml"])
+    serve, _ = parse_serve_options([], {})
+    assert args.llm_retries == serve.llm_retries == RetryPolicy().retries
+    library = OrchestratorOptions()
+    assert set(CHAT_TURN_FLAGS) == {"history_limit", "max_tool_calls_per_turn", "phase1_timeout_ms"}
+    for name in CHAT_TURN_FLAGS:
+        assert getattr(args, name) == getattr(library, name), name
+    # each flag sets its field of the orchestrator's options, and --help says its default
+    given = parser.parse_args(["support.yaml", "--max-tool-calls", "3", "--history-limit", "7"])
+    assert (given.max_tool_calls_per_turn, given.history_limit) == (3, 7)
+    text = parser.format_help()
+    flags = {flag: getattr(library, name) for name, (flag, _) in CHAT_TURN_FLAGS.items()}
+    for flag, value in (flags | {"--llm-retries": serve.llm_retries}).items():
+        [line] = [line for line in text.splitlines() if line.strip().startswith(flag + " ")]
+        assert line.endswith(f"(default {value})"), line
 
 
 class _OneLineHelp(argparse.HelpFormatter):

@@ -42,7 +42,7 @@ class Engines:
         ``ConfigError`` for a model file it cannot load), then speech recognition and synthesis
         concurrently, each warmed up: local Whisper and Piper in worker threads, or clients of
         the configured remote servers (which may be down: that is logged, not fatal)."""
-        playbooks = load_playbooks(config.playbook_path, config.tools_module)
+        playbooks = load_playbooks(config.playbook, config.tools_module)
         llm = LLMProvider.of_server(config)
         # first: a model file llama.cpp cannot load stops the server at once
         await llm.start(prime=list(playbooks.values()))
