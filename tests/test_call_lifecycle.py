@@ -78,7 +78,7 @@ def _assert_freed(registry: CallRegistry, listener: FailingListener) -> None:
     """The fault fired, and still no slot is held: the next call is admitted."""
     assert listener.raised >= 1
     assert len(registry) == 0
-    registry.new_call_id()  # raises OverCapacity if the one slot leaked
+    registry.check_capacity()  # raises OverCapacity if the one slot leaked
 
 
 async def test_webrtc_frees_its_slot_when_closing_the_session_raises(
@@ -198,11 +198,9 @@ class RecordingCall(TransportCall):
 
     transport = "test"
 
-    def __init__(self, registry: CallRegistry) -> None:
-        super().__init__(registry, registry.new_call_id())
+    def __init__(self, registry: CallRegistry, call_id: str) -> None:
+        super().__init__(registry, call_id)
         self.steps: list[str] = []
-        self.session = registry.new_session(self.id, "support", Speaker(16000), self.emit)
-        registry.admit(self)
 
     def ending(self, reason: str) -> None:
         self.steps.append(f"ending: {reason}")
@@ -219,7 +217,9 @@ async def test_the_hang_up_runs_each_step_once_in_order_whatever_fails(
     registry: CallRegistry, listener: FailingListener, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger=__name__)  # a call logs as its transport module
-    call = RecordingCall(registry)
+    call = registry.open(
+        lambda call_id: RecordingCall(registry, call_id), speaker=Speaker(16000), playbook="support"
+    )
     waiting = call.spawn(asyncio.sleep(60), "waiting")
     await asyncio.gather(call.hangup("first"), call.hangup("second"))
     await call.hangup("third")

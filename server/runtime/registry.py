@@ -1,8 +1,8 @@
 """Every live call of this process, whatever its transport, and how a call's session is built.
 
-Transports (WebRTC, the Twilio-style media WebSocket, AudioSocket, SIP) create their calls through
-:meth:`CallRegistry.admit`, which enforces the session limit, and get a :class:`Session` wired to
-the shared engines from :meth:`CallRegistry.new_session`.
+Transports (WebRTC, the Twilio-style media WebSocket, AudioSocket, SIP in and out) open their calls
+through :meth:`CallRegistry.open` alone: it checks the limits, builds the call and its
+:class:`Session` on the shared engines, and admits it, or refuses and leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import logging
 import secrets
 from collections.abc import Callable, Coroutine
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from media import Speaker, Synthesizer
 from media.stt import decode_backlog
@@ -69,7 +69,13 @@ class Call(Protocol):
     session: Session
     ended: asyncio.Event
 
+    def emit(self, event: VoiceEvent) -> None:
+        """The session's event sink."""
+
     async def hangup(self, reason: str) -> None: ...
+
+
+CallT = TypeVar("CallT", bound=Call)
 
 
 class CallRegistry:
@@ -105,17 +111,6 @@ class CallRegistry:
     def __len__(self) -> int:
         return len(self.calls)
 
-    def new_call_id(self, address: str | None = None) -> str:
-        """An unguessable id for a call about to be admitted; raises OverCapacity when full or
-        draining, RateLimited when ``address`` (the caller's) opened too many calls lately.
-        The calling task, and every task it starts, logs with this id."""
-        self.check_capacity()
-        if address is not None:
-            self.admissions.check(address)
-        call_id = self.config.call_id_prefix + secrets.token_urlsafe(16)
-        bind_session(call_id)  # this task's log lines, and those of the call's tasks
-        return call_id
-
     def check_capacity(self) -> None:
         """Raise OverCapacity unless one more call may be admitted now: not draining, under
         the session limit, not overloaded, and the live calls at their measured cost leave room
@@ -139,7 +134,42 @@ class CallRegistry:
             raise UnknownPlaybook(f"unknown playbook {playbook_id!r}")
         return playbook_id
 
-    def new_session(
+    def open(
+        self,
+        build: Callable[[str], CallT],
+        *,
+        speaker: Speaker,
+        playbook: str | None = None,
+        address: str | None = None,
+        record: bool = True,
+    ) -> CallT:
+        """Open one call, or none: the one way every transport's call comes in.
+
+        In order: refuse while draining, at the session limit or under measured load
+        (OverCapacity), or when ``address`` (the caller's, for the rate limit) opened too many
+        calls lately (RateLimited); pick ``playbook`` (default: the server's; UnknownPlaybook);
+        ``build(call_id)`` the transport's call under a new unguessable id; give it a session
+        on the shared models, speaking through ``speaker``; admit it, recorded with
+        ``--record`` unless ``record`` is False or its playbook opts out.
+
+        Nothing here awaits, so no other call can take the slot between the check and the
+        admission: keep it so. When a step raises, nothing of the call stays in the registry
+        and no session is running (what ``build`` itself acquired, such as a port, is its
+        caller's to give back). Once the id is drawn, the calling task and every task it
+        starts log with it.
+        """
+        self.check_capacity()
+        if address is not None:
+            self.admissions.check(address)
+        playbook_id = self.playbook_id(playbook)
+        call_id = self.config.call_id_prefix + secrets.token_urlsafe(16)
+        bind_session(call_id)
+        call = build(call_id)
+        call.session = self._new_session(call_id, playbook_id, speaker, call.emit)
+        self._admit(call, record=record)
+        return call
+
+    def _new_session(
         self,
         call_id: str,
         playbook_id: str,
@@ -171,13 +201,18 @@ class CallRegistry:
         )
         return Session(call_id, voice, self.config.session)
 
-    def admit(self, call: Call, *, record: bool = True) -> None:
-        """Take ``call`` (raises OverCapacity when full) and, with ``--record``, start
-        recording it unless ``record`` is False (the caller's side opted out) or its playbook
-        opts out; a recorded call says the recording notice before its greeting."""
-        if len(self.calls) >= self.config.max_sessions:
-            raise OverCapacity(f"this server takes at most {self.config.max_sessions} calls")
+    def _admit(self, call: Call, *, record: bool) -> None:
+        """Take ``call`` and, with ``--record``, start recording it unless ``record`` is False
+        (the caller's side opted out) or its playbook opts out; a recorded call says the
+        recording notice before its greeting."""
         self.calls[call.id] = call
+        try:
+            self._record(call, record)
+        except BaseException:
+            self.calls.pop(call.id, None)
+            raise
+
+    def _record(self, call: Call, wanted: bool) -> None:
         session = call.session
         voice = session.voice
 
@@ -185,7 +220,7 @@ class CallRegistry:
             voice.emit("recording_failed", reason=reason, message=message)
 
         playbook = voice.orchestrator.engine.playbook.spec
-        opened = self.recordings.open(call.id, playbook, failed, wanted=record)
+        opened = self.recordings.open(call.id, playbook, failed, wanted=wanted)
         if opened is not None:
             recorder, notice = opened
             self._recorders[call.id] = recorder

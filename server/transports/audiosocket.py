@@ -14,14 +14,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 import uuid
 
 from media import Speaker
 from server.runtime.registry import CallRegistry, OverCapacity
 
-from .base import TransportCall
-from .telephony import CallerAudio, CallerGap, FramePacer
+from .phone import PhoneCall
 
 __all__ = ["AudioSocketCall", "AudioSocketServer", "frame_message", "read_message"]
 
@@ -45,7 +43,7 @@ async def read_message(reader: asyncio.StreamReader) -> tuple[int, bytes]:
     return header[0], payload
 
 
-class AudioSocketCall(TransportCall):
+class AudioSocketCall(PhoneCall):
     """One AudioSocket connection whose channel UUID and first audio have arrived."""
 
     transport = "AudioSocket"
@@ -58,27 +56,24 @@ class AudioSocketCall(TransportCall):
         channel: uuid.UUID,
         kind: int,
     ) -> None:
-        super().__init__(registry, call_id)
+        super().__init__(registry, call_id, "slin", RATES[kind])
         self.writer = writer
         self.channel = channel
         self.kind = kind
-        self._audio = CallerAudio("slin", RATES[kind])
 
     async def run(self, reader: asyncio.StreamReader, first_audio: bytes) -> None:
         """Serve the call until it ends, whoever ends it; returns once it has ended."""
-        self._gap = CallerGap(self.session.feed)
-        pacer = FramePacer(self.session.voice.speaker, self._send_audio, on_tick=self._gap.tick)
-        self.spawn(pacer.run(), "audiosocket-pacer")
-        self.watch()
+        self.start_media(self._send_audio)
         reason = "caller hung up"
         try:
             self.session.start()
-            self._feed(first_audio)
+            self.hear(first_audio)
             while True:
                 kind, payload = await asyncio.wait_for(read_message(reader), READ_TIMEOUT_S)
                 if kind in RATES:
-                    self._feed(payload)
+                    self.hear(payload)
                 elif kind == DTMF and payload:
+                    self.heard_signal()
                     self.clock.touch()
                     self.session.dtmf(chr(payload[0]))
                 elif kind == HANGUP:
@@ -93,12 +88,6 @@ class AudioSocketCall(TransportCall):
         finally:
             await self.hangup(reason)
             await self.ended.wait()  # the watchdog may be hanging up: let it finish
-
-    def _feed(self, payload: bytes) -> None:
-        now = time.monotonic()
-        self._gap.heard()
-        for frame in self._audio.frames(payload):
-            self.session.feed(frame, now)
 
     async def _send_audio(self, pcm: bytes) -> None:
         if not self.writer.is_closing():
@@ -166,14 +155,13 @@ class AudioSocketServer:
         except (asyncio.IncompleteReadError, TimeoutError, ConnectionError):
             return None
         try:
-            call_id = self.registry.new_call_id()
-        except OverCapacity:
-            log.warning("AudioSocket call %s refused: over capacity", channel)
+            call = self.registry.open(
+                lambda call_id: AudioSocketCall(self.registry, writer, call_id, channel, kind),
+                speaker=Speaker(RATES[kind]),
+            )
+        except OverCapacity as exc:
+            log.warning("AudioSocket call %s refused: %s", channel, exc)
             writer.write(frame_message(HANGUP))
             return None
-        call = AudioSocketCall(self.registry, writer, call_id, channel, kind)
-        playbook = self.registry.playbook_id(None)
-        call.session = self.registry.new_session(call_id, playbook, Speaker(RATES[kind]), call.emit)
-        self.registry.admit(call)
-        log.info("AudioSocket call %s: channel %s", call_id, channel)
+        log.info("AudioSocket call %s: channel %s", call.id, channel)
         return call, payload

@@ -23,7 +23,6 @@ import binascii
 import contextlib
 import json
 import logging
-import time
 from typing import Annotated, Any
 
 from aiohttp import WSMsgType, web
@@ -35,9 +34,9 @@ from server.call.events import VoiceEvent
 from server.call.recordings import wants_recording
 from server.runtime.registry import CallRegistry
 
-from .base import TransportCall
+from .phone import PhoneCall
 from .provider_transfer import dial_twiml, transfer_by_api
-from .telephony import CallerAudio, CallerGap, Encoding, FramePacer, encode
+from .telephony import Encoding, encode
 
 __all__ = ["MAX_MESSAGE_BYTES", "BadStart", "TwilioCall", "close_reason", "serve_media_stream"]
 
@@ -117,21 +116,24 @@ async def serve_media_stream(
     media_format = details.mediaFormat or _MediaFormat()
     encoding = _ENCODINGS.get(media_format.encoding or "", "ulaw")
     rate = media_format.sampleRate or PHONE_RATE
-    call_id = registry.new_call_id()
-    playbook_id = registry.playbook_id(parameters.playbook or playbook)
-    speaker = Speaker(rate)
-    call = TwilioCall(ws, registry, call_id, stream_sid, encoding, rate)
-    call.account_sid, call.call_sid = details.accountSid or "", details.callSid or ""
-    call.session = registry.new_session(call_id, playbook_id, speaker, call.emit)
-    speaker.on_clear.append(call.on_clear)
     asked = (parameters.model_extra or {}).get("record")
-    registry.admit(
-        call, record=record and wants_recording(asked if isinstance(asked, str) else None)
+
+    def build(call_id: str) -> TwilioCall:
+        call = TwilioCall(ws, registry, call_id, stream_sid, encoding, rate)
+        call.account_sid, call.call_sid = details.accountSid or "", details.callSid or ""
+        return call
+
+    call = registry.open(
+        build,
+        speaker=Speaker(rate),
+        playbook=parameters.playbook or playbook,
+        record=record and wants_recording(asked if isinstance(asked, str) else None),
     )
+    call.session.voice.speaker.on_clear.append(call.on_clear)
     await call.run()
 
 
-class TwilioCall(TransportCall):
+class TwilioCall(PhoneCall):
     """One media stream whose ``start`` has arrived."""
 
     transport = "media stream"
@@ -145,13 +147,12 @@ class TwilioCall(TransportCall):
         encoding: Encoding,
         rate: int,
     ) -> None:
-        super().__init__(registry, call_id)
+        super().__init__(registry, call_id, encoding, rate)
         self.ws = ws
         self.stream_sid = stream_sid
         self.marks_sent: list[str] = []
         self.marks_played: list[str] = []
         self._encoding = encoding
-        self._audio = CallerAudio(encoding, rate)
         self._send_lock = asyncio.Lock()
         self.account_sid = ""
         self.call_sid = ""
@@ -160,10 +161,7 @@ class TwilioCall(TransportCall):
     async def run(self) -> None:
         """Serve the stream until the phone stops it or the call is hung up; returns once the
         call has ended."""
-        gap = self._gap = CallerGap(self.session.feed)
-        pacer = FramePacer(self.session.voice.speaker, self._send_media, on_tick=gap.tick)
-        self.spawn(pacer.run(), "twilio-pacer")
-        self.watch()
+        self.start_media(self._send_media)
         try:
             self.session.start()
             await self._receive()
@@ -190,13 +188,15 @@ class TwilioCall(TransportCall):
     async def transfer(self, request: TransferRequest) -> TransferOutcome:
         """A ``transfer`` event on the stream (with the TwiML that dials the destination), then,
         with ``--transfer-api-url``, the provider's API (:mod:`.provider_transfer`); once the
-        provider took the call, the stream is closed."""
+        provider took the call, the stream is closed. Without the API nothing confirms that the
+        platform acts on the event (Twilio ignores it): the outcome is ``requested`` and the
+        call stays up until the platform moves or ends it."""
         twiml = dial_twiml(request)
         details = {"to": request.destination, "mode": request.mode, "twiml": twiml}
         await self._send({"event": "transfer", "streamSid": self.stream_sid, "transfer": details})
         api = self.registry.config.transfer_api
-        if api is None:  # the platform behind the stream acts on the event
-            return TransferOutcome("answered", how="stream event")
+        if api is None:  # only a platform that acts on the event moves the call
+            return TransferOutcome.requested("stream event")
         outcome = await transfer_by_api(api, self.account_sid, self.call_sid, request)
         if outcome.ok:
             self.spawn(self.hangup(f"transferred to {request.destination}"), "transferred")
@@ -216,6 +216,7 @@ class TwilioCall(TransportCall):
             elif event == "dtmf":
                 digit = _object(data, "dtmf").get("digit")
                 if isinstance(digit, str):
+                    self.heard_signal()
                     self.clock.touch()
                     self.session.dtmf(digit)
             elif event == "mark":
@@ -233,10 +234,7 @@ class TwilioCall(TransportCall):
         except (binascii.Error, ValueError):
             log.warning("call %s: undecodable media payload ignored", self.id)
             return
-        now = time.monotonic()
-        self._gap.heard()
-        for frame in self._audio.frames(payload):
-            self.session.feed(frame, now)
+        self.hear(payload)
 
     async def _send_media(self, pcm: bytes) -> None:
         payload = base64.b64encode(encode(pcm, self._encoding)).decode()

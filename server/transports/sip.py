@@ -54,7 +54,7 @@ from server.config.server import SipSettings
 from server.runtime.ratelimit import RateLimited
 from server.runtime.registry import CallRegistry, OverCapacity
 
-from .base import TransportCall
+from .phone import PhoneCall
 from .rtp_ports import NoFreePort, RtpPortLease, RtpPorts
 from .sip_compat import (
     MessageHandler,
@@ -66,7 +66,7 @@ from .sip_compat import (
 from .sip_dialer import DialStack, parse_target
 from .sip_outbound import OutboundCall
 from .sip_transfer import SipTransfers
-from .telephony import CallerAudio, CallerGap, Encoding, FramePacer, encode
+from .telephony import Encoding, encode
 
 __all__ = ["SipCall", "SipServer"]
 
@@ -87,7 +87,7 @@ _LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 """One label of a host name (RFC 1123)."""
 
 
-class SipCall(TransportCall):
+class SipCall(PhoneCall):
     """One answered SIP call: RTP both ways between the peer and a :class:`Session`."""
 
     transport = "SIP"
@@ -102,7 +102,9 @@ class SipCall(TransportCall):
         rtp_port: RtpPortLease,
         on_end: Callable[[SipCall], None],
     ) -> None:
-        super().__init__(registry, call_id)
+        super().__init__(
+            registry, call_id, "slin", PHONE_RATE, media_timeout_s=settings.media_timeout_s
+        )
         self.invite = invite
         self.media = media
         self.settings = settings
@@ -112,7 +114,6 @@ class SipCall(TransportCall):
         self.answer = media.sdp_answer
         """The SDP answer in force (a re-INVITE replaces it)."""
         self.sending = _direction(self.answer) in _SENDING_DIRECTIONS
-        self._audio = CallerAudio("slin", PHONE_RATE)
         self._timestamp = secrets.randbelow(1 << 32)
         self._on_end = on_end
         self.playbook_id = ""
@@ -131,31 +132,24 @@ class SipCall(TransportCall):
         await self.media.start()
         if self.hung_up:  # cancelled while binding
             return
-        gap = self._gap = CallerGap(self.session.feed)
-        """When the caller was last heard (audio or a digit); silence stands in after a gap."""
         self.media.on_audio = self._on_audio
         self.media.on_dtmf = self._on_dtmf
         self.invite.accept(self.answer)
-        pacer = FramePacer(
-            self.session.voice.speaker, self._send, when_idle="silence", on_tick=gap.tick
-        )
-        self.spawn(pacer.run(), "sip-pacer")
-        self.watch(self._media_silent)
+        self.start_media(self._send, when_idle="silence")
         self.session.start()
 
     def _on_audio(self, pcm: bytes, _timestamp: int) -> None:
         if not self._heard_caller:
             self._heard_caller = True
             log.debug("SIP call %s: first RTP audio from the caller", self.id)
-        self._gap.heard()
         if self.relay is not None:
+            self.heard_signal()
             self.relay(pcm)
             return
-        for frame in self._audio.frames(pcm):
-            self.session.feed(frame, self._gap.last_heard_at)
+        self.hear(pcm)
 
     def _on_dtmf(self, digit: str, _duration: int) -> None:
-        self._gap.heard()  # a digit replaces the caller's audio while it lasts
+        self.heard_signal()  # a digit replaces the caller's audio while it lasts
         self.clock.touch()
         self.session.dtmf(digit)
 
@@ -165,11 +159,6 @@ class SipCall(TransportCall):
         if self.sending:
             self.media.send_audio(encode(pcm, self.encoding), self._timestamp)
         self._timestamp = (self._timestamp + SAMPLES_PER_FRAME) & 0xFFFFFFFF
-
-    def _media_silent(self, now: float) -> str | None:
-        if now - self._gap.last_heard_at >= self.settings.media_timeout_s and self.receiving:
-            return "no audio from the peer"
-        return None
 
     @property
     def receiving(self) -> bool:
@@ -196,7 +185,7 @@ class SipCall(TransportCall):
             self.media.update_remote(remote)
         self.answer = answer
         self.sending = _direction(answer) in _SENDING_DIRECTIONS
-        self._gap.heard()  # the media timeout counts from the new offer
+        self.heard_signal()  # the media timeout counts from the new offer
         invite.accept(answer)
 
     def transfer_problem(self, request: TransferRequest) -> str | None:
@@ -335,14 +324,6 @@ class SipServer:
                     invite.reject(500, "Server Internal Error")
 
     async def _answer(self, invite: IncomingCall) -> None:
-        registry = self.registry
-        try:
-            call_id = registry.new_call_id(invite.source_addr[0])
-        except (OverCapacity, RateLimited) as exc:
-            log.warning("SIP call from %s refused: %s", invite.caller, exc)
-            retry_after = exc.retry_after_s
-            _refuse(invite, retry_after)
-            return
         offer = invite.sdp_offer
         if offer is None:
             invite.reject(488, "Not Acceptable Here")  # late offer (SDP in the ACK): unsupported
@@ -352,70 +333,78 @@ class SipServer:
             log.warning("SIP call from %s refused: %s", invite.caller, problem)
             invite.reject(488, "Not Acceptable Here")
             return
-        try:
-            rtp_port = self.rtp_ports.lease()
-        except NoFreePort as exc:
-            log.error("SIP call refused: %s", exc)
-            _refuse(invite, RETRY_AFTER_S)
+        if invite.dialog.state is DialogState.TERMINATED:  # cancelled before we got here
             return
-        with contextlib.ExitStack() as unless_answered:
-            unless_answered.callback(rtp_port.release)  # every way out but a started call
-            call = self._new_call(invite, call_id, offer, rtp_port)
-            if call is None:
-                return
-            unless_answered.pop_all()  # the call owns the port now, and gives it back
+        call = self._open(invite, offer)
+        if call is None:
+            return
         self.calls[invite.call_id] = call
         invite.ringing()
         try:
             await call.start()
         except Exception:
-            log.exception("SIP call %s could not start", call_id)
+            log.exception("SIP call %s could not start", call.id)
             if invite.dialog.state is not DialogState.CONFIRMED:
                 invite.reject(500, "Server Internal Error")
             await call.hangup("could not start")
             return
         log.info(
             "SIP call %s from %s (%s, playbook %s)",
-            call_id,
+            call.id,
             invite.caller,
             call.encoding,
             call.playbook_id,
         )
 
-    def _new_call(
-        self, invite: IncomingCall, call_id: str, offer: SdpMessage, rtp_port: RtpPortLease
-    ) -> SipCall | None:
-        """The admitted call on ``rtp_port``; None when the INVITE was refused (488 for media
-        we cannot use, 503 at capacity) or cancelled meanwhile."""
+    def _open(self, invite: IncomingCall, offer: SdpMessage) -> SipCall | None:
+        """The admitted call, on an RTP port of its own; None when the INVITE was refused: 503
+        with Retry-After (full, draining, overloaded, rate-limited, no free port) or 488 (media
+        we cannot use). A refused call holds no port."""
         registry = self.registry
-        try:
-            media = CallSession(
-                local_ip=self.settings.host,
-                rtp_port=rtp_port.port,
-                offer=offer,
-                advertised_ip=self._media_ip(invite.source_addr),
-                supported_codecs=list(_CODECS),
-                dtmf_payload_type=_offered_dtmf_type(offer),
-                symmetric_rtp=True,
-            )
-        except (SdpNegotiationError, ValueError) as exc:
-            log.warning("SIP call from %s refused: %s", invite.caller, exc)
-            invite.reject(488, "Not Acceptable Here")
-            return None
-        if invite.dialog.state is DialogState.TERMINATED:  # cancelled while we prepared
-            return None
-        call = SipCall(registry, invite, media, call_id, self.settings, rtp_port, self._forget)
-        call.transfers = self.transfers
-        playbook = registry.playbook_id(_requested_playbook(invite, registry.engines.playbooks))
-        call.playbook_id = playbook
-        call.session = registry.new_session(call_id, playbook, Speaker(PHONE_RATE), call.emit)
-        try:
-            registry.admit(
-                call, record=wants_recording(invite.invite.headers.get_first(OPT_OUT_HEADER))
-            )
-        except OverCapacity as exc:
-            _refuse(invite, exc.retry_after_s)
-            return None
+        playbook_id = registry.playbook_id(_requested_playbook(invite, registry.engines.playbooks))
+        opt_out = invite.invite.headers.get_first(OPT_OUT_HEADER)
+        with contextlib.ExitStack() as unless_admitted:
+
+            def build(call_id: str) -> SipCall:
+                rtp_port = self.rtp_ports.lease()
+                unless_admitted.callback(rtp_port.release)  # the call gives it back once admitted
+                media = CallSession(
+                    local_ip=self.settings.host,
+                    rtp_port=rtp_port.port,
+                    offer=offer,
+                    advertised_ip=self._media_ip(invite.source_addr),
+                    supported_codecs=list(_CODECS),
+                    dtmf_payload_type=_offered_dtmf_type(offer),
+                    symmetric_rtp=True,
+                )
+                call = SipCall(
+                    registry, invite, media, call_id, self.settings, rtp_port, self._forget
+                )
+                call.transfers = self.transfers
+                call.playbook_id = playbook_id
+                return call
+
+            try:
+                call = registry.open(
+                    build,
+                    speaker=Speaker(PHONE_RATE),
+                    playbook=playbook_id,
+                    address=invite.source_addr[0],
+                    record=wants_recording(opt_out),
+                )
+            except (OverCapacity, RateLimited) as exc:
+                log.warning("SIP call from %s refused: %s", invite.caller, exc)
+                _refuse(invite, exc.retry_after_s)
+                return None
+            except NoFreePort as exc:
+                log.error("SIP call refused: %s", exc)
+                _refuse(invite, RETRY_AFTER_S)
+                return None
+            except (SdpNegotiationError, ValueError) as exc:
+                log.warning("SIP call from %s refused: %s", invite.caller, exc)
+                invite.reject(488, "Not Acceptable Here")
+                return None
+            unless_admitted.pop_all()
         return call
 
     # -- outbound ------------------------------------------------------------------------------
@@ -436,20 +425,25 @@ class SipServer:
             raise RuntimeError("the SIP endpoint is not started")
         parse_target(to_uri)
         registry = self.registry
+        dialer = self.dialer
         playbook_id = registry.playbook_id(playbook)
-        call_id = registry.new_call_id(address)
-        call = OutboundCall(
-            registry,
-            call_id,
-            self.dialer,
-            to_uri,
-            playbook_id,
-            ring_timeout_s or self.settings.ring_timeout_s,
-            self.settings,
-            registry.engines.playbooks[playbook_id].spec.voicemail,
+
+        def build(call_id: str) -> OutboundCall:
+            return OutboundCall(
+                registry,
+                call_id,
+                dialer,
+                to_uri,
+                playbook_id,
+                ring_timeout_s or self.settings.ring_timeout_s,
+                self.settings,
+                registry.engines.playbooks[playbook_id].spec.voicemail,
+            )
+
+        call = registry.open(
+            build, speaker=Speaker(PHONE_RATE), playbook=playbook_id, address=address
         )
-        call.session = registry.new_session(call_id, playbook_id, Speaker(PHONE_RATE), call.emit)
-        registry.admit(call)
+        call_id = call.id
         self.outbound[call_id] = call
         while len(self.outbound) > MAX_KEPT_CALLS:  # forget the oldest ended calls
             oldest = next((k for k, c in self.outbound.items() if c.state == "ended"), None)

@@ -23,10 +23,9 @@ from server.call.pickup import Pickup, PickupSettings
 from server.config.server import SipSettings
 from server.runtime.registry import CallRegistry
 
-from .base import TransportCall
 from .client_events import client_view
+from .phone import PhoneCall
 from .sip_dialer import DialFailed, DialOutcome, DialStack, OutboundLeg, dial
-from .telephony import CallerAudio, CallerGap, FramePacer
 
 __all__ = ["CallState", "OutboundCall"]
 
@@ -36,10 +35,11 @@ BACKLOG = 500
 """Events kept for a client that subscribes late (the first ones of a call matter most)."""
 
 
-class OutboundCall(TransportCall):
+class OutboundCall(PhoneCall):
     """One call Vocable places. Create, set :attr:`session`, admit, then :meth:`start`."""
 
     transport = "SIP outbound"
+    silence_reason = "no audio from the callee"
 
     def __init__(
         self,
@@ -52,7 +52,7 @@ class OutboundCall(TransportCall):
         settings: SipSettings,
         voicemail: Voicemail,
     ) -> None:
-        super().__init__(registry, call_id)
+        super().__init__(registry, call_id, "slin", 8000, media_timeout_s=settings.media_timeout_s)
         self.stack = stack
         self.to_uri = to_uri
         self.playbook_id = playbook_id
@@ -70,8 +70,6 @@ class OutboundCall(TransportCall):
         self.ended_at: float | None = None
         self.leg: OutboundLeg | None = None
         self.pickup: Pickup | None = None
-        self._audio = CallerAudio("slin", 8000)
-        self._gap: CallerGap | None = None
         self._dialing: asyncio.Task[Any] | None = None
         self._backlog: deque[dict[str, Any]] = deque(maxlen=BACKLOG)
         self._listeners: set[asyncio.Queue[dict[str, Any] | None]] = set()
@@ -167,28 +165,16 @@ class OutboundCall(TransportCall):
         if self.hung_up:
             return
         self.clock.touch()
-        self._gap = gap = CallerGap(self._heard_silence)
-        leg.on_audio = self._on_audio
+        leg.on_audio = self.hear
         leg.on_dtmf = self._on_dtmf
         leg.on_hangup = self._peer_hung_up
         detect = self.voicemail.detect_after_ms
         self.pickup = Pickup(PickupSettings(machine_after_ms=detect))
-        pacer = FramePacer(self.session.voice.speaker, self._send, "silence", on_tick=gap.tick)
-        self.spawn(pacer.run(), "sip-pacer")
-        self.watch(self._media_silent)
+        self.start_media(self._send, when_idle="silence")
         self.log.info("outbound call %s answered by %s (%s)", self.id, self.to_uri, leg.encoding)
         self._announce("answered")
 
-    def _heard_silence(self, frame: bytes, at: float) -> None:
-        self._frame(frame, at)
-
-    def _on_audio(self, pcm: bytes) -> None:
-        assert self._gap is not None
-        self._gap.heard()
-        for frame in self._audio.frames(pcm):
-            self._frame(frame, self._gap.last_heard_at)
-
-    def _frame(self, frame: bytes, at: float) -> None:
+    def take_frame(self, frame: bytes, at: float) -> None:
         """The callee's next 20 ms frame (16 kHz): to the pickup until it decides, then to the
         session."""
         pickup = self.pickup
@@ -211,8 +197,7 @@ class OutboundCall(TransportCall):
         self.session.feed(frame, at)
 
     def _on_dtmf(self, digit: str) -> None:
-        if self._gap is not None:
-            self._gap.heard()
+        self.heard_signal()
         self.clock.touch()
         if self.pickup is not None and self.pickup.verdict in ("person", "silent"):
             self.session.dtmf(digit)
@@ -220,12 +205,6 @@ class OutboundCall(TransportCall):
     async def _send(self, pcm: bytes) -> None:
         if self.leg is not None:
             self.leg.send_pcm(pcm)
-
-    def _media_silent(self, now: float) -> str | None:
-        gap = self._gap
-        if gap is not None and now - gap.last_heard_at >= self.settings.media_timeout_s:
-            return "no audio from the callee"
-        return None
 
     def _peer_hung_up(self, reason: str) -> None:
         self.spawn(self.hangup(reason), "sip-bye")

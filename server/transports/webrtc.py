@@ -275,20 +275,18 @@ async def open_webrtc_call(
 ) -> WebRTCCall:
     """A new browser call answering ``offer_sdp`` from ``address`` (the caller's, for the rate
     limit), recorded with ``--record`` unless ``record`` is False; raises BadOffer,
-    OverCapacity, RateLimited, UnknownPlaybook."""
-    call_id = registry.new_call_id(address)
+    OverCapacity, RateLimited, UnknownPlaybook. A refused call opens no socket."""
     if "m=audio" not in offer_sdp:
         raise BadOffer("the offer has no audio (no m=audio line)")
-    playbook_id = registry.playbook_id(playbook)
-    config = registry.config
-    pc = RTCPeerConnection(
-        RTCConfiguration(
-            iceServers=[RTCIceServer(s.urls, s.username, s.credential) for s in config.ice_servers]
-        )
+    ice = [RTCIceServer(s.urls, s.username, s.credential) for s in registry.config.ice_servers]
+
+    def build(call_id: str) -> WebRTCCall:
+        # a peer connection opens no socket before its descriptions are set
+        return WebRTCCall(registry, call_id, RTCPeerConnection(RTCConfiguration(iceServers=ice)))
+
+    call = registry.open(
+        build, speaker=Speaker(OUTPUT_RATE), playbook=playbook, address=address, record=record
     )
-    call = WebRTCCall(registry, call_id, pc)
-    call.session = registry.new_session(call_id, playbook_id, Speaker(OUTPUT_RATE), call.emit)
-    registry.admit(call, record=record)
     try:
         await call.accept(offer_sdp)
     except BaseException:
