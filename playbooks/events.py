@@ -29,6 +29,7 @@ EventType = Literal[
     "delegation_end",
     "transfer_started",
     "transfer_answered",
+    "transfer_requested",
     "transfer_failed",
     "error",
 ]

@@ -366,11 +366,12 @@ class PlaybookOrchestrator:
             language=self.engine.language,
         )
 
-    async def transfer(self, arguments: str) -> tuple[str, bool]:
+    async def transfer(self, arguments: str) -> tuple[str, TransferOutcome]:
         """Carry out a ``transfer_call`` call of the current stage through :attr:`transferrer`
-        (see :mod:`playbooks.transfer`): emits ``transfer_started``, then ``transfer_answered``
-        or ``transfer_failed``; returns the tool's JSON result and whether the caller was put
-        through. Raises InvalidToolCall for arguments the LLM got wrong."""
+        (see :mod:`playbooks.transfer`): emits ``transfer_started``, then
+        ``transfer_answered``, ``transfer_requested`` (asked, not confirmed) or
+        ``transfer_failed``; returns the tool's JSON result and the outcome. Raises
+        InvalidToolCall for arguments the LLM got wrong."""
         transfer = self.engine.transfer()
         assert transfer is not None, "the stage transfers nowhere"
         request = parse_transfer_call(arguments, transfer)
@@ -386,13 +387,15 @@ class PlaybookOrchestrator:
         except Exception as exc:  # a transport bug: the conversation goes on
             log.exception("transfer to %s failed", request.destination)
             outcome = TransferOutcome.failed("failed", f"{type(exc).__name__}: {exc}")
-        if outcome.ok:
-            self._events.emit("transfer_answered", **described, how=outcome.how)
-        else:
+        if outcome.status == "failed":
             self._events.emit(
                 "transfer_failed", **described, reason=outcome.reason, detail=outcome.detail
             )
-        return outcome.for_llm(request), outcome.ok
+        elif outcome.status == "requested":
+            self._events.emit("transfer_requested", **described, how=outcome.how)
+        else:
+            self._events.emit("transfer_answered", **described, how=outcome.how)
+        return outcome.for_llm(request), outcome
 
     def _language_changed(self, code: str | None) -> None:
         instruction = language_instruction(self.engine.playbook.spec, code)

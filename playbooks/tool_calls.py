@@ -21,7 +21,7 @@ from .history import Conversation, Message
 from .llm import ToolCallRequest
 from .models import LLMDecisionCondition, Transition
 from .tools import InvalidToolCall, ToolError, tool_arguments
-from .transfer import TRANSFER_TOOL
+from .transfer import TRANSFER_TOOL, TransferOutcome
 
 __all__ = ["CANCELLED_RESULT", "ToolCalls", "ToolHost"]
 
@@ -59,9 +59,9 @@ class ToolHost(Protocol):
         """Run a ``delegate`` call of the current stage; raises InvalidToolCall."""
         ...
 
-    async def transfer(self, arguments: str) -> tuple[str, bool]:
-        """Carry out a ``transfer_call`` call of the current stage: its JSON result, and
-        whether the caller was put through; raises InvalidToolCall."""
+    async def transfer(self, arguments: str) -> tuple[str, TransferOutcome]:
+        """Carry out a ``transfer_call`` call of the current stage: its JSON result and its
+        outcome; raises InvalidToolCall."""
         ...
 
 
@@ -232,12 +232,13 @@ class ToolCalls:
         started = time.monotonic()
         self._acting.add(call.id)
         try:
-            result, transferred = await self._host.transfer(call.arguments)
+            result, outcome = await self._host.transfer(call.arguments)
         except InvalidToolCall as exc:
             self._fail_call(call, "tool_call", str(exc))
             return _error(str(exc))
-        self.transferred = self.transferred or transferred
-        self._finish_call(call, result, time.monotonic() - started, failed=not transferred)
+        self.transferred = self.transferred or outcome.ok
+        failed = outcome.status == "failed"
+        self._finish_call(call, result, time.monotonic() - started, failed=failed)
         return result
 
     def _decide(self, call: ToolCallRequest, already: bool) -> Decision:

@@ -6,7 +6,11 @@ LLM calls it like any tool; the conversation hands a :class:`TransferRequest` to
 :class:`TransferOutcome` becomes the tool's result. A failed transfer (busy, no answer, refused,
 not supported) is a result the LLM reads and tells the caller about, and the conversation goes
 on; a transfer that went through ends the turn without an answer (the caller is with the person
-now). Either way the history keeps the call and its result: the transfer is on record.
+now). Where the line can only ask for a transfer and never learns whether it happened (a media
+stream's platform acting on an event), the outcome is ``requested``: the LLM is told it is not
+confirmed, the caller may still be there, and the conversation goes on until the platform moves
+or ends the call. Either way the history keeps the call and its result: the transfer is on
+record.
 
 Nothing here knows SIP or HTTP: how a call is transferred is the transport's business.
 """
@@ -34,7 +38,7 @@ __all__ = [
 TRANSFER_TOOL = "transfer_call"
 """The built-in tool of a stage with a ``transfer``."""
 
-TransferStatus = Literal["answered", "failed"]
+TransferStatus = Literal["answered", "requested", "failed"]
 FailureReason = Literal[
     "busy", "no_answer", "rejected", "refused", "not_supported", "cancelled", "failed"
 ]
@@ -71,8 +75,9 @@ class TransferRequest:
 @dataclass(frozen=True)
 class TransferOutcome:
     """How a transfer ended. ``answered``: the caller is with the person (``how`` says by
-    what: ``refer``, ``bridge``, ``provider``...); ``failed``: ``reason`` says why, ``detail``
-    in words a log can use (a SIP status line, an HTTP status)."""
+    what: ``refer``, ``bridge``, ``provider``...); ``requested``: the platform was asked (by
+    ``how``) and nothing confirms it acted; ``failed``: ``reason`` says why, ``detail`` in words
+    a log can use (a SIP status line, an HTTP status)."""
 
     status: TransferStatus
     how: str | None = None
@@ -83,8 +88,13 @@ class TransferOutcome:
     def failed(cls, reason: FailureReason, detail: str | None = None) -> TransferOutcome:
         return cls("failed", reason=reason, detail=detail)
 
+    @classmethod
+    def requested(cls, how: str) -> TransferOutcome:
+        return cls("requested", how=how)
+
     @property
     def ok(self) -> bool:
+        """Whether the caller is known to be with the person."""
         return self.status == "answered"
 
     def for_llm(self, request: TransferRequest) -> str:
@@ -94,6 +104,17 @@ class TransferOutcome:
             result["said_to_caller"] = request.say
         if self.ok:
             result["how"] = self.how
+            return json.dumps(result, ensure_ascii=False)
+        if self.status == "requested":
+            result |= {
+                "status": "requested, not confirmed",
+                "how": self.how,
+                "note": "The phone platform was asked to put the caller through and has not"
+                " confirmed it: the caller may still be on the line.",
+                "next": "Tell the caller in one short sentence that they are being put through"
+                " and to hold. Do not say goodbye. If they speak again, they are still with"
+                " you: go on helping.",
+            }
             return json.dumps(result, ensure_ascii=False)
         reason = self.reason or "failed"
         result["reason"] = reason

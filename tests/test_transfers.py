@@ -46,6 +46,7 @@ from tests.test_telephony import TwilioPhone
 
 PUT_ME_THROUGH = "Please put me through to a person."
 SORRY = "Sorry, nobody can take your call right now. How else can I help?"
+HOLD = "You are being put through now. Please hold."
 SCENARIOS = Path(__file__).parent / "sip"
 
 PLAYBOOK = """
@@ -307,9 +308,10 @@ async def twilio_api() -> AsyncIterator[TwilioApi]:
 
 @asynccontextmanager
 async def _media_stream_asks(
-    llm: ScriptedLLM, folder: Path, api: TransferApiSettings
+    llm: ScriptedLLM, folder: Path, api: TransferApiSettings | None
 ) -> AsyncIterator[tuple[TestServer, TwilioPhone]]:
-    """A server on the playbooks in ``folder`` transferring media streams through ``api``;
+    """A server on the playbooks in ``folder`` transferring media streams through ``api``
+    (None: by the stream's ``transfer`` event alone);
     a Twilio media stream to the desk playbook says PUT_ME_THROUGH. Yields the server and the
     phone once it has said it; the server and the HTTP session end with the block."""
     async with (
@@ -375,6 +377,36 @@ async def test_a_refused_api_call_is_told_to_the_caller_and_the_call_goes_on(
         await phone.stop()
     assert 'vocable_transfers_total{outcome="failed",reason="refused"} 1.0' in metrics
     assert 'vocable_transfers_total{outcome="started",reason=""} 1.0' in metrics
+
+
+@pytest.mark.slow
+async def test_without_a_provider_api_a_media_stream_transfer_is_requested_not_confirmed(
+    llm: ScriptedLLM, tmp_path: Path
+) -> None:
+    """Nothing tells Vocable whether the platform acted on the stream's ``transfer`` event
+    (Twilio ignores it): the LLM hears so, the agent says no goodbye, and the call stays up."""
+    llm.script(_transfers_then(HOLD))
+    folder = _playbook(tmp_path, "+15550100")
+    async with _media_stream_asks(llm, folder, None) as (server, phone):
+        await _wait(lambda: any(r["messages"][-1]["role"] == "tool" for r in llm.requests), 30)
+        (event,) = [d for _, d in phone.heard.control if d["event"] == "transfer"]
+        assert event["transfer"]["to"] == "+15550100"
+        (result,) = _tool_results(llm)
+        assert result["transferred"] is False
+        assert result["status"] == "requested, not confirmed"
+        assert result["how"] == "stream event"
+        assert "may still be on the line" in result["note"]
+        assert "Do not say goodbye" in result["next"]
+        await asyncio.sleep(6)  # the answer to the result plays
+        said = (await phone.heard.said()).lower()
+        assert "put you through" in said
+        assert "please hold" in said
+        assert phone.closed_with is None  # the platform, not Vocable, ends the call
+        assert len(server.app[CALLS]) == 1
+        metrics = await _metric_lines(server, "vocable_transfers_total")
+        await phone.stop()
+    assert 'vocable_transfers_total{outcome="requested",reason=""} 1.0' in metrics
+    assert 'vocable_transfers_total{outcome="answered",reason=""}' not in metrics
 
 
 # -- SIP: REFER with sipp as the caller ------------------------------------------------------------

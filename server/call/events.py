@@ -21,6 +21,7 @@ VoiceEventType = Literal[
     "delegation_end",
     "transfer_started",
     "transfer_answered",
+    "transfer_requested",
     "transfer_failed",
     "agent_sentence",
     "tts_start",

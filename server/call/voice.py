@@ -255,7 +255,9 @@ class VoicePlaybookOrchestrator:
                 self.emit("delegation_start", workers=data["workers"], mode=data["mode"])
             case "delegation_end":
                 self.emit("delegation_end", workers=data["workers"], mode=data["mode"])
-            case "transfer_started" | "transfer_answered" | "transfer_failed":
+            case (
+                "transfer_started" | "transfer_answered" | "transfer_requested" | "transfer_failed"
+            ):
                 self.emit(event.type, **data)
             case "error":
                 self.emit("error", source=data.get("source", "llm"), message=data["message"])

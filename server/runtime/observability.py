@@ -83,7 +83,8 @@ class ServerMetrics:
         )
         self.transfers = Counter(
             "vocable_transfers",
-            "Call transfers to a person: started, answered, failed (by reason).",
+            "Call transfers to a person: started, answered, requested (not confirmed), failed (by"
+            " reason).",
             ["outcome", "reason"],
             registry=self.registry,
         )
@@ -111,7 +112,9 @@ class ServerMetrics:
                 self.resumes.inc()
             case "speculation":
                 self.speculations.labels(outcome=str(event.data.get("outcome"))).inc()
-            case "transfer_started" | "transfer_answered" | "transfer_failed":
+            case (
+                "transfer_started" | "transfer_answered" | "transfer_requested" | "transfer_failed"
+            ):
                 reason = (
                     str(event.data.get("reason") or "") if event.type == "transfer_failed" else ""
                 )
