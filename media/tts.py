@@ -52,7 +52,7 @@ for them) and Whisper's decodes (the next turn waits for them) then get the core
 later sentence, needed only once the audio before it has played, takes what they leave; on an
 idle machine it runs at full speed all the same. At 16 calls on two cores Whisper's decodes
 ran in 151-191 instead of 206-236 ms at p50, and voice-to-voice p95 was 1.11-1.43 s against
-1.23-1.65 s (``benchmarks/results/later-sentences``)."""
+1.23-1.65 s (measured in commit 28a837e, ``benchmarks/results/later-sentences`` there)."""
 
 CALIBRATION_TEXT = "This is how the first words of an answer are said, a window at a time."
 """A sentence several first windows long, decoded whole and in windows when a voice loads

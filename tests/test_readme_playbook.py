@@ -1,4 +1,4 @@
-"""The README's Markdown playbook compiles to what the README says it does."""
+"""The Markdown playbook of docs/playbooks.md compiles to what that page says it does."""
 
 from __future__ import annotations
 
@@ -19,10 +19,10 @@ README_SERVER = (
 
 
 def _readme_markdown_playbook() -> str:
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("### Markdown playbooks") :]
+    reference = (REPO / "docs" / "playbooks.md").read_text()
+    section = reference[reference.index("## Markdown playbooks") :]
     match = re.search(r"```markdown\n(.*?)```", section, re.S)
-    assert match, "the README shows no Markdown playbook"
+    assert match, "docs/playbooks.md shows no Markdown playbook"
     return match.group(1)
 
 

@@ -1,7 +1,7 @@
 """Who picked up an outbound call, judged from the first seconds of the callee's audio.
 
-The policy (README "Outbound calls"): after the answer the agent waits for the callee's first
-words before it greets, so it never talks over a "Hello?".
+The policy (docs/telephony.md, "Outbound calls"): after the answer the agent waits for the
+callee's first words before it greets, so it never talks over a "Hello?".
 
 - Nothing voiced within ``greet_wait_ms`` (1 s) of the answer: ``silent`` (greet now).
 - Speech that stops for ``end_silence_ms`` (500 ms) before it has lasted ``machine_after_ms``

@@ -182,7 +182,7 @@ class ServeOptions(BaseModel):
         ),
     ] = 30.0
 
-    # -- transfers of media-stream calls (see README, "Transfers")
+    # -- transfers of media-stream calls (docs/telephony.md, "Transfers")
     transfer_api_url: Annotated[
         BaseUrl,
         Cli(TRANSFERS, "URL", default_text="none: the stream's transfer event only"),
