@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import shlex
@@ -16,9 +17,11 @@ import sys
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from tqdm import tqdm
+
+from server.testkit.caller import Listener
 
 from .corpus import load_corpus
 from .llm import LLMPacing, paced_llm
@@ -94,6 +97,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--backchannels", type=int, default=4, help="tries per short sound")
     parser.add_argument("--end-silence-ms", type=int, default=400)
     parser.add_argument(
+        "--listener",
+        default="arrival",
+        choices=[*get_args(Listener), "both"],
+        help="when the callers count the agent's audio as heard: 'arrival' (decoded, the "
+        "default), 'stock' (aiortc's receiver as shipped, played by a 20 ms playout clock as a "
+        "stock client hears it) or 'both' (each level twice back to back, arrival first; "
+        "barge-ins and backchannels with the first)",
+    )
+    parser.add_argument(
         "--barge-in",
         default="pause_resume",
         choices=["immediate", "confirmed", "pause_resume", "disabled"],
@@ -126,6 +138,7 @@ async def _run(args: argparse.Namespace, command: str) -> Path:
     if args.quick:
         args.sweep, args.turns, args.barge_ins, args.backchannels = "1,2", 2, 1, 1
     levels = [int(n) for n in args.sweep.split(",")]
+    listeners = listeners_of(args.listener)
     corpus = load_corpus()
     questions = [u for u in corpus.values() if u.kind in ("question", "long_question")]
     questions = [u for u in questions if u.id != "piper_everything"]
@@ -174,9 +187,12 @@ async def _run(args: argparse.Namespace, command: str) -> Path:
             llm_first_sentence_ms=pacing.first_sentence_ms() if scripted else None,
             token=args.token,
         )
-        total = sum(n * args.turns for n in levels) + args.barge_ins + 2 * args.backchannels
+        total = sum(n * args.turns for n in levels) * len(listeners)
+        total += args.barge_ins + 2 * args.backchannels
         with tqdm(total=total, unit="turn", desc="benchmark", file=sys.stderr) as bar:
-            results = await _scenarios(args, target, levels, questions, corpus, server, bar)
+            results = await _scenarios(
+                args, target, levels, listeners, questions, corpus, server, bar
+            )
         results["server_counters"] = await _server_counters(base_url, args.token)
     finally:
         if server is not None:
@@ -201,6 +217,7 @@ async def _run(args: argparse.Namespace, command: str) -> Path:
             "speculation_pause_ms": args.speculation_pause_ms,
             "preempt_lead_ms": args.preempt_lead_ms,
             "sweep": levels,
+            "listeners": listeners,
             "turns_per_call": args.turns,
             "barge_in_repeats": args.barge_ins,
             "backchannel_repeats": args.backchannels,
@@ -220,15 +237,22 @@ async def _scenarios(
     args: argparse.Namespace,
     target: BenchTarget,
     levels: list[int],
+    listeners: list[Listener],
     questions: list[Any],
     corpus: dict[str, Any],
     server: ServerProcess | None,
     bar: Any,
 ) -> dict[str, Any]:
+    """Each level with each listener in turn (back to back), the barge-ins and backchannels
+    after the first level, with the first listener."""
     results: dict[str, Any] = {"levels": [], "barge_in": [], "backchannel": []}
 
     async def level(calls: int) -> None:
-        bar.set_postfix_str(f"{calls} call(s)")
+        for listener in listeners:
+            await level_with(calls, dataclasses.replace(target, listener=listener))
+
+    async def level_with(calls: int, target: BenchTarget) -> None:
+        bar.set_postfix_str(f"{calls} call(s), {target.listener}")
         record = await concurrency_level(
             target,
             calls,
@@ -241,7 +265,7 @@ async def _scenarios(
         results["levels"].append(record)
 
     await level(levels[0])  # one call first: the quietest machine for the baseline
-    caller = await new_caller(target)
+    caller = await new_caller(dataclasses.replace(target, listener=listeners[0]))
     try:
         await asyncio.sleep(0.5)
         bar.set_postfix_str("barge-in")
@@ -264,6 +288,19 @@ async def _scenarios(
     for calls in levels[1:]:
         await level(calls)
     return results
+
+
+def listeners_of(choice: str) -> list[Listener]:
+    """The listeners a ``--listener`` choice runs, in order: ``both`` is arrival, then stock;
+    ValueError for anything else."""
+    runs: dict[str, list[Listener]] = {
+        "arrival": ["arrival"],
+        "stock": ["stock"],
+        "both": ["arrival", "stock"],
+    }
+    if choice not in runs:
+        raise ValueError(f"unknown listener {choice!r}")
+    return runs[choice]
 
 
 def _llm_setting(args: argparse.Namespace, scripted: bool) -> str:

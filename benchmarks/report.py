@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["GOALS", "percentile", "plot", "summarize", "to_markdown"]
+__all__ = ["GOALS", "LISTENERS", "listeners", "percentile", "plot", "summarize", "to_markdown"]
 
 STAGES = (
     ("end_of_speech_ms", "end of speech"),
@@ -30,6 +30,13 @@ GOALS = {
 }
 """The project's current targets (the turn-taking issue's, where it tightened the first ones)."""
 
+LISTENERS = {
+    "arrival": "on arrival (each frame when it came out of the caller's receiver, decoded)",
+    "stock": "as a stock client hears it (aiortc's receiver as shipped, then a 20 ms playout "
+    "clock: each frame when it was played)",
+}
+"""What each listener's voice-to-voice times (``--listener``; a run without one: arrival)."""
+
 
 def percentile(values: Sequence[float], q: float) -> float | None:
     """Nearest-rank percentile (``q`` in 0..100) of ``values``; None when empty."""
@@ -51,8 +58,14 @@ def _stats(values: Sequence[float]) -> dict[str, float | None]:
     }
 
 
+def listeners(run: dict[str, Any]) -> list[str]:
+    """The run's listeners in the order it ran them (a run from before them: arrival)."""
+    return list(run.get("settings", {}).get("listeners") or ["arrival"])
+
+
 def summarize(run: dict[str, Any]) -> dict[str, Any]:
-    """Percentiles per concurrency level and stage, barge-in and false-cut counts, goals."""
+    """Percentiles per concurrency level (and listener) and stage, barge-in and false-cut
+    counts, goals (measured with the run's first listener)."""
     levels = []
     for level in run["levels"]:
         ok = [t for t in level["turns"] if t.get("ok")]
@@ -64,6 +77,7 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
         levels.append(
             {
                 "calls": level["calls"],
+                "listener": level.get("listener", "arrival"),
                 "turns": len(level["turns"]),
                 "failed": len(level["turns"]) - len(ok) - len(refused),
                 "refused_calls": len({t["call"] for t in refused}),
@@ -76,6 +90,7 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
                 "server": stages,
                 "server_cpu_percent": level.get("server_cpu_percent"),
                 "server_rss_mb_peak": level.get("server_rss_mb_peak"),
+                **_playout_stats(ok),
             }
         )
     barge = [r["silence_ms"] for r in run["barge_in"] if r.get("ok")]
@@ -91,7 +106,8 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
     wasted_per_turn = (
         counters.get("speculative_transcriptions_preempted_wasted", 0.0) / turns if turns else None
     )
-    by_calls = {level["calls"]: level for level in levels}
+    primary = listeners(run)[0]
+    by_calls = {level["calls"]: level for level in levels if level["listener"] == primary}
     one, eight = by_calls.get(1), by_calls.get(8)
     measured = {
         "v2v_p50_1_call_ms": one["client_v2v_ms"]["p50"] if one else None,
@@ -111,6 +127,23 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
         "server_counters": run.get("server_counters", {}),
         "llm_throughput": llm_throughput(counters),
         "goals": {name: {"goal": goal, "measured": measured[name]} for name, goal in GOALS.items()},
+        "goals_listener": primary,
+    }
+
+
+def _playout_stats(turns: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The stock listener's split of its turns' voice-to-voice (``scenarios.playout_split``):
+    percentiles of each part and the playout's underruns; empty for other listeners."""
+    split = [t for t in turns if t.get("received_v2v_ms") is not None]
+    if not split:
+        return {}
+    return {
+        "received_v2v_ms": _stats([t["received_v2v_ms"] for t in split]),
+        "jitter_buffer_ms": _stats(
+            [t["jitter_buffer_ms"] for t in split if t.get("jitter_buffer_ms") is not None]
+        ),
+        "playout_wait_ms": _stats([t["playout_wait_ms"] for t in split]),
+        "playout_underruns": sum(t.get("playout_underruns", 0) for t in split),
     }
 
 
@@ -120,6 +153,7 @@ def _ms(value: float | None) -> str:
 
 def to_markdown(run: dict[str, Any], summary: dict[str, Any]) -> str:
     settings = run["settings"]
+    order = listeners(run)
     lines = [
         "# Vocable latency benchmark",
         "",
@@ -131,24 +165,29 @@ def to_markdown(run: dict[str, Any], summary: dict[str, Any]) -> str:
         "",
         "## Voice-to-voice at the client, by simultaneous calls (ms)",
         "",
-        "| calls | refused (503) | turns | failed | p50 | p90 | p95 | p99 | floor p50 "
+        *(f"Listener `{name}`: {LISTENERS.get(name, name)}.  " for name in order),
+        "",
+        "| calls | listener | refused (503) | turns | failed | p50 | p90 | p95 | p99 | floor p50 "
         "| overhead p50 | server CPU % | server RSS MB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for level in summary["levels"]:
         v2v = level["client_v2v_ms"]
         lines.append(
-            f"| {level['calls']} | {level.get('refused_calls', 0)} | {level['turns']} "
+            f"| {level['calls']} | {level.get('listener', 'arrival')} "
+            f"| {level.get('refused_calls', 0)} | {level['turns']} "
             f"| {level['failed']} | {_ms(v2v['p50'])} "
             f"| {_ms(v2v['p90'])} | {_ms(v2v['p95'])} | {_ms(v2v['p99'])} "
             f"| {_ms(level['floor_ms']['p50'])} | {_ms(level['overhead_ms']['p50'])} "
             f"| {_ms(level['server_cpu_percent'])} | {_ms(level['server_rss_mb_peak'])} |"
         )
+    lines += _stock_lines(summary["levels"])
     first = summary["levels"][0] if summary["levels"] else None
     if first is not None:
         lines += [
             "",
-            f"## Server-side stages at {first['calls']} call(s) (ms, from `turn_metrics`)",
+            f"## Server-side stages at {first['calls']} call(s), listener "
+            f"{first.get('listener', 'arrival')} (ms, from `turn_metrics`)",
             "",
             "| stage | p50 | p90 | p99 |",
             "|---|---|---|---|",
@@ -171,9 +210,9 @@ def to_markdown(run: dict[str, Any], summary: dict[str, Any]) -> str:
         "",
         "## Barge-in and false cuts",
         "",
-        f"Barge-in (caller starts talking -> agent silent at the client): p50 {_ms(barge['p50'])} "
-        f"ms, p95 {_ms(barge['p95'])} ms over {int(barge['n'] or 0)} tries "
-        f"({summary['barge_in_failed']} failed).  ",
+        f"Barge-in (caller starts talking -> agent silent at the client, listener {order[0]}): "
+        f"p50 {_ms(barge['p50'])} ms, p95 {_ms(barge['p95'])} ms over {int(barge['n'] or 0)} "
+        f"tries ({summary['barge_in_failed']} failed).  ",
         "False cuts (a short sound over the agent cut it off): "
         + ", ".join(f"{name} {count}" for name, count in summary["false_cuts"].items())
         + f", out of {settings['backchannel_repeats']} each; resumed after a pause: "
@@ -184,7 +223,7 @@ def to_markdown(run: dict[str, Any], summary: dict[str, Any]) -> str:
         + ".",
         *_llm_throughput_lines(summary.get("llm_throughput")),
         "",
-        "## Against the goals",
+        f"## Against the goals (listener {summary.get('goals_listener', order[0])})",
         "",
         "| goal | target | measured |",
         "|---|---|---|",
@@ -231,6 +270,43 @@ def to_markdown(run: dict[str, Any], summary: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _stock_lines(levels: Sequence[dict[str, Any]]) -> list[str]:
+    """The stock listener's section: each level's voice-to-voice beside the same turns timed
+    out of the receiver, its jitter buffer and playout wait, and the arrival listener's figure
+    at the same level when the run has one."""
+    stock = [level for level in levels if level.get("received_v2v_ms")]
+    if not stock:
+        return []
+    arrival = {lv["calls"]: lv for lv in levels if lv.get("listener", "arrival") == "arrival"}
+    lines = [
+        "",
+        "## As a stock client hears it (ms)",
+        "",
+        "The stock listener's turns, the answer's first audible frame: played (voice-to-voice "
+        "above), out of aiortc's receiver (the same frame before the playout), its packet's "
+        "wait in aiortc's jitter buffer and decoder thread, its wait for the playout's tick; and "
+        "the arrival listener's voice-to-voice at the same level (other turns, run before).",
+        "",
+        "| calls | turns | played p50 / p95 | out of the receiver p50 / p95 | jitter buffer p50 / "
+        "p95 | playout wait p50 / p95 | underruns in the turns | arrival listener p50 / p95 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for level in stock:
+        other = arrival.get(level["calls"])
+        lines.append(
+            f"| {level['calls']} | {int(level['received_v2v_ms']['n'] or 0)} "
+            f"| {_pair(level['client_v2v_ms'])} | {_pair(level['received_v2v_ms'])} "
+            f"| {_pair(level['jitter_buffer_ms'])} | {_pair(level['playout_wait_ms'])} "
+            f"| {level['playout_underruns']} "
+            f"| {_pair(other['client_v2v_ms']) if other else '–'} |"
+        )
+    return lines
+
+
+def _pair(stats: dict[str, float | None]) -> str:
+    return f"{_ms(stats['p50'])} / {_ms(stats['p95'])}"
+
+
 def plot(run: dict[str, Any], summary: dict[str, Any], folder: Path) -> list[Path]:
     """Two PNGs: latency distributions per stage (lowest concurrency) and the concurrency
     curve. Returns their paths."""
@@ -259,11 +335,20 @@ def plot(run: dict[str, Any], summary: dict[str, Any], folder: Path) -> list[Pat
     paths.append(_save(figure, folder / "stages.png"))
     plt.close(figure)
 
-    levels = summary["levels"]
-    calls = [lv["calls"] for lv in levels]
+    names = listeners(run)
+    calls = sorted({lv["calls"] for lv in summary["levels"]})
     figure, axes = plt.subplots(figsize=(7, 4.2))
-    for key in ("p50", "p90", "p99"):
-        axes.plot(calls, [_nan(lv["client_v2v_ms"][key]) for lv in levels], marker="o", label=key)
+    for name in names:
+        levels = [lv for lv in summary["levels"] if lv.get("listener", "arrival") == name]
+        for key in ("p50", "p90", "p99"):
+            label = key if len(names) == 1 else f"{key}, {name}"
+            axes.plot(
+                [lv["calls"] for lv in levels],
+                [_nan(lv["client_v2v_ms"][key]) for lv in levels],
+                marker="o",
+                linestyle="-" if name == names[0] else "--",
+                label=label,
+            )
     axes.axhline(GOALS["v2v_p95_8_calls_ms"], color="grey", linestyle="--", linewidth=0.8)
     axes.set_xscale("log", base=2)
     axes.set_xticks(calls, [str(c) for c in calls])

@@ -13,7 +13,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from server.testkit.caller import SpokenUtterance, WebRTCCaller, longest_gap_ms
+from server.testkit.caller import (
+    Listener,
+    ReceivedFrame,
+    SpokenUtterance,
+    WebRTCCaller,
+    longest_gap_ms,
+)
 
 from .corpus import Utterance
 from .server_process import ServerProcess
@@ -28,6 +34,7 @@ __all__ = [
     "backchannel",
     "barge_in",
     "concurrency_level",
+    "playout_split",
     "question_turn",
 ]
 
@@ -46,10 +53,13 @@ class BenchTarget:
     llm_first_sentence_ms: float | None
     """The scripted LLM's known time to its first sentence; None: use the server's measurement."""
     token: str | None = None
+    listener: Listener = "arrival"
+    """When the callers count the agent's audio as heard: on arrival, or as a stock client
+    plays it (:class:`server.testkit.caller.WebRTCCaller`)."""
 
 
 async def new_caller(target: BenchTarget) -> WebRTCCaller:
-    caller = WebRTCCaller()
+    caller = WebRTCCaller(listener=target.listener)
     extra = {"playbook": target.playbook} if target.playbook else {}
     await caller.connect(target.base_url, token=target.token, **extra)
     return caller
@@ -58,9 +68,12 @@ async def new_caller(target: BenchTarget) -> WebRTCCaller:
 async def question_turn(
     caller: WebRTCCaller, utterance: Utterance, target: BenchTarget, **labels: Any
 ) -> Record:
-    """Ask one question and wait for the whole answer; measure voice-to-voice at the client."""
+    """Ask one question and wait for the whole answer; measure voice-to-voice at the client,
+    as its listener hears it (with the stock listener, also where that time went: see
+    :func:`playout_split`)."""
     record: Record = {"kind": "question", "utterance": utterance.id, **labels}
     answers_before = len(caller.of_type("tts_end"))
+    underruns_before = caller.playout.underruns if caller.playout else 0
     metrics_before = len(caller.of_type("turn_metrics"))
     transcripts_before = len(caller.of_type("transcript"))
     spoken = caller.say(utterance.pcm())
@@ -70,11 +83,12 @@ async def question_turn(
     except TimeoutError:
         state = caller.pc.connectionState
         return {**record, "ok": False, "error": f"no answer in time (connection {state})"}
-    first_sound = caller.first_sound_after(last_voiced)
+    first_frame = caller.first_sound_frame_after(last_voiced)
     server = _nth(caller.of_type("turn_metrics"), metrics_before)
     transcript = _nth(caller.of_type("transcript"), transcripts_before)
-    if first_sound is None or server is None or transcript is None:
+    if first_frame is None or server is None or transcript is None:
         return {**record, "ok": False, "error": "the answer was not heard or not measured"}
+    first_sound = first_frame.at
     client_ms = (first_sound - last_voiced) * 1000
     answered = time.monotonic()
     llm_ms = target.llm_first_sentence_ms
@@ -94,7 +108,28 @@ async def question_turn(
         "server": {k: v for k, v in server.items() if k.endswith("_ms")},
         "floor_ms": round(floor, 1),
         "overhead_ms": round(client_ms - floor, 1),
+        **playout_split(caller, first_frame, last_voiced, underruns_before),
     }
+
+
+def playout_split(
+    caller: WebRTCCaller, first: ReceivedFrame, last_voiced: float, underruns_before: int
+) -> Record:
+    """With the stock listener, where the answer's first audible frame spent its time:
+    ``received_v2v_ms`` (voice-to-voice had it counted when it came out of aiortc's receiver),
+    ``jitter_buffer_ms`` (its packet's arrival -> out of the receiver: aiortc's jitter buffer
+    and decoder thread), ``playout_wait_ms`` (out of the receiver -> played) and the playout's
+    underruns during the turn. Empty with the arrival listener."""
+    if caller.playout is None or first.arrived_at is None:
+        return {}
+    split: Record = {
+        "received_v2v_ms": round((first.arrived_at - last_voiced) * 1000, 1),
+        "playout_wait_ms": round((first.at - first.arrived_at) * 1000, 1),
+        "playout_underruns": caller.playout.underruns - underruns_before,
+    }
+    if first.packet_at is not None:
+        split["jitter_buffer_ms"] = round((first.arrived_at - first.packet_at) * 1000, 1)
+    return split
 
 
 async def barge_in(
@@ -242,6 +277,7 @@ async def concurrency_level(
         }
     return {
         "calls": calls,
+        "listener": target.listener,
         "turns": [record for records in per_call for record in records],
         "elapsed_s": round(elapsed, 1),
         **usage,

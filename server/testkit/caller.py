@@ -1,9 +1,11 @@
 """A real aiortc caller: plays 16 kHz speech on its microphone track, records the agent's audio
-with arrival times, and reads the server's events from the ``events`` data channel.
+with its times, and reads the server's events from the ``events`` data channel.
 
-Timing is taken where a browser would see it: a caller frame "leaves" when aiortc pulls it from
-the microphone track to encode and send it; an agent frame "arrives" when it has been received and
-decoded. Both use the system-wide monotonic clock, which the server's event timestamps share.
+A caller frame "leaves" when aiortc pulls it from the microphone track to encode and send it. An
+agent frame is timed by the caller's *listener* (:data:`Listener`): ``"arrival"`` (the default)
+when it has been received and decoded, ``"stock"`` when a stock client would play it (aiortc's
+receiver as shipped, then a sound card's 20 ms playout clock: :class:`PlayoutClock`). All times
+use the system-wide monotonic clock, which the server's event timestamps share.
 """
 
 from __future__ import annotations
@@ -13,13 +15,15 @@ import contextlib
 import hashlib
 import json
 import time
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import aiohttp
 import av
-from aiortc import MediaStreamTrack, RTCPeerConnection, RTCSessionDescription
+from aiortc import MediaStreamTrack, RTCPeerConnection, RTCRtpReceiver, RTCSessionDescription
+from aiortc.rtp import RtpPacket
 
 from media import FRAME_BYTES, FRAME_MS, Speaker, VadSegmenter
 from media.audio import SAMPLE_RATE, pcm_rms_dbfs
@@ -38,6 +42,8 @@ from server.transports.tracks import (
 
 __all__ = [
     "SILENCE_DBFS",
+    "Listener",
+    "PlayoutClock",
     "ReceivedFrame",
     "ReplayedOpusPackets",
     "SpokenUtterance",
@@ -51,6 +57,11 @@ BROWSER_OPUS_APPLICATION = "voip"
 
 SILENCE_DBFS = -50.0
 """Agent frames quieter than this count as silence."""
+
+Listener = Literal["arrival", "stock"]
+"""How a :class:`WebRTCCaller` times the agent's audio. ``"arrival"``: each 20 ms frame when it
+comes out of the receiver, decoded (on the event loop, :func:`decode_on_loop`). ``"stock"``: when
+a stock client plays it: aiortc's receiver as shipped, then a :class:`PlayoutClock`."""
 
 
 class ReplayedOpusPackets(OpusPackets):
@@ -107,9 +118,150 @@ class ReplayedOpusPackets(OpusPackets):
 
 @dataclass(frozen=True)
 class ReceivedFrame:
+    """One 20 ms frame of the agent's audio as the caller's listener heard it."""
+
     at: float
-    """Monotonic clock seconds when the decoded 20 ms frame was available."""
+    """Monotonic clock seconds when the frame was heard: when it was available, decoded (the
+    ``"arrival"`` listener), or when it was played (the ``"stock"`` listener)."""
     dbfs: float
+    arrived_at: float | None = None
+    """The stock listener: when the frame came out of aiortc's receiver, decoded; None for the
+    silence its playout put in on an underrun, and with the arrival listener (``at`` is that)."""
+    packet_at: float | None = None
+    """The stock listener: when the frame's RTP packet reached aiortc's receiver, before its
+    jitter buffer; None when not known."""
+
+
+class PlayoutClock:
+    """A sound card's output: one 20 ms frame played every ``period_s`` of a steady clock.
+
+    Frames are queued as they arrive (:meth:`push`). The clock starts at the first frame's
+    arrival and ticks every period from then on, whatever arrives. Each tick plays the oldest
+    queued frame that had arrived by then or, when none had (an underrun), a frame of silence, as
+    a device does; each played frame goes to ``frames`` (its ``at`` the tick's time, the time
+    it was played) and its PCM to ``heard``. A tick is timed by the clock, not by when its task
+    woke: a late wake-up plays every tick it missed, each at its own time and with what had
+    arrived by then. Nothing is dropped or time-stretched: like a plain device buffer (not a
+    browser's NetEq, which adapts), each underrun delays every later frame by one period for
+    good. After :meth:`end`, :meth:`run` plays what is queued and returns.
+    """
+
+    def __init__(
+        self,
+        frames: list[ReceivedFrame],
+        heard: bytearray,
+        *,
+        period_s: float = FRAME_MS / 1000,
+        frame_bytes: int = FRAME_BYTES,
+    ) -> None:
+        self.frames = frames
+        self.heard = heard
+        self.period_s = period_s
+        self.underruns = 0
+        """Ticks that found no frame and played silence."""
+        self._silence = bytes(frame_bytes)
+        self._silence_dbfs = pcm_rms_dbfs(self._silence)
+        self._queue: deque[tuple[bytes, float, float, float | None]] = deque()
+        self._started: float | None = None
+        self._ended = False
+        self._wake = asyncio.Event()
+
+    @property
+    def queued(self) -> int:
+        """Frames arrived and not yet played."""
+        return len(self._queue)
+
+    def push(self, pcm: bytes, arrived_at: float, packet_at: float | None = None) -> None:
+        """Queue one 20 ms frame that arrived at ``arrived_at`` (monotonic seconds, never
+        earlier than a frame pushed before it); ``packet_at``: when its packet came in."""
+        self._queue.append((pcm, pcm_rms_dbfs(pcm), arrived_at, packet_at))
+        if self._started is None:
+            self._started = arrived_at
+            self._wake.set()
+
+    def end(self) -> None:
+        """No more frames will come: :meth:`run` returns once those queued are played."""
+        self._ended = True
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Play until :meth:`end` and an empty queue (or cancellation)."""
+        while self._started is None and not self._ended:
+            await self._wake.wait()
+        if self._started is None:
+            return
+        tick = 0
+        while True:
+            now = time.monotonic()
+            while (played_at := self._started + tick * self.period_s) <= now:
+                if self._ended and not self._queue:
+                    return
+                self._play(played_at)
+                tick += 1
+            await asyncio.sleep(played_at - time.monotonic())
+
+    def _play(self, played_at: float) -> None:
+        if self._queue and self._queue[0][2] <= played_at:
+            pcm, dbfs, arrived_at, packet_at = self._queue.popleft()
+            self.frames.append(ReceivedFrame(played_at, dbfs, arrived_at, packet_at))
+        else:
+            self.underruns += 1
+            pcm = self._silence
+            self.frames.append(ReceivedFrame(played_at, self._silence_dbfs))
+        self.heard += pcm
+
+
+class _PacketArrivals:
+    """When each RTP packet reached an aiortc receiver, before its jitter buffer, found again by
+    the ``pts`` aiortc's decoder gives the packet's frame (the RTP timestamp less the first
+    one's, which is what aiortc's ``TimestampMapper`` makes of it on an in-order stream).
+
+    It wraps the receiver's ``_handle_rtp_packet`` (aiortc 1.16; looked up per packet by the
+    DTLS transport): a clock reading, then aiortc's own handling, unchanged."""
+
+    KEPT = 512
+    """Packets remembered (~10 s): more than a jitter buffer of 16 ever holds."""
+
+    def __init__(self, receiver: RTCRtpReceiver) -> None:
+        self._origin: int | None = None
+        self._times: dict[int, float] = {}
+        handle: Callable[[RtpPacket, int], Awaitable[None]] = receiver._handle_rtp_packet
+
+        async def observed(packet: RtpPacket, arrival_time_ms: int) -> None:
+            self._observe(packet)
+            await handle(packet, arrival_time_ms)
+
+        setattr(receiver, "_handle_rtp_packet", observed)  # noqa: B010 - an instance's method
+
+    def _observe(self, packet: RtpPacket) -> None:
+        if self._origin is None:
+            self._origin = packet.timestamp
+        key = (packet.timestamp - self._origin) % 2**32
+        if key not in self._times:
+            self._times[key] = time.monotonic()
+            if len(self._times) > self.KEPT:
+                del self._times[next(iter(self._times))]
+
+    def pop(self, pts: int | None) -> float | None:
+        """When the packet of the decoded frame with ``pts`` came in; None if not seen."""
+        return None if pts is None else self._times.pop(pts % 2**32, None)
+
+
+class _StampedTrack(MediaStreamTrack):
+    """Another track's frames, each noted (its ``pts`` and when ``recv()`` gave it) on the way."""
+
+    kind = "audio"
+
+    def __init__(self, track: MediaStreamTrack) -> None:
+        super().__init__()
+        self._track = track
+        self.pts: int | None = None
+        self.at = 0.0
+
+    async def recv(self) -> Any:
+        frame = await self._track.recv()
+        self.pts, self.at = getattr(frame, "pts", None), time.monotonic()
+        return frame
 
 
 def longest_gap_ms(frames: Sequence[ReceivedFrame], start: float, end: float) -> float:
@@ -164,19 +316,50 @@ def voiced_span_ms(pcm: bytes) -> tuple[float, float]:
 
 @dataclass
 class WebRTCCaller:
-    """One browser-like caller. ``connect()``, then ``say()`` and read ``events`` / ``frames``."""
+    """One browser-like caller. ``connect()``, then ``say()`` and read ``events`` / ``frames``.
+
+    ``listener`` says when an agent frame counts as heard (``frames``' ``at``, which
+    :meth:`first_sound_after` and :meth:`silent_from` read):
+
+    - ``"arrival"`` (the default): when it comes out of the receiver, decoded. The receiver keeps
+      aiortc's jitter buffer and decodes on the event loop (:func:`decode_on_loop`), as a
+      browser's native decoder costs no thread per caller.
+    - ``"stock"``: when a stock client plays it. The receiver is aiortc's as shipped, and a
+      :class:`PlayoutClock` takes one frame from its track every 20 ms, as a sound card would.
+      A stock client's delay after a packet reaches it is then: aiortc's jitter buffer, which
+      releases a frame only once 4 later ones have arrived (``JitterBuffer(capacity=16,
+      prefetch=4)``: ~80 ms at the sender's steady 20 ms; less for a packet followed by a
+      burst; a lost packet holds every later one until 16 have queued); the decoder thread
+      (Opus to 48 kHz stereo, each frame posted back to the event loop); then the playout's
+      wait for its next tick (0-20 ms), plus one period for each underrun so far, since a plain
+      device buffer never catches up. Not modelled: a device's own output buffer, and a
+      browser's NetEq, which adapts its delay to the jitter it sees and time-stretches to it.
+      Each frame also keeps when it came out of the receiver (``arrived_at``) and when its
+      packet came in (``packet_at``), so one call splits its delay into jitter buffer and
+      playout; ``heard`` is what was played, underrun silence included.
+    """
 
     pc: RTCPeerConnection = field(default_factory=RTCPeerConnection)
     microphone: Speaker = field(default_factory=lambda: Speaker(OUTPUT_RATE))
     events: list[dict[str, Any]] = field(default_factory=list)
     heard: bytearray = field(default_factory=bytearray)
-    """The agent's audio as received, 16 kHz PCM16."""
+    """The agent's audio as heard (see ``listener``), 16 kHz PCM16."""
     frames: list[ReceivedFrame] = field(default_factory=list)
     session_id: str = ""
     offer_headers: dict[str, str] = field(default_factory=dict)
     """Extra headers of the offer request (e.g. ``X-Vocable-Record: off``)."""
+    listener: Listener = "arrival"
+    """When an agent frame counts as heard: on arrival, or when a stock client plays it."""
+    playout: PlayoutClock | None = field(default=None, init=False)
+    """The stock listener's playout (its ``underruns``, ``queued``), once the agent's track
+    started; None with the arrival listener."""
     _arrived: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    _packets: _PacketArrivals | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        if self.listener not in ("arrival", "stock"):
+            raise ValueError(f"unknown listener {self.listener!r}")
 
     async def connect(self, base_url: str, *, token: str | None = None, **offer_extra: Any) -> None:
         """Offer, get the answer, and start media; raises RuntimeError if the server refuses."""
@@ -184,7 +367,7 @@ class WebRTCCaller:
         self.channel.on("message", self._on_message)
         microphone = SpeakerTrack(self.microphone)
         self.pc.addTrack(microphone)
-        self.pc.on("track", self._on_track)
+        self.pc.on("track", self.listen)
         await self.pc.setLocalDescription(await self.pc.createOffer())
         body = {"sdp": self.pc.localDescription.sdp, "type": "offer", **offer_extra}
         headers = {**self.offer_headers, **({"Authorization": f"Bearer {token}"} if token else {})}
@@ -197,11 +380,25 @@ class WebRTCCaller:
                 raise RuntimeError(f"offer refused: {response.status} {answer}")
         self.session_id = answer["session_id"]
         await self.pc.setRemoteDescription(RTCSessionDescription(answer["sdp"], answer["type"]))
-        for transceiver in self.pc.getTransceivers():  # a browser decodes natively: no thread
-            if transceiver.kind == "audio":  # per caller (aiortc's 80 ms playout buffer stays)
+        for transceiver in self.pc.getTransceivers():
+            if transceiver.kind != "audio":
+                continue
+            if self.listener == "stock":  # aiortc's receiver as shipped, its packets timed
+                self._packets = _PacketArrivals(transceiver.receiver)
+            else:  # a browser decodes natively: no thread per caller (aiortc's buffer stays)
                 decode_on_loop(transceiver.receiver, opus_rate=SAMPLE_RATE)
         if negotiated_opus(answer["sdp"]):  # a browser's encoder is native code: keep ours cheap
             microphone.opus = ReplayedOpusPackets(application=BROWSER_OPUS_APPLICATION)
+
+    def listen(self, track: MediaStreamTrack) -> None:
+        """Record the agent's ``track`` into ``frames`` and ``heard`` with this caller's
+        listener, until it ends or :meth:`close` (``connect()`` does this for the call's)."""
+        if self.listener == "stock":
+            self.playout = PlayoutClock(self.frames, self.heard)
+            self._tasks.append(asyncio.create_task(self._receive(track, self.playout)))
+            self._tasks.append(asyncio.create_task(self.playout.run()))
+        else:
+            self._tasks.append(asyncio.create_task(self._record(track)))
 
     def say(self, pcm16k: bytes) -> SpokenUtterance:
         """Queue speech on the microphone (after anything still playing)."""
@@ -223,14 +420,19 @@ class WebRTCCaller:
         return self.of_type(type)[count - 1]
 
     def first_sound_after(self, t: float) -> float | None:
-        """Arrival time of the first non-silent agent frame after ``t``."""
+        """When the first non-silent agent frame after ``t`` was heard (see ``listener``)."""
+        frame = self.first_sound_frame_after(t)
+        return None if frame is None else frame.at
+
+    def first_sound_frame_after(self, t: float) -> ReceivedFrame | None:
+        """The first non-silent agent frame heard after ``t``; None if none yet."""
         for frame in self.frames:
             if frame.at > t and frame.dbfs > SILENCE_DBFS:
-                return frame.at
+                return frame
         return None
 
     def silent_from(self, t: float, hold_ms: float = 300.0) -> float | None:
-        """The first arrival time after ``t`` from which the agent stays silent for ``hold_ms``."""
+        """The first time after ``t`` from which the agent is heard silent for ``hold_ms``."""
         candidate: float | None = None
         for frame in self.frames:
             if frame.at <= t:
@@ -254,10 +456,19 @@ class WebRTCCaller:
         self.events.append(json.loads(message))
         self._arrived.set()
 
-    def _on_track(self, track: MediaStreamTrack) -> None:
-        self._tasks.append(asyncio.create_task(self._record(track)))
-
     async def _record(self, track: MediaStreamTrack) -> None:
         async for frame in caller_frames(track):  # the same conversion the server uses
             self.heard += frame
             self.frames.append(ReceivedFrame(time.monotonic(), pcm_rms_dbfs(frame)))
+
+    async def _receive(self, track: MediaStreamTrack, playout: PlayoutClock) -> None:
+        """The stock listener's side of the track: each frame, as it comes out of aiortc's
+        receiver, into the playout (which ``end()``s with the track)."""
+        stamped = _StampedTrack(track)
+        try:
+            async for frame in caller_frames(stamped):  # the same conversion the server uses
+                packets = self._packets
+                packet_at = packets.pop(stamped.pts) if packets is not None else None
+                playout.push(frame, stamped.at, packet_at)
+        finally:
+            playout.end()
