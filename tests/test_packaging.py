@@ -37,13 +37,14 @@ def _declared_packages() -> set[str]:
     return set(setuptools["packages"])
 
 
-def test_every_package_of_the_tree_is_declared() -> None:
-    """A new sub-package missing from pyproject.toml's list would be left out of the wheel."""
+def test_every_folder_of_the_tree_is_declared() -> None:
+    """A new sub-package or data folder missing from pyproject.toml's list would be left out of
+    the wheel (setuptools only warns)."""
     found = {
-        ".".join(init.parent.relative_to(REPO).parts)
+        ".".join(folder.relative_to(REPO).parts)
         for top in ("server", "media", "playbooks")
-        for init in (REPO / top).rglob("__init__.py")
-        if "__pycache__" not in init.parts
+        for folder in [REPO / top, *(REPO / top).rglob("*")]
+        if folder.is_dir() and "__pycache__" not in folder.parts
     }
     assert _declared_packages() == found | {"server.web_client"}
 
@@ -101,6 +102,9 @@ def test_the_wheel_carries_the_web_client_and_the_examples(fresh_install: Path) 
     for client_file in ("index.html", "app.js", "style.css"):
         assert f"server/web_client/{client_file}" in names
     assert "playbooks/examples/support.yaml" in names
+    assert "playbooks/examples/support_tools.py" in names
+    assert "playbooks/examples/markdown/support.md" in names
+    assert "server/runtime/templates/chatml-tools.jinja" in names
     assert not any(name.startswith(("tests/", "benchmarks/")) for name in names)
 
 
