@@ -237,6 +237,7 @@ NON_DEFAULT: dict[str, Any] = {  # by option: a value other than its default
     "cors_origins": ("https://a.example",),
     "idle_timeout_s": 60.0,
     "max_call_s": 600.0,
+    "webrtc_media_timeout_s": 10.0,
     "audiosocket": ("0.0.0.0", 9092),
     "sip": ("0.0.0.0", 5080),
     "rate_limit": 5.0,

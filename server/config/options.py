@@ -274,6 +274,16 @@ class ServeOptions(BaseModel):
         Cli(CALLS, "S"),
         Field(gt=0, description="hang up a call (any transport) this long after it started"),
     ] = 3600.0
+    webrtc_media_timeout_s: Annotated[
+        Number,
+        Cli(CALLS, "S"),
+        Field(
+            gt=0,
+            description="hang up a browser call whose audio has stopped arriving for this long "
+            "(a browser closed by force, a network gone); browsers send audio without pause, "
+            "silence included",
+        ),
+    ] = 3.0
     drain_timeout_s: Annotated[
         Number,
         Cli(CALLS, "S"),

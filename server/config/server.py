@@ -150,6 +150,8 @@ class ServerConfig:
     idle_timeout_s: float = DEFAULTS.idle_timeout_s
     """Hang up after this long without caller speech."""
     max_call_s: float = DEFAULTS.max_call_s
+    webrtc_media_timeout_s: float = DEFAULTS.webrtc_media_timeout_s
+    """Hang up a WebRTC call whose caller audio stopped this long ago (the peer vanished)."""
     audiosocket: tuple[str, int] | None = DEFAULTS.audiosocket
     """Where to accept Asterisk AudioSocket connections (None: not at all)."""
     sip: SipSettings | None = None

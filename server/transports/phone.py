@@ -26,7 +26,7 @@ class PhoneCall(TransportCall):
     :attr:`receiving` ends the call with :attr:`silence_reason`.
     """
 
-    silence_reason: ClassVar[str] = "no audio from the peer"
+    silence_reason: ClassVar[str] = "media_timeout: no audio from the peer"
     """The hang-up reason when the media timeout strikes."""
 
     def __init__(

@@ -39,7 +39,7 @@ class OutboundCall(PhoneCall):
     """One call Vocable places. Create, set :attr:`session`, admit, then :meth:`start`."""
 
     transport = "SIP outbound"
-    silence_reason = "no audio from the callee"
+    silence_reason = "media_timeout: no audio from the callee"
 
     def __init__(
         self,

@@ -2,9 +2,11 @@
 
 A call owns its ``RTCPeerConnection``, its :class:`Session` and the ``events`` data channel. It
 starts listening (and greets) once ICE connects, and ends on hang-up, peer failure, no connection
-within CONNECT_TIMEOUT_S, idle timeout or maximum duration, freeing everything; other calls are
-unaffected. Whatever a client sends (an SDP aiortc chokes on, any data-channel message) is refused
-with a clear message and never takes the call, or the server, down.
+within CONNECT_TIMEOUT_S, caller audio stopped for ``--webrtc-media-timeout-s`` (a peer that
+vanished without a word: ICE would take about half a minute to notice), idle timeout or maximum
+duration, freeing everything; other calls are unaffected. Whatever a client sends (an SDP aiortc
+chokes on, any data-channel message) is refused with a clear message and never takes the call,
+or the server, down.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from aiortc import (
@@ -73,6 +77,10 @@ class WebRTCCall(TransportCall):
         self._listening = False
         self._connected = asyncio.Event()
         self._channel_open = asyncio.Event()
+        self._heard_at = time.monotonic()
+        """When the caller's last audio frame arrived."""
+        self._peer_gone = False
+        """Set when the caller vanished: nothing more is sent to it."""
         pc.on("track", self._on_track)
         pc.on("datachannel", self._on_datachannel)
         pc.on("connectionstatechange", self._on_connection_state)
@@ -117,6 +125,11 @@ class WebRTCCall(TransportCall):
         self._send(client_view(event))
 
     def _send(self, payload: dict[str, Any]) -> None:
+        """Send ``payload`` on the events channel, or keep it until the channel opens. Nothing
+        is sent once the connection is gone: aiortc would send from a task of its own, whose
+        failure nobody could retrieve."""
+        if self._peer_gone or self.pc.connectionState in ("failed", "closed"):
+            return
         text = json.dumps(payload, ensure_ascii=False)
         channel = self._channel
         if channel is not None and channel.readyState == "open":
@@ -157,8 +170,9 @@ class WebRTCCall(TransportCall):
             and self._caller is not None
         ):
             self._listening = True
+            self._heard_at = time.monotonic()
             self.spawn(self._listen(self._caller), "listen")
-            self.watch()
+            self.watch(self._media_silent)
         elif state in ("failed", "closed"):
             if state == "failed" and self.session.busy and not self.hung_up:
                 self.session.voice.emit(
@@ -206,8 +220,21 @@ class WebRTCCall(TransportCall):
     # -- lifecycle -----------------------------------------------------------------------------
 
     async def _listen(self, track: MediaStreamTrack) -> None:
-        await self.session.run(caller_frames(track))
+        await self.session.run(self._heard(caller_frames(track)))
         await self.hangup("caller audio ended")
+
+    async def _heard(self, frames: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        async for frame in frames:
+            self._heard_at = time.monotonic()
+            yield frame
+
+    def _media_silent(self, now: float) -> str | None:
+        """The watchdog's check: the caller's audio stopped (browsers send it without pause)."""
+        timeout = self.registry.config.webrtc_media_timeout_s
+        if now - self._heard_at < timeout:
+            return None
+        self._peer_gone = True
+        return f"media_timeout: no audio from the caller for {timeout:g} s"
 
     def ending(self, reason: str) -> None:
         with contextlib.suppress(Exception):  # the channel may be failing with the call
@@ -227,7 +254,11 @@ class WebRTCCall(TransportCall):
     async def _deliver_events(self) -> None:
         """Wait (up to HANGUP_NOTICE_TIMEOUT_S) until the events sent so far have left: the
         channel opened and its send buffer drained. Returns at once when the peer is gone."""
-        if self.pc.localDescription is None or self.pc.connectionState in ("failed", "closed"):
+        if (
+            self.pc.localDescription is None
+            or self.pc.connectionState in ("failed", "closed")
+            or self._peer_gone
+        ):
             return  # no answer was given, or the peer is gone: nobody can hear it
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(HANGUP_NOTICE_TIMEOUT_S):
