@@ -176,17 +176,21 @@ async def voice_server(
     config: ServerConfig | None = None,
     playbooks: Path | None = None,
     llm_api_key: str | None = None,
+    *,
+    measured_admission: bool = False,
 ) -> AsyncIterator[TestServer]:
     """The real app on 127.0.0.1 with the shared models and the playbooks of ``playbooks`` (a
     folder or file; the example playbooks when None); no LLM when ``llm_url`` is None.
 
-    Admission by a call's measured cost is off: the test's own callers, Whisper checks and
-    speech run in the server's process, whose CPU the gauge would take for the calls' (it is
-    tested with its own gauge in tests/test_overload.py). Every other limit stays."""
+    Admission by a call's measured cost is off unless ``measured_admission``: the test's own
+    callers, Whisper checks and speech run in the server's process, whose CPU the gauge would
+    take for the calls' (it is tested with its own gauge in tests/test_overload.py). Every
+    other limit stays."""
     from tests.conftest import EXAMPLES
 
     config = config or ServerConfig()
-    config = replace(config, overload=replace(config.overload, capacity_cpu_percent=0))
+    if not measured_admission:
+        config = replace(config, overload=replace(config.overload, capacity_cpu_percent=0))
     llm = ChatClient.connect(llm_url, llm_api_key, "scripted") if llm_url else None
     engines = Engines(
         transcriber(),

@@ -212,10 +212,14 @@ async def test_an_overloaded_server_refuses_new_calls_on_every_transport() -> No
 
 
 def _costed(
-    settings: OverloadSettings, calls: list[int], others: list[float] | None = None
+    settings: OverloadSettings,
+    calls: list[int],
+    others: list[float] | None = None,
+    *,
+    quota: bool = False,
 ) -> tuple[LoadGauge, Clock]:
-    """A gauge of 2 cores on a test clock; ``others``: CPU seconds other processes took on
-    them so far (None: not measured here)."""
+    """A gauge of 2 cores on a test clock; ``others``: CPU seconds other processes took so far
+    (None: not measured here), in the same control group under its quota when ``quota``."""
     clock = Clock()
     gauge = LoadGauge(
         settings,
@@ -225,6 +229,7 @@ def _costed(
         cores=2,
         calls=lambda: calls[0],
         cores_busy_time=(lambda: None) if others is None else (lambda: clock.cpu + others[0]),
+        others_share_the_limit=quota,
     )
     return gauge, clock
 
@@ -250,11 +255,43 @@ def test_a_burst_is_refused_by_the_calls_measured_cost_before_its_load_shows() -
     assert gauge.full(9) is not None
 
 
-def test_the_cpu_other_processes_take_on_the_cores_leaves_room_for_fewer_calls() -> None:
+def _busy_neighbour(gauge: LoadGauge, clock: Clock, others: list[float]) -> None:
+    for _ in range(30):  # 60 % of a core beside the server, for 3 s
+        clock.now += 0.1
+        clock.cpu += 0.1 * 0.3  # the server's two calls, 15 % of a core each
+        others[0] += 0.1 * 0.6
+        gauge.record(0.0)
+
+
+def test_a_neighbour_outside_the_group_refuses_calls_only_by_their_symptoms() -> None:
+    """Callers or another container on the same host: measured and reported, but the calls'
+    room is the process's own; they refuse calls only once lag or backlog show it."""
     others = [0.0]
     settings = OverloadSettings(capacity_cpu_percent=75, assumed_call_cpu_percent=15)
     gauge, clock = _costed(settings, [2], others)
-    for _ in range(30):  # callers on the same machine: 60 % of a core beside the server
+    _busy_neighbour(gauge, clock, others)
+    assert gauge.others_load() == pytest.approx(0.6)
+    assert gauge.measured()["others_cpu_percent"] == pytest.approx(30.0)
+    assert gauge.capacity() == 10  # 2 cores x 75 % / 15 % a call: the neighbour takes none
+    assert gauge.full(9) is None
+    full = gauge.full(10)
+    assert full is not None
+    assert "other processes" not in full.reason
+    for _ in range(25):  # now it starves the calls: the loop runs late
+        clock.now += 0.1
+        clock.cpu += 0.1 * 0.3
+        others[0] += 0.1 * 0.6
+        gauge.record(0.3)
+    overload = gauge.overload()
+    assert overload is not None
+    assert overload.reason.startswith("event loop 300 ms late")
+
+
+def test_under_a_quota_the_groups_other_processes_leave_room_for_fewer_calls() -> None:
+    others = [0.0]
+    settings = OverloadSettings(capacity_cpu_percent=75, assumed_call_cpu_percent=15)
+    gauge, clock = _costed(settings, [2], others, quota=True)
+    for _ in range(30):  # a sibling worker in the container: 60 % of a core of its quota
         clock.now += 0.1
         clock.cpu += 0.1 * 0.3  # the server's two calls, 15 % of a core each
         others[0] += 0.1 * 0.6

@@ -20,7 +20,8 @@ class OverloadSettings:
     """Process CPU over the window, as a share of the usable cores (100: all of them)."""
     capacity_cpu_percent: float = 50.0
     """Admit a call only while the calls live, each at its measured CPU cost, fit in this share
-    of the usable cores, less what other processes take of them: a burst is refused before its
+    of the CPU the process may use (its control group's quota, less what the group's other
+    processes take of it; else its cores): a burst is refused before its
     own load shows (0: not checked). The latency benchmark's 24 callers arriving within 4 s (on
     the same 2 cores) were cut to 10 calls at 75 % (p95 1.55-1.73 s on a Xeon), to 8 at 60 %
     (p95 1.27-1.60 s on an EPYC) and to 6 at 50 % (p95 1.04-1.14 s there); the goal is 1.5 s."""

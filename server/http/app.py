@@ -355,6 +355,7 @@ async def _health(request: web.Request) -> web.Response:
                 **{key: round(value, 1) for key, value in calls.load.measured().items()},
                 "call_cpu_percent": round(calls.load.call_cost * 100, 1),
                 "capacity_calls": calls.load.capacity(),
+                "cpu_limit": {"cores": calls.cpu_limit.cores, "source": calls.cpu_limit.source},
             },
             "refused_overloaded": calls.refused,
             "process": {"pid": os.getpid(), **process_snapshot()},

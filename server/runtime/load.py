@@ -15,9 +15,12 @@ Those symptoms show only once calls are talking, so a burst of calls arriving to
 be admitted before any of them loads the machine. Admission therefore also counts calls by their
 **measured cost**: the process's CPU per live call over windows in which the number of calls held
 steady, smoothed across windows and remembered between bursts. While the live calls, at that
-cost each, fill what is left of ``capacity_cpu_percent`` of the cores once the CPU that other
-processes took on those cores over the window is set aside (``server/runtime/cores.py``: a
-sibling server, a gateway, callers on the same machine), the next one is refused.
+cost each, fill ``capacity_cpu_percent`` of the CPU the process may use (its control group's
+quota, else its cores: ``server/runtime/cgroup.py``), the next one is refused. Under a quota,
+what the group's other processes took over the window (a sibling worker) is set aside first.
+A neighbour outside it (another container, callers on the same machine: ``server/runtime/
+cores.py`` measures it) refuses calls only once the calls' own symptoms above show it starves
+them.
 
 A refused caller is asked to come back (``Retry-After``) after the window, plus as long as the
 overload has lasted so far, between RETRY_MIN_S and RETRY_MAX_S.
@@ -77,9 +80,10 @@ class LoadGauge:
         period_s: float = 0.1,
         clock: Callable[[], float] = time.monotonic,
         cpu_time: Callable[[], float] = time.process_time,
-        cores: int | None = None,
+        cores: float | None = None,
         calls: Callable[[], int] = lambda: 0,
         cores_busy_time: Callable[[], float | None] = lambda: None,
+        others_share_the_limit: bool = False,
     ) -> None:
         self.settings = settings
         self.period_s = period_s
@@ -91,7 +95,13 @@ class LoadGauge:
         self._clock = clock
         self._cpu_time = cpu_time
         self._cores_busy_time = cores_busy_time
-        self.cores = cores or len(os.sched_getaffinity(0))
+        self.cores = cores or float(len(os.sched_getaffinity(0)))
+        """The CPU the process may use, in cores (``server/runtime/cgroup.py``)."""
+        self.others_share_the_limit = others_share_the_limit
+        """Whether the CPU that others take (:meth:`others_load`) comes out of :attr:`cores`:
+        other processes of the same control group under its quota. Elsewhere a neighbour on
+        the same machine refuses calls only through the calls' own symptoms (loop lag, decode
+        backlog), not by its mere CPU."""
         self.samples: deque[LoadSample] = deque()
         self._overloaded_since: float | None = None
 
@@ -144,8 +154,9 @@ class LoadGauge:
         return samples[0], samples[-1]
 
     def others_load(self) -> float:
-        """The CPU that other processes took on this process's cores over the window, as a
-        share of one core; 0 until the window is full or where it cannot be measured."""
+        """The CPU that other processes took over the window (on this process's cores, or in
+        its control group), as a share of one core; 0 until the window is full or where it
+        cannot be measured."""
         window = self._full_window()
         if window is None:
             return 0.0
@@ -158,12 +169,14 @@ class LoadGauge:
 
     def capacity(self) -> int | None:
         """How many calls fit, at their measured cost, in ``capacity_cpu_percent`` of the
-        cores less what other processes take of them (at least one); None when that is not
-        checked."""
+        usable CPU, less what other processes sharing the limit take of it (at least one);
+        None when that is not checked."""
         share = self.settings.capacity_cpu_percent
         if not share or self.call_cost <= 0:
             return None
-        room = self.cores * share / 100 - self.others_load()
+        room = self.cores * share / 100
+        if self.others_share_the_limit:
+            room -= self.others_load()
         return max(1, math.floor(room / self.call_cost + 1e-9))
 
     def full(self, live_calls: int) -> Overload | None:
@@ -172,7 +185,7 @@ class LoadGauge:
         capacity = self.capacity()
         if capacity is None or live_calls < capacity:
             return None
-        others = self.others_load()
+        others = self.others_load() if self.others_share_the_limit else 0.0
         reason = (
             f"{live_calls} calls fill it (about {capacity} fit, at "
             f"{self.call_cost * 100:.0f} % of a core each"

@@ -25,6 +25,7 @@ from server.call.session import Session
 from server.call.voice import VoicePlaybookOrchestrator
 from server.config.server import ServerConfig
 
+from .cgroup import cpu_limit
 from .cores import busy_time_reader
 from .engines import Engines
 from .load import LoadGauge
@@ -91,11 +92,16 @@ class CallRegistry:
         self.draining = False
         """Set by :meth:`drain`: no new call is admitted."""
         self.admissions = RateLimiter(config.rate_limit_per_min, config.rate_limit_burst)
+        self.cpu_limit = cpu_limit()
+        """The CPU this process may use (a control group's quota, else its cores)."""
+        limit = self.cpu_limit
         self.load = LoadGauge(
             config.overload,
             lambda: decode_backlog(engines.transcriber) or 0,
             calls=lambda: len(self.calls),
-            cores_busy_time=busy_time_reader(),
+            cores=limit.cores,
+            cores_busy_time=limit.usage if limit.quota else busy_time_reader(),
+            others_share_the_limit=limit.quota,
         )
         """Sampled while the server runs (``load.running()``); judged at each admission."""
         self.refused = 0
