@@ -14,6 +14,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from aiortc import RTCPeerConnection
 
 from playbooks import ChatClient, load_playbooks
+from server.config.overload import OverloadSettings
 from server.config.server import ServerConfig
 from server.http.app import MAX_SDP_BYTES, create_app
 from server.http.auth import bearer_matches
@@ -74,7 +75,8 @@ async def test_health_config_playbooks_and_page(make_client: MakeClient, llm: Sc
     assert limit.cores <= len(os.sched_getaffinity(0))
     assert load.pop("call_cpu_percent") == 15.0
     if not limit.quota:
-        assert load.pop("capacity_calls") == max(1, math.floor(limit.cores * 0.5 / 0.15 + 1e-6))
+        share = OverloadSettings().capacity_cpu_percent / 100
+        assert load.pop("capacity_calls") == max(1, math.floor(limit.cores * share / 0.15 + 1e-6))
     assert set(load) <= {
         "loop_lag_ms",
         "decode_backlog",

@@ -18,13 +18,14 @@ class OverloadSettings:
     """Decodes waiting for a worker, at the least over the window."""
     max_cpu_percent: float = 0.0
     """Process CPU over the window, as a share of the usable cores (100: all of them)."""
-    capacity_cpu_percent: float = 50.0
+    capacity_cpu_percent: float = 100.0
     """Admit a call only while the calls live, each at its measured CPU cost, fit in this share
     of the CPU the process may use (its control group's quota, less what the group's other
-    processes take of it; else its cores): a burst is refused before its
-    own load shows (0: not checked). The latency benchmark's 24 callers arriving within 4 s (on
-    the same 2 cores) were cut to 10 calls at 75 % (p95 1.55-1.73 s on a Xeon), to 8 at 60 %
-    (p95 1.27-1.60 s on an EPYC) and to 6 at 50 % (p95 1.04-1.14 s there); the goal is 1.5 s."""
+    processes take of it; else its cores): a burst is refused before its own load shows (0: not
+    checked), and the symptoms above refuse calls past what the machine serves. On a 2-core
+    EPYC with the callers on the same cores (``benchmarks/results/admission-24``), 24 callers
+    arriving over 6 s were cut to 7 calls at 50 % (p95 701 ms) and to 14 at 100 % (p95 721
+    ms); 40 over 10 s to 16 (p95 742 ms); the goal is 1.5 s."""
     assumed_call_cpu_percent: float = 15.0
     """A call's CPU cost, as a share of one core, until calls have been measured (one caller
     of the latency benchmark, its answers and barge-ins included, uses 16-18 % on a 2-core
