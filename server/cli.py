@@ -225,6 +225,13 @@ def _serve(args: argparse.Namespace) -> int:
         check_sip_stack()  # an untested aiosipua stops here, before the models load
     # an invalid playbook stops here, with its one line
     load_playbooks(config.playbook, config.tools_module)
+    if config.redis_url is not None:
+        from server.runtime.call_directory import DirectoryUnavailable, check_reachable
+
+        try:  # an unreachable call directory stops here, before the models load
+            check_reachable(config.redis_url)
+        except DirectoryUnavailable as exc:
+            raise ConfigError(str(exc)) from None
     if config.local_llm is not None and config.local_llm.gguf is not None:
         from server.runtime.gguf import GgufError, read_gguf
 

@@ -5,14 +5,20 @@ runs in its own process group (``tests.processes``), so nothing outlives the tes
 from __future__ import annotations
 
 import asyncio
+import random
 import shutil
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 
-from tests.processes import spawn, stop_group
+from tests.processes import free_port, spawn, stop_group
 
-__all__ = ["run_sipp", "sipp_result", "start_sipp"]
+__all__ = ["SIP_FILES", "run_sipp", "sipp_callee", "sipp_result", "start_sipp"]
+
+SIP_FILES = Path(__file__).resolve().parent / "sip"
+"""The scenarios."""
 
 
 def _error_log(workdir: Path) -> Path:
@@ -62,5 +68,30 @@ async def run_sipp(workdir: Path, *args: str, timeout_s: float = 120.0) -> tuple
     process = await start_sipp(workdir, *args)
     try:
         return await sipp_result(process, workdir, timeout_s)
+    finally:
+        await stop_group(process)
+
+
+@asynccontextmanager
+async def sipp_callee(
+    workdir: Path, scenario: str
+) -> AsyncIterator[tuple[str, Callable[[], Awaitable[tuple[int, str]]]]]:
+    """sipp as a callee (UAS) running ``tests/sip/SCENARIO.xml`` once on 127.0.0.1; yields the
+    URI to dial and a coroutine function returning its exit status (0 iff the scenario
+    completed) and output."""
+    port = free_port()
+    process = await start_sipp(
+        workdir,
+        *("-sf", str(SIP_FILES / f"{scenario}.xml"), "-i", "127.0.0.1", "-p", str(port)),
+        *("-m", "1", "-mi", "127.0.0.1", "-mp", str(random.randrange(40000, 50000, 2))),
+        *("-timeout", "60", "-timeout_error"),
+    )
+
+    async def finished() -> tuple[int, str]:
+        return await sipp_result(process, workdir, 30)
+
+    try:
+        await asyncio.sleep(0.3)  # listening
+        yield f"sip:callee@127.0.0.1:{port}", finished
     finally:
         await stop_group(process)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
@@ -31,8 +30,8 @@ from server.transports.sip_dialer import parse_target
 from tests.baresip import RATE, Baresip, loud_frames, start_baresip, until
 from tests.calls import transcriber, voice_server, word_error_rate
 from tests.phone import ANSWER, phone_audio
-from tests.processes import free_port, run_vocable, stop_group
-from tests.sipp import sipp_result, start_sipp
+from tests.processes import run_vocable
+from tests.sipp import sipp_callee
 
 pytestmark = pytest.mark.slow
 
@@ -223,29 +222,6 @@ async def test_a_voicemail_greeting_gets_the_playbooks_message(
 # -- sipp, the callees that do not answer, and one that waits for our BYE -----------------------
 
 
-@asynccontextmanager
-async def _sipp_callee(workdir: Path, scenario: str) -> AsyncIterator[tuple[str, Any]]:
-    """sipp as a callee (UAS) running ``tests/sip/SCENARIO.xml`` once on 127.0.0.1; yields the
-    URI to dial and a coroutine function returning its exit status (0 iff the scenario
-    completed) and output."""
-    port = free_port()
-    process = await start_sipp(
-        workdir,
-        *("-sf", str(SIP_FILES / f"{scenario}.xml"), "-i", "127.0.0.1", "-p", str(port)),
-        *("-m", "1", "-mi", "127.0.0.1", "-mp", str(random.randrange(40000, 50000, 2))),
-        *("-timeout", "60", "-timeout_error"),
-    )
-
-    async def finished() -> tuple[int, str]:
-        return await sipp_result(process, workdir, 30)
-
-    try:
-        await asyncio.sleep(0.3)  # listening
-        yield f"sip:callee@127.0.0.1:{port}", finished
-    finally:
-        await stop_group(process)
-
-
 async def _ended(server: TestServer, session_id: str) -> dict[str, Any]:
     sip = server.app[SIP]
     await until(lambda: sip.outbound[session_id].state == "ended", 20, "the call did not end")
@@ -255,7 +231,7 @@ async def _ended(server: TestServer, session_id: str) -> dict[str, Any]:
 async def test_a_busy_callee_is_busy_and_its_486_acknowledged(
     server: TestServer, tmp_path: Path
 ) -> None:
-    async with _sipp_callee(tmp_path, "callee_busy") as (uri, finished):
+    async with sipp_callee(tmp_path, "callee_busy") as (uri, finished):
         status, body = await _post(server, "/calls", {"to": uri, "playbook": "outreach"})
         assert status == 201, body
         described = await _ended(server, body["session_id"])
@@ -272,7 +248,7 @@ async def test_no_answer_is_cancelled_and_a_full_server_refuses_another_call(
     (tmp_path / "playbooks").mkdir()
     async with (
         _server(llm, tmp_path / "playbooks", max_sessions=1) as server,
-        _sipp_callee(tmp_path, "callee_rings") as (uri, finished),
+        sipp_callee(tmp_path, "callee_rings") as (uri, finished),
     ):
         body = {"to": uri, "playbook": "outreach", "ring_timeout_s": 2}
         status, placed = await _post(server, "/calls", body)
@@ -289,7 +265,7 @@ async def test_no_answer_is_cancelled_and_a_full_server_refuses_another_call(
 
 
 async def test_delete_ends_an_answered_call_with_a_bye(server: TestServer, tmp_path: Path) -> None:
-    async with _sipp_callee(tmp_path, "callee_answers") as (uri, finished):
+    async with sipp_callee(tmp_path, "callee_answers") as (uri, finished):
         status, body = await _post(server, "/calls", {"to": uri, "playbook": "outreach"})
         assert status == 201, body
         session_id = body["session_id"]
@@ -313,7 +289,7 @@ async def test_delete_ends_an_answered_call_with_a_bye(server: TestServer, tmp_p
 async def test_vocable_call_places_the_call_and_reports_busy(
     server: TestServer, tmp_path: Path
 ) -> None:
-    async with _sipp_callee(tmp_path, "callee_busy") as (uri, finished):
+    async with sipp_callee(tmp_path, "callee_busy") as (uri, finished):
         url = str(server.make_url("/"))
         code, out, err = await run_vocable("call", uri, "--playbook", "outreach", "--url", url)
         await finished()

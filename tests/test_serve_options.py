@@ -247,6 +247,8 @@ NON_DEFAULT: dict[str, Any] = {  # by option: a value other than its default
     "workers": 2,
     "log_format": "json",
     "otel": True,
+    "redis_url": "redis://127.0.0.1:6380/0",
+    "internal_url": "http://10.0.0.7:8080",
 }
 
 

@@ -35,6 +35,7 @@ from .values import (
     Number,
     PortRange,
     ReadWhole,
+    RedisUrl,
     Switch,
     Text,
     Texts,
@@ -74,6 +75,7 @@ NETWORK, SIP, CALLS, OPERATIONS, SPEECH = "network", "SIP", "calls", "operations
 TRANSFERS = "transfers (media streams)"
 REMOTE = "remote speech (OpenAI-compatible /v1/audio APIs, e.g. on a GPU server; default: local)"
 RECORDING = "recording (a stereo WAV and a JSON Lines transcript per call)"
+REPLICAS = "replicas (a call reachable from any of them, through a call directory in Redis)"
 
 
 class ServeOptions(BaseModel):
@@ -290,6 +292,25 @@ class ServeOptions(BaseModel):
         Field(ge=0, description="on SIGTERM, let live calls go on this long before hanging up"),
     ] = 30.0
 
+    # -- replicas
+    redis_url: Annotated[
+        RedisUrl,
+        Cli(REPLICAS, "URL", default_text="none: each server answers for its own calls"),
+        Field(
+            description="record this server's live calls in Redis, so that GET /calls/ID, its "
+            "events and DELETE /sessions/ID answer on any replica sharing it",
+            repr=False,
+        ),
+    ] = None
+    internal_url: Annotated[
+        BaseUrl,
+        Cli(REPLICAS, "URL", default_text="http://HOST:PORT of --host and --port"),
+        Field(
+            description="how the other replicas reach this one (never shown to clients), e.g. "
+            "http://10.0.0.7:8080; needed with --redis-url when --host is 0.0.0.0 or ::"
+        ),
+    ] = None
+
     # -- recording
     record: Annotated[
         Path | None,
@@ -501,6 +522,15 @@ class ServeOptions(BaseModel):
             self.session()
         except ValueError as exc:
             raise ValueError(f"audio settings: {exc}") from None
+        return self
+
+    @model_validator(mode="after")
+    def _replicas_reach_each_other(self) -> ServeOptions:
+        if self.redis_url and not self.internal_url and self.host in ("0.0.0.0", "::", ""):
+            raise ValueError(
+                "--redis-url needs --internal-url when --host listens on every address: "
+                "the other replicas must know which one reaches this server"
+            )
         return self
 
 

@@ -151,6 +151,11 @@ class ServerConfig:
     """Hang up after this long without caller speech."""
     max_call_s: float = DEFAULTS.max_call_s
     webrtc_media_timeout_s: float = DEFAULTS.webrtc_media_timeout_s
+    redis_url: str | None = DEFAULTS.redis_url
+    """Where the replicas record their live calls (None: this server alone answers for its
+    calls)."""
+    internal_url: str | None = DEFAULTS.internal_url
+    """How the other replicas reach this server (None: ``http://HOST:PORT``)."""
     """Hang up a WebRTC call whose caller audio stopped this long ago (the peer vanished)."""
     audiosocket: tuple[str, int] | None = DEFAULTS.audiosocket
     """Where to accept Asterisk AudioSocket connections (None: not at all)."""
@@ -178,6 +183,14 @@ class ServerConfig:
     otel: bool = DEFAULTS.otel
     """Export a trace per turn over OTLP (the ``otel`` extra; ``OTEL_EXPORTER_OTLP_*``)."""
     web_client_dir: Path = WEB_CLIENT
+
+    @property
+    def reachable_at(self) -> str:
+        """The URL the other replicas use to reach this server."""
+        if self.internal_url:
+            return self.internal_url
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
 
     @classmethod
     def from_args(

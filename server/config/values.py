@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from ipaddress import IPv4Network, IPv6Network, ip_network
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 from pydantic import BeforeValidator, PlainValidator
 
@@ -22,6 +23,7 @@ __all__ = [
     "Number",
     "PortRange",
     "ReadWhole",
+    "RedisUrl",
     "Switch",
     "Text",
     "Texts",
@@ -152,6 +154,27 @@ def _base_url(value: Any) -> str | None:
     return url.rstrip("/")
 
 
+def _redis_url(value: Any) -> str | None:
+    if not value:
+        return None
+    url = str(value)
+    parsed = urlsplit(url)
+    try:
+        port = parsed.port
+    except ValueError:
+        port = -1
+    if (
+        parsed.scheme not in ("redis", "rediss", "unix")
+        or port == -1
+        or (parsed.scheme != "unix" and not parsed.hostname)
+    ):
+        # the URL itself is not echoed: it may carry a password
+        raise ValueError(
+            "must be a redis://[:PASSWORD@]HOST[:PORT][/DB], rediss:// (TLS) or unix:// URL"
+        )
+    return url
+
+
 ReadWhole = BeforeValidator(_whole)
 """Text to int, for int types other than :data:`Whole` (a Literal of numbers)."""
 Whole = Annotated[int, ReadWhole]
@@ -170,3 +193,5 @@ PortRange = Annotated[tuple[int, int], PlainValidator(_port_range)]
 """``LOW-HIGH`` -> (low, high + 1)."""
 BaseUrl = Annotated[str | None, PlainValidator(_base_url)]
 """An http(s) base URL without its trailing slash; empty: None."""
+RedisUrl = Annotated[str | None, PlainValidator(_redis_url)]
+"""A Redis URL (``redis://``, ``rediss://``, ``unix://``); empty: None."""

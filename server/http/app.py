@@ -21,6 +21,7 @@ from aiohttp import WSCloseCode, web
 from server.call.events import VoiceEvent
 from server.call.recordings import OPT_OUT_HEADER, wants_recording
 from server.config.server import ServerConfig
+from server.runtime.call_directory import CallDirectory
 from server.runtime.engines import Engines
 from server.runtime.observability import ServerMetrics, process_snapshot
 from server.runtime.ratelimit import RateLimited, client_address
@@ -39,6 +40,7 @@ from server.transports.webrtc import BadOffer, open_webrtc_call
 
 from .auth import require_token
 from .middleware import cors, errors_as_json, json_error, remember_prepared
+from .replicas import relay_to_holder
 from .siblings import Siblings, merge_metrics, worker_of
 
 __all__ = ["AUDIOSOCKET", "CALLS", "CONFIG", "ENGINES", "METRICS", "create_app"]
@@ -122,13 +124,25 @@ async def _calls_context(app: web.Application) -> AsyncIterator[None]:
         sip = SipServer(calls, config.sip)
         await sip.start()
         app[SIP] = sip
+    directory_renewal = None
+    if config.redis_url is not None:
+        directory = CallDirectory(config.redis_url, config.reachable_at, lambda: list(calls.calls))
+        await directory.start()  # raises DirectoryUnavailable: the server does not start
+        calls.directory = directory
+        directory_renewal = asyncio.create_task(directory.run(), name="call-directory")
     async with calls.load.running(), calls.recordings.running():
         yield
+    if directory_renewal is not None and calls.directory is not None:
+        directory_renewal.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await directory_renewal
     if sip is not None:
         await sip.close()
     if audiosocket is not None:
         await audiosocket.close()
     await calls.close_all()
+    if calls.directory is not None:
+        await calls.directory.aclose()
     if provider is not None:
         # exports the spans still batched; off the loop, as it may wait for the collector
         await asyncio.to_thread(provider.shutdown)
@@ -245,7 +259,7 @@ async def _media_stream(request: web.Request) -> web.StreamResponse:
     return ws
 
 
-async def _hangup(request: web.Request) -> web.Response:
+async def _hangup(request: web.Request) -> web.StreamResponse:
     _require_token(request)
     session_id = request.match_info["session_id"]
     siblings = request.app[SIBLINGS]
@@ -259,7 +273,12 @@ async def _hangup(request: web.Request) -> web.Response:
         except (OSError, aiohttp.ClientError, TimeoutError):
             return json_error(404, "no such session")  # that worker is gone, and its calls with it
         return web.Response(status=status, body=body, content_type=kind)
-    if not await request.app[CALLS].hangup(session_id):
+    calls = request.app[CALLS]
+    if session_id not in calls.calls:
+        relayed = await relay_to_holder(request, calls.directory, session_id)
+        if relayed is not None:
+            return relayed
+    if not await calls.hangup(session_id):
         return json_error(404, "no such session")
     return web.json_response({"status": "hung up"})
 
@@ -311,14 +330,30 @@ def _outbound(request: web.Request) -> OutboundCall:
     return call
 
 
-async def _call_status(request: web.Request) -> web.Response:
+async def _held_elsewhere(request: web.Request) -> web.StreamResponse | None:
+    """The answer of the replica holding this outbound call, when another one does."""
+    _require_token(request)
+    session_id = request.match_info["session_id"]
+    sip = request.app.get(SIP)
+    if sip is not None and session_id in sip.outbound:
+        return None
+    return await relay_to_holder(request, request.app[CALLS].directory, session_id)
+
+
+async def _call_status(request: web.Request) -> web.StreamResponse:
     """An outbound call: ``state`` (ringing, answered, ended), ``result``, ``reason``..."""
+    relayed = await _held_elsewhere(request)
+    if relayed is not None:
+        return relayed
     return web.json_response(_outbound(request).describe())
 
 
 async def _call_events(request: web.Request) -> web.StreamResponse:
     """An outbound call's events as server-sent events (``data: {json}``), from its first;
     the stream ends when the call has ended."""
+    relayed = await _held_elsewhere(request)
+    if relayed is not None:
+        return relayed
     call = _outbound(request)
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}

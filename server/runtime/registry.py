@@ -25,6 +25,7 @@ from server.call.session import Session
 from server.call.voice import VoicePlaybookOrchestrator
 from server.config.server import ServerConfig
 
+from .call_directory import CallDirectory
 from .cgroup import cpu_limit
 from .cores import busy_time_reader
 from .engines import Engines
@@ -110,6 +111,8 @@ class CallRegistry:
         self.farewells: set[asyncio.Task[None]] = set()
         """Transport work of released calls still going on (telling the caller why the call
         ended); :meth:`close_all` waits for it."""
+        self.directory: CallDirectory | None = None
+        """Where the replicas find each other's calls (``--redis-url``; None: not shared)."""
         self.recordings = Recordings(config.recording)
         """Call recording (``--record``); run ``recordings.running()`` while serving."""
         self._recorders: dict[str, CallRecorder] = {}
@@ -217,6 +220,8 @@ class CallRegistry:
         except BaseException:
             self.calls.pop(call.id, None)
             raise
+        if self.directory is not None:
+            self.directory.added(call.id)
 
     def _record(self, call: Call, wanted: bool) -> None:
         session = call.session
@@ -239,6 +244,8 @@ class CallRegistry:
         """Forget an ended call: its slot is free. A transport call's hang-up calls this once,
         even when closing its session failed (``server/transports/base.py``)."""
         self.calls.pop(call.id, None)
+        if self.directory is not None:
+            self.directory.removed(call.id)
         recorder = self._recorders.pop(call.id, None)
         if recorder is not None:
             recorder.close()
