@@ -105,6 +105,10 @@ class SipPhone:
         self._next_timestamp = 0
         self.heard = Heard()
         self.last_invite_branch = ""
+        self.route_set: list[str] = []
+        """The Record-Route of the call's answer, reversed (a proxy on the way: RFC 3261
+        12.1.2); in-dialog requests then go to the answer's Contact through these routes."""
+        self.remote_target = ""
 
     @classmethod
     async def open(cls, server_port: int) -> SipPhone:
@@ -135,13 +139,18 @@ class SipPhone:
         if cseq is None:
             self.cseq += 1
             cseq = self.cseq
+        hop_by_hop = method == "ACK" and branch is not None  # the ACK of a failed INVITE
         branch = branch or "z9hG4bK" + secrets.token_hex(6)
         to_tag = f";tag={self.remote_tag}" if self.remote_tag and method != "INVITE" else ""
         if method == "INVITE" and self.remote_tag:
             to_tag = f";tag={self.remote_tag}"  # re-INVITE
         content = "Content-Type: application/sdp\r\n" if body else ""
+        target = f"sip:{user}@127.0.0.1:{self.server[1]}"
+        if self.route_set and self.remote_tag and not hop_by_hop:
+            target = self.remote_target  # in the dialog, through the proxy's recorded route
+            extra = "".join(f"Route: {route}\r\n" for route in self.route_set) + extra
         text = (
-            f"{method} sip:{user}@127.0.0.1:{self.server[1]} SIP/2.0\r\n"
+            f"{method} {target} SIP/2.0\r\n"
             f"Via: SIP/2.0/UDP 127.0.0.1:{self.port};branch={branch};rport\r\n"
             f"From: <sip:phone@127.0.0.1:{self.port}>;tag={self.tag}\r\n"
             f"To: <sip:{user}@127.0.0.1:{self.server[1]}>{to_tag}\r\n"
@@ -189,6 +198,10 @@ class SipPhone:
         to = response.headers.get_first("to") or ""
         if ";tag=" in to:
             self.remote_tag = to.split(";tag=")[1].split(";")[0]
+        if 200 <= response.status_code < 300:
+            self.route_set = list(reversed(response.headers.get("record-route") or []))
+            contact = response.headers.get_first("contact") or ""
+            self.remote_target = contact.strip().removeprefix("<").split(">")[0]
         branch = self.last_invite_branch if response.status_code >= 300 else None
         self.request("ACK", cseq=self.invite_cseq, branch=branch)
 

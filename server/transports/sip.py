@@ -61,6 +61,7 @@ from .sip_compat import (
     UdpTransport,
     check_sip_stack,
     intercept_messages,
+    record_route_in_answers,
     respond_and_end,
 )
 from .sip_dialer import DialStack, parse_target
@@ -339,6 +340,7 @@ class SipServer:
         if call is None:
             return
         self.calls[invite.call_id] = call
+        record_route_in_answers(invite)
         invite.ringing()
         try:
             await call.start()

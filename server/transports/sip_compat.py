@@ -4,7 +4,9 @@ start-up check that it still holds.
 aiosipua 0.7 has no public way to send a final response with extra headers (a 503 needs
 ``Retry-After``), to see a message before the user agent does (``--sip-allow``, the 400s for
 malformed requests, replies on the TCP connection a request came in on), or to use its UDP
-transport on Python 3.11's selector datagram transport. Those three needs use private members,
+transport on Python 3.11's selector datagram transport; and its answers to an INVITE leave out
+the INVITE's ``Record-Route``, which a proxy in front (Kamailio) needs to stay in the dialog
+(RFC 3261 12.1.1). Those needs use private members,
 listed in :data:`PRIVATE_MEMBERS`; :func:`check_sip_stack` runs when the SIP endpoint starts and
 refuses, in one line, an aiosipua outside the tested versions or without those members, rather
 than letting calls fail one by one. pyproject.toml pins the same range.
@@ -22,6 +24,7 @@ from importlib import metadata
 from typing import Any
 
 from aiosipua import IncomingCall, SipRequest, SipResponse
+from aiosipua.dialog import Dialog
 from aiosipua.transport import SipTransport, UdpSipTransport
 
 from server.config.llm import ConfigError
@@ -33,6 +36,7 @@ __all__ = [
     "UdpTransport",
     "check_sip_stack",
     "intercept_messages",
+    "record_route_in_answers",
     "respond_and_end",
 ]
 
@@ -60,6 +64,11 @@ def _private_members() -> dict[str, bool]:
         in {field.name for field in dataclasses.fields(UdpSipTransport)},
         "IncomingCall._send_response(extra_headers=)": callable(send_response)
         and "extra_headers" in inspect.signature(send_response).parameters,
+        "Dialog.create_response(request, status_code, reason_phrase, contact=)": callable(
+            create_response := getattr(Dialog, "create_response", None)
+        )
+        and list(inspect.signature(create_response).parameters)[:5]
+        == ["self", "request", "status_code", "reason_phrase", "contact"],
     }
 
 
@@ -84,6 +93,32 @@ def check_sip_stack(version: str | None = None) -> None:
             f"aiosipua {version} lacks what the SIP endpoint uses ({', '.join(missing)}): "
             f"pip install 'aiosipua>={_dotted(low)},<{_dotted(high)}'"
         )
+
+
+def record_route_in_answers(invite: IncomingCall) -> None:
+    """Make the responses to ``invite`` that set up its dialog (18x, 2xx) carry the INVITE's
+    ``Record-Route`` headers, as RFC 3261 12.1.1 asks of a UAS, so that the caller's ACK, BYE
+    and re-INVITEs pass through the proxies that recorded a route (aiosipua already sends its
+    own in-dialog requests along that route). Nothing changes for a direct INVITE."""
+    routes = list(invite.invite.headers.get("record-route") or [])
+    if not routes:
+        return
+    create = invite.dialog.create_response
+
+    def with_routes(
+        request: SipRequest,
+        status_code: int,
+        reason_phrase: str = "",
+        *,
+        contact: str | None = None,
+    ) -> SipResponse:
+        response = create(request, status_code, reason_phrase, contact=contact)
+        if request is invite.invite and 100 < status_code < 300:
+            for route in routes:
+                response.headers.append("Record-Route", route)
+        return response
+
+    setattr(invite.dialog, "create_response", with_routes)  # noqa: B010 - on this dialog alone
 
 
 def respond_and_end(
