@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 
 from aiortp import RTPSession
-from aiosipua import SipMessage, SipResponse, parse_sdp
+from aiosipua import SipMessage, SipRequest, SipResponse, parse_sdp
 
 from media.audio import pcm_rms_dbfs
 
@@ -61,13 +61,18 @@ class _Endpoint(asyncio.DatagramProtocol):
     def __init__(self) -> None:
         self.inbox: asyncio.Queue[SipMessage] = asyncio.Queue()
         self.transport: asyncio.DatagramTransport | None = None
+        self.requests_from: list[tuple[str, tuple[str, int]]] = []
+        """(method, source address) of every request received."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
         with contextlib.suppress(ValueError):
-            self.inbox.put_nowait(SipMessage.parse(data))
+            message = SipMessage.parse(data)
+            if isinstance(message, SipRequest):
+                self.requests_from.append((message.method, (addr[0], addr[1])))
+            self.inbox.put_nowait(message)
 
 
 async def _rtp_session(payload_type: int) -> tuple[int, RTPSession]:
@@ -134,6 +139,7 @@ class SipPhone:
         cseq: int | None = None,
         branch: str | None = None,
         extra: str = "",
+        content_type: str = "application/sdp",
     ) -> str:
         """Send a request in this phone's dialog; returns its Via branch."""
         if cseq is None:
@@ -144,7 +150,7 @@ class SipPhone:
         to_tag = f";tag={self.remote_tag}" if self.remote_tag and method != "INVITE" else ""
         if method == "INVITE" and self.remote_tag:
             to_tag = f";tag={self.remote_tag}"  # re-INVITE
-        content = "Content-Type: application/sdp\r\n" if body else ""
+        content = f"Content-Type: {content_type}\r\n" if body else ""
         target = f"sip:{user}@127.0.0.1:{self.server[1]}"
         if self.route_set and self.remote_tag and not hop_by_hop:
             target = self.remote_target  # in the dialog, through the proxy's recorded route
@@ -210,6 +216,30 @@ class SipPhone:
         assert address is not None
         assert self.rtp is not None
         self.rtp.update_remote(address)
+
+    async def incoming(self, method: str, timeout_s: float = 10.0) -> SipRequest:
+        """The next request of ``method`` in this phone's call (others are skipped)."""
+        async with asyncio.timeout(timeout_s):
+            while True:
+                message = await self.endpoint.inbox.get()
+                if (
+                    isinstance(message, SipRequest)
+                    and message.method == method
+                    and message.call_id == self.call_id
+                ):
+                    return message
+
+    def reply(self, request: SipRequest, status: int, reason: str) -> None:
+        """Answer ``request`` (to the next hop, which sent it)."""
+        vias = "".join(f"Via: {via}\r\n" for via in request.headers.get("via"))
+        headers = request.headers
+        text = (
+            f"SIP/2.0 {status} {reason}\r\n{vias}"
+            f"From: {headers.get_first('from')}\r\nTo: {headers.get_first('to')}\r\n"
+            f"Call-ID: {request.call_id}\r\nCSeq: {headers.get_first('cseq')}\r\n"
+            "Content-Length: 0\r\n\r\n"
+        )
+        self.send_raw(text.encode())
 
     async def bye(self) -> SipResponse:
         self.request("BYE")

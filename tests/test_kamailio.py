@@ -1,7 +1,8 @@
 """Kamailio in front of two Vocable SIP endpoints, with ``deploy/kamailio/kamailio.cfg`` as
 shipped: new calls are spread over both, a full endpoint's 503 sends the call to the other, an
-endpoint that does not answer is skipped, and in-dialog requests (ACK, BYE) reach the endpoint
-that answered, through the proxy's recorded route.
+endpoint that does not answer is skipped, and in-dialog requests (ACK, BYE, a transfer's REFER
+and NOTIFY) go between the caller and the endpoint that answered through the proxy's recorded
+route.
 
 Debian's ``kamailio`` runs on a free loopback port with a generated dispatcher list; the
 callers are SIP phones (``tests/sip_phone.py``) that speak only to Kamailio.
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestServer
 
+from playbooks.transfer import TransferRequest
 from server.config.server import ServerConfig, SipSettings
 from server.http.app import CALLS, SIP
 from tests.calls import voice_server
@@ -186,3 +188,36 @@ async def test_an_endpoint_that_does_not_answer_is_skipped(tmp_path: Path) -> No
             finally:
                 for phone in phones:
                     await phone.close()
+
+
+async def test_a_transfer_and_the_hang_up_after_it_pass_through_the_proxy(tmp_path: Path) -> None:
+    """The endpoint's REFER reaches the caller from Kamailio; the caller's 202 and its NOTIFY
+    (the new call answered) reach the endpoint the same way; the endpoint then hangs up, its BYE
+    also through Kamailio."""
+    async with _endpoints(1) as servers:
+        sip = servers[0].app[SIP]
+        with _kamailio_in_front(tmp_path / "kamailio", [sip.port]) as kamailio:
+            phone = await _call(kamailio)
+            try:
+                call = sip.calls[phone.call_id]
+                asked = TransferRequest("sip:desk@192.0.2.9", "blind", None, None, None, 5.0)
+                transfer = asyncio.create_task(call.transfer(asked))
+                refer = await phone.incoming("REFER")
+                assert refer.headers.get_first("refer-to") == "<sip:desk@192.0.2.9>"
+                phone.reply(refer, 202, "Accepted")
+                phone.request(
+                    "NOTIFY",
+                    body="SIP/2.0 200 OK\r\n",
+                    content_type="message/sipfrag;version=2.0",
+                    extra="Event: refer\r\nSubscription-State: terminated;reason=noresource\r\n",
+                )
+                outcome = await asyncio.wait_for(transfer, 10)
+                assert (outcome.status, outcome.how) == ("answered", "refer")
+                bye = await phone.incoming("BYE")  # the agent's leg ends
+                phone.reply(bye, 200, "OK")
+                await _until_free(servers)
+                through = ("127.0.0.1", kamailio)
+                assert ("REFER", through) in phone.endpoint.requests_from
+                assert ("BYE", through) in phone.endpoint.requests_from
+            finally:
+                await phone.close()
