@@ -38,6 +38,7 @@ __all__ = [
     "default_piper_voice",
     "onnx_session",
     "piper_voice",
+    "synthesis_backlog",
 ]
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,13 @@ CALIBRATION_TEXT = "This is how the first words of an answer are said, a window 
 (:meth:`.piper_stream.SplitVoiceSession.calibrate`)."""
 
 _DONE = object()
+
+
+def synthesis_backlog(tts: object) -> int | None:
+    """First words waiting for a worker of ``tts``'s pool (:attr:`Synthesizer.backlog`); None
+    for an engine that does not tell (a remote one)."""
+    backlog = getattr(tts, "backlog", None)
+    return backlog if isinstance(backlog, int) else None
 
 
 def default_piper_voice() -> tuple[Path, Path]:
@@ -238,6 +246,12 @@ class Synthesizer:
         """Whether a step runs on one thread: a later sentence always (in its worker, at its
         niceness), first words while other work competes for the CPU."""
         return self._later.runs_here() or self.contended()
+
+    @property
+    def backlog(self) -> int:
+        """Answers' first words waiting for a worker (not the ones running): callers waiting in
+        silence for a synthesis to start."""
+        return self._executor.waiting
 
     def contended(self) -> bool:
         """Whether other work competes with first words for the CPU: first words waiting for

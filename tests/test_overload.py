@@ -19,12 +19,13 @@ from aiortc import RTCPeerConnection
 from aiortc.mediastreams import AudioStreamTrack
 
 from media.audio import silence
+from media.tts import synthesis_backlog
 from server.config.overload import OverloadSettings
 from server.config.server import ServerConfig, SipSettings
 from server.http.app import CALLS, SIP
 from server.runtime.load import LoadGauge
 from server.runtime.memory import return_free_memory
-from tests.calls import transcriber, voice_server
+from tests.calls import synthesizer, transcriber, voice_server
 from tests.sip_phone import SipPhone
 
 pytestmark = pytest.mark.timeout(120)
@@ -105,6 +106,39 @@ def test_a_decode_backlog_counts_only_when_it_lasts() -> None:
     assert overload.reason == "5 decodes waiting (limit 3)"
 
 
+def test_answers_waiting_for_speech_refuse_calls_when_it_lasts() -> None:
+    """Piper's first-words pool behind: callers wait in silence with their answer's text
+    ready; a moment of it refuses nothing, a window of it does."""
+    waiting = [0]
+    clock = Clock()
+    gauge = LoadGauge(
+        OverloadSettings(max_synthesis_backlog=3),
+        lambda: 0,
+        clock=clock,
+        cpu_time=lambda: clock.cpu,
+        cores=2,
+        synthesis_backlog=lambda: waiting[0],
+    )
+    _feed(gauge, clock, 2.5, lag_s=0.0)
+    waiting[0] = 6
+    _feed(gauge, clock, 1.0, lag_s=0.0)
+    assert gauge.overload() is None  # half a window
+    _feed(gauge, clock, 1.5, lag_s=0.0)
+    assert gauge.measured()["synthesis_backlog"] == 6
+    overload = gauge.overload()
+    assert overload is not None
+    assert overload.reason == "6 answers waiting for speech (limit 3)"
+    unchecked = LoadGauge(
+        OverloadSettings(max_synthesis_backlog=0), lambda: 0, synthesis_backlog=lambda: 99
+    )
+    assert (
+        unchecked._reason(
+            {"loop_lag_ms": 0, "decode_backlog": 0, "cpu_percent": 0, "synthesis_backlog": 99}
+        )
+        is None
+    )
+
+
 def test_cpu_is_a_limit_only_when_set() -> None:
     gauge, clock = _gauge(OverloadSettings(), [0])
     _feed(gauge, clock, 2.5, lag_s=0.0, cpu_share=0.97)
@@ -125,6 +159,21 @@ async def test_the_whisper_pool_reports_decodes_waiting_for_a_worker() -> None:
         assert stt.backlog == 0
     finally:
         stt.close()
+
+
+async def test_the_synthesizer_reports_first_words_waiting_for_a_worker() -> None:
+    tts = synthesizer()
+    assert tts.settings.workers == 1
+
+    async def speak() -> int:
+        return sum([len(pcm) async for pcm in tts.synthesize("Hello there.", urgent=True)])
+
+    answers = [asyncio.ensure_future(speak()) for _ in range(3)]
+    await asyncio.sleep(0)
+    assert tts.backlog >= 2  # one worker: two at least wait (three, until it takes one)
+    assert (synthesis_backlog(tts) or 0) >= 1  # (the worker may take one meanwhile)
+    assert all(await asyncio.gather(*answers))
+    assert tts.backlog == 0
 
 
 async def test_the_whisper_pool_tells_whether_anybody_else_keeps_it_busy() -> None:

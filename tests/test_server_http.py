@@ -80,6 +80,7 @@ async def test_health_config_playbooks_and_page(make_client: MakeClient, llm: Sc
     assert set(load) <= {
         "loop_lag_ms",
         "decode_backlog",
+        "synthesis_backlog",
         "cpu_percent",
         "others_cpu_percent",
         "capacity_calls",

@@ -242,6 +242,15 @@ class ServeOptions(BaseModel):
             "throughout 2 s; 0: never for this",
         ),
     ] = _OVERLOAD.max_decode_backlog
+    overload_synthesis_backlog: Annotated[
+        Whole,
+        Cli(CALLS, "N"),
+        Field(
+            ge=0,
+            description="refuse new calls while more answers than this wait for speech "
+            "synthesis to start, throughout 2 s; 0: never for this",
+        ),
+    ] = _OVERLOAD.max_synthesis_backlog
     overload_cpu_percent: Annotated[
         Number,
         Cli(CALLS, "PERCENT"),

@@ -16,6 +16,8 @@ class OverloadSettings:
     """Median event-loop lag over the window."""
     max_decode_backlog: int = 3
     """Decodes waiting for a worker, at the least over the window."""
+    max_synthesis_backlog: int = 3
+    """Answers' first words waiting for a synthesis worker, at the least over the window."""
     max_cpu_percent: float = 0.0
     """Process CPU over the window, as a share of the usable cores (100: all of them)."""
     capacity_cpu_percent: float = 100.0

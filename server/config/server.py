@@ -231,6 +231,7 @@ class ServerConfig:
             overload=OverloadSettings(
                 max_loop_lag_ms=options.overload_loop_lag_ms,
                 max_decode_backlog=options.overload_decode_backlog,
+                max_synthesis_backlog=options.overload_synthesis_backlog,
                 max_cpu_percent=options.overload_cpu_percent,
                 capacity_cpu_percent=options.overload_capacity_cpu_percent,
             ),

@@ -7,6 +7,8 @@ symptoms of being past it, sustained over ``window_s`` (a single slow moment ref
   audio, pacing and signalling run on the loop; when the loop is late, callers hear it.
 - **decode backlog**: utterances waiting for a Whisper worker. Each waiting decode is time a
   caller waits for an answer.
+- **synthesis backlog**: answers' first words waiting for a Piper worker: callers waiting in
+  silence while the answer's text is there.
 - **CPU** (off by default): the process's CPU time over the window, as a share of the cores it
   may use. A busy machine can still serve within its latency goal, so this is a backstop for
   operators who want headroom, not the main signal.
@@ -60,6 +62,8 @@ class LoadSample:
     cores_busy_s: float | None = None
     """How long the process's cores have been busy so far, whoever kept them busy (None: not
     known here)."""
+    synthesis_backlog: int = 0
+    """Answers' first words waiting for a synthesis worker."""
 
 
 @dataclass(frozen=True)
@@ -84,10 +88,12 @@ class LoadGauge:
         calls: Callable[[], int] = lambda: 0,
         cores_busy_time: Callable[[], float | None] = lambda: None,
         others_share_the_limit: bool = False,
+        synthesis_backlog: Callable[[], int] = lambda: 0,
     ) -> None:
         self.settings = settings
         self.period_s = period_s
         self._decode_backlog = decode_backlog
+        self._synthesis_backlog = synthesis_backlog
         self._calls = calls
         self.call_cost = settings.assumed_call_cpu_percent / 100
         """A live call's CPU, as a share of one core (measured; assumed until then)."""
@@ -125,6 +131,7 @@ class LoadGauge:
                 self._cpu_time(),
                 self._calls(),
                 self._cores_busy_time(),
+                self._synthesis_backlog(),
             )
         )
         while len(self.samples) > 2 and now - self.samples[1].at >= self.settings.window_s:
@@ -208,6 +215,7 @@ class LoadGauge:
         return {
             "loop_lag_ms": lags[len(lags) // 2] * 1000,
             "decode_backlog": min(sample.decode_backlog for sample in samples),
+            "synthesis_backlog": min(sample.synthesis_backlog for sample in samples),
             "cpu_percent": cpu,
             "others_cpu_percent": self.others_load() / self.cores * 100,
         }
@@ -237,6 +245,11 @@ class LoadGauge:
             return f"event loop {lag:.0f} ms late (limit {limits.max_loop_lag_ms:.0f} ms)"
         if limits.max_decode_backlog and backlog > limits.max_decode_backlog:
             return f"{backlog:.0f} decodes waiting (limit {limits.max_decode_backlog})"
+        waiting = measured["synthesis_backlog"]
+        if limits.max_synthesis_backlog and waiting > limits.max_synthesis_backlog:
+            return (
+                f"{waiting:.0f} answers waiting for speech (limit {limits.max_synthesis_backlog})"
+            )
         if limits.max_cpu_percent and cpu > limits.max_cpu_percent:
             return f"CPU at {cpu:.0f} % (limit {limits.max_cpu_percent:.0f} %)"
         return None

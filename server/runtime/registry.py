@@ -17,6 +17,7 @@ from typing import Any, Protocol, TypeVar
 
 from media import Speaker, Synthesizer
 from media.stt import decode_backlog
+from media.tts import synthesis_backlog
 from playbooks import OrchestratorOptions, PlaybookOrchestrator
 from server.call.events import VoiceEvent
 from server.call.recorder import CallRecorder
@@ -99,6 +100,7 @@ class CallRegistry:
         self.load = LoadGauge(
             config.overload,
             lambda: decode_backlog(engines.transcriber) or 0,
+            synthesis_backlog=lambda: synthesis_backlog(engines.synthesizer) or 0,
             calls=lambda: len(self.calls),
             cores=limit.cores,
             cores_busy_time=limit.usage if limit.quota else busy_time_reader(),
