@@ -132,7 +132,7 @@ async def _calls_context(app: web.Application) -> AsyncIterator[None]:
         directory_renewal = asyncio.create_task(directory.run(), name="call-directory")
     async with calls.load.running(), calls.recordings.running():
         yield
-    if directory_renewal is not None and calls.directory is not None:
+    if directory_renewal is not None:
         directory_renewal.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await directory_renewal
@@ -222,6 +222,7 @@ async def _offer(request: web.Request) -> web.Response:
     except (UnknownPlaybook, OverCapacity, RateLimited) as exc:
         return _refused(exc)
     request.app[METRICS].sessions.inc()
+    await calls.announced(call.id)
     return web.json_response(
         {"sdp": call.pc.localDescription.sdp, "type": "answer", "session_id": call.id}
     )
@@ -316,6 +317,7 @@ async def _place_call(request: web.Request) -> web.Response:
     except (UnknownPlaybook, OverCapacity, RateLimited) as exc:
         return _refused(exc)
     request.app[METRICS].sessions.inc()
+    await request.app[CALLS].announced(call.id)
     return web.json_response({"session_id": call.id}, status=201)
 
 

@@ -76,6 +76,8 @@ class CallDirectory:
         self.problem: str | None = None
         """Why Redis is not available, while it is not."""
         self._pending: set[asyncio.Task[None]] = set()
+        self._adding: dict[str, asyncio.Task[None]] = {}
+        """Entries being written, by call id."""
 
     async def start(self) -> None:
         """Reach Redis and write the entries of the calls live so far; raises
@@ -106,8 +108,18 @@ class CallDirectory:
             self._reached()
 
     def added(self, call_id: str) -> None:
-        """A call was admitted here: its entry is written now, not at the next renewal."""
-        self._spawn(self._set(call_id))
+        """A call was admitted here: its entry is written now, not at the next renewal
+        (:meth:`written` waits for it)."""
+        task = self._spawn(self._set(call_id))
+        self._adding[call_id] = task
+        task.add_done_callback(lambda _: self._adding.pop(call_id, None))
+
+    async def written(self, call_id: str) -> None:
+        """Return once the entry of a call just admitted here is in Redis (or failed to be):
+        a client told the call's id may ask any replica about it at once."""
+        task = self._adding.get(call_id)
+        if task is not None:
+            await asyncio.shield(task)
 
     def removed(self, call_id: str) -> None:
         """A call ended here: its entry goes (if it still names this replica)."""
@@ -140,10 +152,11 @@ class CallDirectory:
             if await self._redis.get(key) == self.me.encode():
                 await self._redis.delete(key)
 
-    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.create_task(work)
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
+        return task
 
     def _lost(self, exc: BaseException) -> None:
         if self.available or self.problem is None:

@@ -180,6 +180,12 @@ class CallRegistry:
         self._admit(call, record=record)
         return call
 
+    async def announced(self, call_id: str) -> None:
+        """Return once the other replicas can find a call just opened here (at once without a
+        call directory); call it before telling a client the call's id."""
+        if self.directory is not None:
+            await self.directory.written(call_id)
+
     def _new_session(
         self,
         call_id: str,
