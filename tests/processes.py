@@ -36,6 +36,8 @@ __all__ = [
     "spawn",
     "started",
     "stop_group",
+    "udp_free",
+    "until_ready",
 ]
 
 RUN_MARKER = "VOCABLE_TESTS_RUN"
@@ -84,6 +86,21 @@ async def run_vocable(
     return process.returncode, out.decode(), err.decode()
 
 
+async def until_ready(
+    process: asyncio.subprocess.Process, timeout_s: float = 90.0, seen: list[str] | None = None
+) -> bytes:
+    """The line in which ``vocable serve`` (``process``, its stdout piped) says it is ready;
+    the lines before it are added to ``seen``. Fails the test if the server exits first, and
+    raises TimeoutError if it says nothing of the kind within ``timeout_s``."""
+    assert process.stdout is not None
+    async with asyncio.timeout(timeout_s):
+        while b"ready" not in (line := await process.stdout.readline()):
+            assert line, "the server exited before it was ready"
+            if seen is not None:
+                seen.append(line.decode().rstrip("\n"))
+    return line
+
+
 def free_port(span: int = 1) -> int:
     """A port that, with the ``span - 1`` above it, is free for both UDP and TCP on 127.0.0.1
     when this returns (for a peer that listens on both, like baresip, whose SIP/TLS listener
@@ -95,6 +112,16 @@ def free_port(span: int = 1) -> int:
         if port + span - 1 <= 65535 and all(_free_both(p) for p in range(port, port + span)):
             return port
     raise OSError("no port free for both UDP and TCP on 127.0.0.1")
+
+
+def udp_free(port: int) -> bool:
+    """Whether nothing holds UDP ``port`` on 127.0.0.1 (a peer listening there would)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def _free_both(port: int) -> bool:

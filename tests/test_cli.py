@@ -15,7 +15,7 @@ import pytest
 
 from server.testkit.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
 from tests.conftest import EXAMPLES, REPO
-from tests.processes import run_vocable, spawn
+from tests.processes import run_vocable, spawn, until_ready
 
 
 def _json_lines(text: str) -> list[dict[str, Any]]:
@@ -184,9 +184,7 @@ async def test_serve_starts_says_where_and_stops_cleanly(unused_tcp_port: int) -
     )
     assert process.stdout is not None
     try:
-        async with asyncio.timeout(90):
-            while b"ready" not in (line := await process.stdout.readline()):
-                assert line, "the server exited before it was ready"
+        line = await until_ready(process)
         assert f"http://127.0.0.1:{unused_tcp_port}".encode() in line
         async with (
             aiohttp.ClientSession() as http,

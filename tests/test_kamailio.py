@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -27,7 +26,7 @@ from server.config.server import ServerConfig, SipSettings
 from server.http.app import CALLS, SIP
 from tests.calls import voice_server
 from tests.conftest import REPO
-from tests.processes import free_port, kill_group, popen
+from tests.processes import free_port, kill_group, popen, udp_free
 from tests.sip_phone import SipPhone
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -46,15 +45,6 @@ def _kamailio() -> str:
             pytrace=False,
         )
     return path
-
-
-def _udp_taken(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return True
-    return False
 
 
 @contextmanager
@@ -77,7 +67,7 @@ def _kamailio_in_front(workdir: Path, endpoints: list[int]) -> Iterator[int]:
     )
     try:
         deadline = time.monotonic() + 10
-        while not _udp_taken(port):
+        while udp_free(port):
             assert process.poll() is None, (workdir / "kamailio.log").read_text()[-2000:]
             assert time.monotonic() < deadline, "kamailio did not start listening"
             time.sleep(0.05)

@@ -40,7 +40,7 @@ from server.testkit.scripted_llm import Reply, ScriptedLLM
 from tests.conftest import EXAMPLES, REPO
 from tests.hub_standin import HubStandin
 from tests.models import SMOLLM2_FILENAME, smollm2_copy, smollm2_gguf, with_architecture
-from tests.processes import run_vocable, spawn, stop_group
+from tests.processes import run_vocable, spawn, stop_group, until_ready
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -595,10 +595,7 @@ async def serving(port: int, *args: str, env: dict[str, str]) -> AsyncIterator[S
     assert process.stdout is not None
     served = Served()
     try:
-        async with asyncio.timeout(120):
-            while b"ready" not in (line := await process.stdout.readline()):
-                assert line, "the server exited before it was ready"
-                served.said.append(line.decode().rstrip("\n"))
+        await until_ready(process, 120, served.said)
         yield served
     finally:
         process.send_signal(signal.SIGINT)

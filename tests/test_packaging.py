@@ -24,7 +24,7 @@ import aiohttp
 import pytest
 
 from tests.conftest import REPO
-from tests.processes import free_port, spawn
+from tests.processes import free_port, spawn, until_ready
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -155,9 +155,7 @@ async def test_the_installed_server_serves_the_web_client(
     )
     assert process.stdout is not None
     try:
-        async with asyncio.timeout(120):
-            while b"ready" not in (line := await process.stdout.readline()):
-                assert line, "the installed server exited before it was ready"
+        await until_ready(process, 120)
         async with aiohttp.ClientSession() as http:
             for path, kind in (("/", "text/html"), ("/client/app.js", "javascript")):
                 async with http.get(f"http://127.0.0.1:{port}{path}") as response:

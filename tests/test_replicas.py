@@ -25,7 +25,7 @@ from server.config.server import ServerConfig
 from server.runtime.call_directory import KEY_PREFIX, TTL_S
 from tests.calls import base_url, voice_server
 from tests.conftest import REPO
-from tests.processes import free_port, kill_group, run_vocable, spawn
+from tests.processes import free_port, kill_group, run_vocable, spawn, until_ready
 from tests.redis_server import RedisServer, running_redis, start_redis
 from tests.sipp import sipp_callee
 
@@ -53,9 +53,7 @@ async def _holder(redis_server: RedisServer) -> AsyncIterator[tuple[str, int]]:
     )
     assert process.stdout is not None
     try:
-        async with asyncio.timeout(90):
-            while b"ready" not in (line := await process.stdout.readline()):
-                assert line, "the holder exited before it was ready"
+        await until_ready(process)
         yield f"http://127.0.0.1:{port}", process.pid
     finally:
         kill_group(process.pid)

@@ -123,8 +123,8 @@ def _limit(
     version: str,
 ) -> CpuLimit:
     if tightest is None or tightest[0] >= mask:
-        return CpuLimit(float(mask), False, f"affinity mask ({mask} cores; {version}, no quota)",
-                        usage)  # fmt: skip
+        source = f"affinity mask ({mask} cores; {version}, no quota)"
+        return CpuLimit(float(mask), False, source, usage)
     return CpuLimit(tightest[0], True, tightest[1], usage)
 
 
