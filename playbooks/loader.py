@@ -43,6 +43,7 @@ __all__ = [
     "check_playbook",
     "load_playbook",
     "load_playbooks",
+    "read_document",
 ]
 
 PLAYBOOK_SUFFIXES = (".yaml", ".yml", ".json", ".md")
@@ -141,7 +142,16 @@ def offline_tool_names(spec: Playbook) -> ToolNames | None:
     )
 
 
-def _read(path: Path) -> tuple[Any, Locate]:
+def read_document(path: Path, what: str = "a playbook") -> tuple[Any, Locate]:
+    """A playbook-like file's data (a mapping; for files beside playbooks, such as test
+    scenarios, ``what`` names the kind in errors) and how to put lines on errors about it;
+    raises :class:`PlaybookError` when it cannot be read, parsed, or is too big."""
+    data, locate = _read(path, what)
+    _check_size(data, path.name)
+    return data, locate
+
+
+def _read(path: Path, what: str = "a playbook") -> tuple[Any, Locate]:
     """The file's parsed data (a Markdown file compiled) and how to put lines on its errors."""
     label = path.name
     try:
@@ -160,7 +170,7 @@ def _read(path: Path) -> tuple[Any, Locate]:
 
         data, lines = compile_markdown(text, label)
         return data, lambda exc: locate(lines, exc)
-    data, where = _parse(text, label, path.suffix.lower())
+    data, where = _parse(text, label, path.suffix.lower(), what)
     return data, where.locate if where is not None else lambda exc: exc
 
 
@@ -283,7 +293,9 @@ class _SafeLoader(yaml.SafeLoader):
             ) from None
 
 
-def _parse(text: str, label: str, suffix: str) -> tuple[Any, LineMap | None]:
+def _parse(
+    text: str, label: str, suffix: str, what: str = "a playbook"
+) -> tuple[Any, LineMap | None]:
     """The file's data and, for YAML, the line of each field (JSON's parser keeps none)."""
     where: LineMap | None = None
     if suffix == ".json":
@@ -314,7 +326,7 @@ def _parse(text: str, label: str, suffix: str) -> tuple[Any, LineMap | None]:
         except RecursionError:
             raise PlaybookError(label, "", "nested too deeply") from None
     if not isinstance(data, dict):
-        raise PlaybookError(label, "", "a playbook must be a mapping at the top level")
+        raise PlaybookError(label, "", f"{what} must be a mapping at the top level")
     return data, where
 
 

@@ -1,5 +1,6 @@
 """The ``vocable`` command: ``chat`` (text conversation with a playbook), ``playbook check|graph``,
-``serve`` and ``call`` (an outbound call through a running server)."""
+``serve``, ``call`` (an outbound call through a running server) and ``test`` (spoken scenario
+tests of playbooks)."""
 
 from __future__ import annotations
 
@@ -45,6 +46,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _playbook(args)
         if args.command == "call":
             return run_call(args)
+        if args.command == "test":
+            from server.testing import run_tests  # the test kit loads only for this command
+
+            return run_tests(args)
         return _serve(args)
     except PlaybookError as exc:
         for line in exc.lines():  # one per problem of the file
@@ -100,6 +105,17 @@ def _parser() -> argparse.ArgumentParser:
         " and the call's events until it ends; exit 0 if answered, 1 if not, 2 if refused.",
     )
     add_call_arguments(call)
+
+    from server.testing import add_test_arguments
+
+    test = commands.add_parser(
+        "test",
+        help="run spoken scenario tests of playbooks through real calls",
+        description="Run scenario files (*.scenario.yaml) through real calls to a server started"
+        " for each run (or --url), check each turn's expectations, and report; exit 0 when all"
+        " passed, 1 when one failed, 2 for invalid scenario files.",
+    )
+    add_test_arguments(test)
     return parser
 
 

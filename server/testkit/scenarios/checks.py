@@ -1,0 +1,245 @@
+"""A turn's expectations checked against what happened in it.
+
+``tool``, ``transfer`` and ``hangup`` expectations are matched in the order written against the
+turn's events (others may come between); the rest look at the turn as a whole. A ``judge``
+expectation is decided by :class:`~.judge.Judge` (skipped, and said so, without one).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .judge import Verdict
+from .model import Expectation, TextCheck, ToolCheck
+from .result import CheckResult, Outcome
+
+__all__ = ["TurnFacts", "check_turn", "describe", "markup_in", "words_of"]
+
+MARKUP = re.compile(
+    r"(\*\*|__|`|^\s{0,3}#{1,6}\s|^\s*[-*+]\s|^\s*\d+\.\s|\[[^\]]*\]\([^)]*\)|</?[a-zA-Z_][\w-]*>"
+    r"|<\|[\w.-]+\|>|[{}]|\|\s*-{3,})",
+    re.MULTILINE,
+)
+"""Markdown emphasis, code, headings, list items, links, tags, special tokens, JSON braces,
+table rules: what a listener should never hear read out."""
+
+JudgeCall = Callable[[str], Awaitable[Verdict]]
+"""Judges a statement of the turn (see :class:`~.judge.Judge`)."""
+
+
+@dataclass
+class TurnFacts:
+    """What a turn did, as the checks need it."""
+
+    events: list[dict[str, Any]]
+    """The call's events during the turn, in order."""
+    spoken: list[str]
+    """The answer's sentences (``agent_sentence`` texts)."""
+    stage: str | None
+    heard: str | None = None
+    """What the caller heard, transcribed; None when not transcribed."""
+    voice_to_voice_ms: float | None = None
+    silent_after_ms: float | None = None
+    """A barge-in turn: from the caller's first voiced frame to the agent's silence."""
+    barge_in: bool = False
+    ended: bool = False
+    voice: bool = True
+    judge: JudgeCall | None = None
+    answer: str = ""
+    """The turn's last answer (what ``answer`` checks read); ``spoken`` has every sentence."""
+
+
+def words_of(text: str) -> str:
+    """Lowercase, punctuation gone, spaces single: how texts are compared."""
+    return " ".join(re.sub(r"[^\w\s']", " ", text.lower()).split())
+
+
+def describe(expectation: Expectation) -> str:
+    """The expectation as a short line, as written (``tool: book_table {guests: 2}``)."""
+    kind = expectation.kind
+    value = getattr(expectation, kind)
+    if isinstance(value, ToolCheck):
+        shown = value.name + (f" {json.dumps(value.arguments)}" if value.arguments else "")
+    elif isinstance(value, TextCheck):
+        shown = json.dumps(value.model_dump(exclude_none=True))
+    else:
+        shown = json.dumps(value) if not isinstance(value, str) else value
+    return f"{kind}: {shown}"
+
+
+def markup_in(text: str) -> str | None:
+    """The first piece of markup in ``text``, if any."""
+    found = MARKUP.search(text)
+    return found.group(0).strip() or found.group(0) if found else None
+
+
+async def check_turn(expectations: Sequence[Expectation], facts: TurnFacts) -> list[CheckResult]:
+    """Each expectation's outcome, in the order written."""
+    results = []
+    cursor = 0
+    for expectation in expectations:
+        name = describe(expectation)
+        kind = expectation.kind
+        if kind in ("tool", "transfer", "hangup"):
+            found, detail = _in_order(expectation, facts, cursor)
+            if found is not None:
+                cursor = found + 1
+            results.append(CheckResult(name, "passed" if found is not None else "failed", detail))
+            continue
+        outcome, detail = await _whole(expectation, facts)
+        results.append(CheckResult(name, outcome, detail))
+    return results
+
+
+def _in_order(expectation: Expectation, facts: TurnFacts, cursor: int) -> tuple[int | None, str]:
+    """The index of the first event at or after ``cursor`` meeting ``expectation`` (and what
+    was found), or None and why not."""
+    events = facts.events
+    if expectation.tool is not None:
+        wanted = expectation.tool
+        check = wanted if isinstance(wanted, ToolCheck) else ToolCheck(name=wanted)
+        calls = [(n, e) for n, e in enumerate(events) if e["type"] == "tool_call_start"]
+        for n, event in calls:
+            if n >= cursor and event.get("name") == check.name:
+                problem = _arguments_problem(check.arguments, event.get("arguments"))
+                if problem is None:
+                    return n, f"called with {json.dumps(event.get('arguments'))}"
+        same = [e for n, e in calls if e.get("name") == check.name]
+        if same:
+            given = "; ".join(json.dumps(e.get("arguments")) for e in same)
+            problems = [_arguments_problem(check.arguments, e.get("arguments")) for e in same]
+            if any(p is None for p in problems):
+                return None, "called, but before an event this turn expected first"
+            return None, f"called with other arguments ({problems[0]}): {given}"
+        called = ", ".join(str(e.get("name")) for _, e in calls) or "none"
+        return None, f"not called; tools called: {called}"
+    if expectation.transfer is not None:
+        target = expectation.transfer
+        for n, event in enumerate(events):
+            if n >= cursor and event["type"] == "transfer_started":
+                shown = json.dumps({k: v for k, v in event.items() if k not in ("t_ms", "type")})
+                if target is True or (isinstance(target, str) and target.lower() in shown.lower()):
+                    return n, f"requested: {shown}"
+        return None, "no transfer was requested" + _later(events, cursor, "transfer_started")
+    for n, event in enumerate(events):  # hangup
+        if n >= cursor and event["type"] == "state" and event.get("state") == "closed":
+            return n, "the call ended"
+    if facts.ended:
+        return len(events), "the call ended"
+    return None, "the call did not end"
+
+
+def _later(events: list[dict[str, Any]], cursor: int, kind: str) -> str:
+    early = any(e["type"] == kind for e in events[:cursor])
+    return " after the events expected before it" if early else ""
+
+
+def _arguments_problem(wanted: dict[str, Any], given: Any) -> str | None:
+    """Why ``given`` lacks the ``wanted`` subset; None when it has it."""
+    if not wanted:
+        return None
+    if not isinstance(given, dict):
+        return f"arguments {str(given)[:80]!r} are not an object"
+    for key, value in wanted.items():
+        if key not in given:
+            return f"no {key!r}"
+        if not _same(value, given[key]):
+            return f"{key} is {json.dumps(given[key])}, not {json.dumps(value)}"
+    return None
+
+
+def _same(wanted: Any, given: Any) -> bool:
+    if isinstance(wanted, str) and isinstance(given, str):
+        return words_of(wanted) == words_of(given)
+    if isinstance(wanted, dict) and isinstance(given, dict):
+        return _arguments_problem(wanted, given) is None
+    if isinstance(wanted, (int, float)) and isinstance(given, str):
+        return given.strip() == str(wanted)
+    return bool(wanted == given)
+
+
+async def _whole(expectation: Expectation, facts: TurnFacts) -> tuple[Outcome, str]:
+    """(outcome, detail) of an expectation about the turn as a whole."""
+    kind = expectation.kind
+    if expectation.stage is not None:
+        if facts.stage == expectation.stage:
+            return "passed", f"in {facts.stage}"
+        return "failed", f"the conversation is in stage {facts.stage!r}"
+    if expectation.no_tool is not None:
+        called = [e for e in facts.events if e["type"] == "tool_call_start"]
+        if any(e.get("name") == expectation.no_tool for e in called):
+            return "failed", "it was called"
+        return "passed", "not called"
+    if expectation.answer is not None:
+        return _text(expectation.answer, facts.answer, "the answer")
+    if expectation.heard is not None:
+        if not facts.voice:
+            return "skipped", "nothing is heard in text mode"
+        return _text(expectation.heard, facts.heard or "", "the caller heard")
+    if expectation.no_markup is not None:
+        for sentence in facts.spoken:
+            piece = markup_in(sentence)
+            if piece is not None:
+                return "failed", f"{piece!r} was spoken in {sentence[:120]!r}"
+        return "passed", "no markup"
+    if expectation.silent_within_ms is not None:
+        if not facts.voice:
+            return "skipped", "no audio in text mode"
+        if not facts.barge_in:
+            return "failed", "only a barge_in turn interrupts the agent"
+        took = facts.silent_after_ms
+        if took is None:
+            return "failed", "the agent did not fall silent"
+        limit = expectation.silent_within_ms
+        return ("passed" if took <= limit else "failed"), f"silent {took:.0f} ms after the caller began (limit {limit} ms)"
+    if expectation.voice_to_voice_ms is not None:
+        if not facts.voice:
+            return "skipped", "no audio in text mode"
+        took = facts.voice_to_voice_ms
+        if took is None:
+            return "failed", "the agent was not heard after the caller"
+        limit = expectation.voice_to_voice_ms
+        return ("passed" if took <= limit else "failed"), f"{took:.0f} ms (limit {limit} ms)"
+    if expectation.judge is not None:
+        if facts.judge is None:
+            return "skipped", "no judge LLM (give vocable test --judge-base-url or an LLM)"
+        try:
+            decided = await facts.judge(expectation.judge)
+        except Exception as exc:
+            return "failed", f"the judge could not decide: {type(exc).__name__}: {exc}"[:300]
+        return ("passed" if decided.passed else "failed"), f"judge: {decided.reason}"
+    raise AssertionError(f"unhandled expectation {kind}")
+
+
+def _text(check: TextCheck | str, text: str, subject: str) -> tuple[Outcome, str]:
+    if isinstance(check, str):
+        check = TextCheck(contains=check)
+    said = words_of(text)
+    quoted = f"{subject}: {text[:200]!r}"
+    for part in _listed(check.contains):
+        if not _has_words(said, part):
+            return "failed", f"{part!r} is not in {quoted}"
+    for part in _listed(check.not_contains):
+        if _has_words(said, part):
+            return "failed", f"{part!r} is in {quoted}"
+    if check.matches is not None and not re.search(check.matches, text, re.IGNORECASE):
+        return "failed", f"/{check.matches}/ does not match {quoted}"
+    if check.max_words is not None and len(said.split()) > check.max_words:
+        count = len(said.split())
+        return "failed", f"{count} words, more than {check.max_words}: {quoted}"
+    return "passed", quoted
+
+
+def _has_words(said: str, part: str) -> bool:
+    """Whether ``part``'s words come in ``said`` (already :func:`words_of`), whole words."""
+    return f" {words_of(part)} " in f" {said} "
+
+
+def _listed(value: str | list[str] | None) -> list[str]:
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else value
