@@ -30,6 +30,7 @@ from server.config.server import ServerConfig, SipSettings
 from server.runtime.engines import Engines
 from server.runtime.llm_provider import LLMProvider
 from server.runtime.registry import CallRegistry
+from server.testkit.sip_phone import SipPhone
 from server.transports.audiosocket import HANGUP, SLIN_8K, UUID, AudioSocketServer, frame_message
 from server.transports.base import TransportCall
 from server.transports.media_streams import serve_media_stream
@@ -37,7 +38,6 @@ from server.transports.sip import SipServer
 from server.transports.webrtc import open_webrtc_call
 from tests.calls import synthesizer, transcriber
 from tests.conftest import EXAMPLES
-from tests.sip_phone import SipPhone
 
 pytestmark = pytest.mark.timeout(120)
 

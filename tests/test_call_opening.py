@@ -30,11 +30,11 @@ from server.config.server import ServerConfig, SipSettings
 from server.http.app import AUDIOSOCKET, CALLS, SIP
 from server.runtime.ratelimit import RateLimited, RateLimiter
 from server.runtime.registry import CallRegistry, OverCapacity, UnknownPlaybook
+from server.testkit.sip_phone import SipPhone
 from server.transports.audiosocket import HANGUP, SLIN_8K, UUID, frame_message, read_message
 from server.transports.base import TransportCall
 from tests.calls import voice_server
 from tests.processes import free_port
-from tests.sip_phone import SipPhone
 from tests.test_telephony import TwilioPhone
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]

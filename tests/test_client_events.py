@@ -1,11 +1,20 @@
-"""What browser callers are told of errors: fixed words per source, never the exception's text."""
+"""What browser callers are told of a call: errors in fixed words per source, never the
+exception's text; a tool call with its arguments."""
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import pytest
 
+from media import Speaker
+from playbooks import PlaybookOrchestrator, load_playbook
 from server.call.events import VoiceEvent
+from server.call.voice import MAX_ARGUMENTS_CHARS, VoicePlaybookOrchestrator, tool_arguments
 from server.transports.client_events import CLIENT_ERRORS, client_view
+from tests.calls import synthesizer, transcriber
+from tests.conftest import EXAMPLES
 
 
 @pytest.mark.parametrize("source", sorted(CLIENT_ERRORS))
@@ -39,3 +48,44 @@ def test_an_error_of_another_source_is_a_server_error(source: object) -> None:
 def test_other_events_are_sent_as_they_are() -> None:
     event = VoiceEvent("transcript", {"text": "Where is my order?", "final": True}, t=2)
     assert client_view(event) == event.to_dict()
+
+
+def _tool_call_start(arguments: str) -> dict[str, Any]:
+    """The client view of the ``tool_call_start`` a real voice orchestrator makes of the
+    orchestrator's event for a call with ``arguments``."""
+    orchestrator = PlaybookOrchestrator(load_playbook(EXAMPLES / "support.yaml"), None)
+    events: list[VoiceEvent] = []
+    VoicePlaybookOrchestrator(
+        orchestrator, transcriber(), synthesizer(), Speaker(16000), events.append
+    )
+    call = {"id": "c1", "name": "lookup_order", "arguments": arguments}
+    orchestrator.emit("tool_call_start", call=call)
+    (event,) = events
+    view = client_view(event)
+    assert (view["type"], view["id"], view["name"]) == ("tool_call_start", "c1", "lookup_order")
+    return view
+
+
+def test_a_tool_call_start_carries_its_arguments_as_an_object() -> None:
+    view = _tool_call_start('{"order_id": "A1001", "items": [1, 2]}')
+    assert view["arguments"] == {"order_id": "A1001", "items": [1, 2]}
+    assert json.loads(json.dumps(view)) == view  # as a client reads it back
+
+
+@pytest.mark.parametrize("raw", ["not json", "[1, 2]", '"A1001"', '{"a": NaN}', ""])
+def test_arguments_that_are_no_json_object_are_carried_as_written(raw: str) -> None:
+    view = _tool_call_start(raw)
+    assert view["arguments"] == raw
+    json.loads(json.dumps(view))  # NaN would not come back: it is no JSON
+
+
+def test_long_arguments_are_cut_to_their_first_characters() -> None:
+    long = {"note": "é" * 3000}
+    view = _tool_call_start(json.dumps(long))
+    cut = view["arguments"]
+    assert isinstance(cut, str)
+    assert len(cut) == MAX_ARGUMENTS_CHARS
+    assert cut == json.dumps(long, ensure_ascii=False)[: MAX_ARGUMENTS_CHARS - 3] + "..."
+    exact = {"note": "x" * (MAX_ARGUMENTS_CHARS - len('{"note": ""}'))}
+    assert tool_arguments(json.dumps(exact)) == exact  # at the limit: kept whole
+    assert tool_arguments("y" * 2500) == "y" * 1997 + "..."

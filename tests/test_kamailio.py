@@ -5,7 +5,7 @@ and NOTIFY) go between the caller and the endpoint that answered through the pro
 route.
 
 Debian's ``kamailio`` runs on a free loopback port with a generated dispatcher list; the
-callers are SIP phones (``tests/sip_phone.py``) that speak only to Kamailio.
+callers are SIP phones (``server/testkit/sip_phone.py``) that speak only to Kamailio.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from aiohttp.test_utils import TestServer
 from playbooks.transfer import TransferRequest
 from server.config.server import ServerConfig, SipSettings
 from server.http.app import CALLS, SIP
+from server.testkit.sip_phone import SipPhone
 from tests.calls import voice_server
 from tests.conftest import REPO
 from tests.processes import free_port, kill_group, popen, udp_free
-from tests.sip_phone import SipPhone
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 

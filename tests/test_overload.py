@@ -25,8 +25,8 @@ from server.config.server import ServerConfig, SipSettings
 from server.http.app import CALLS, SIP
 from server.runtime.load import LoadGauge
 from server.runtime.memory import return_free_memory
+from server.testkit.sip_phone import SipPhone
 from tests.calls import synthesizer, transcriber, voice_server
-from tests.sip_phone import SipPhone
 
 pytestmark = pytest.mark.timeout(120)
 

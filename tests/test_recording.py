@@ -28,6 +28,7 @@ from server.config.server import ServerConfig, SipSettings
 from server.http.app import CALLS, METRICS, SIP
 from server.testkit.caller import WebRTCCaller
 from server.testkit.scripted_llm import NO_INTENT, Reply, ScriptedLLM, ScriptedToolCall
+from server.testkit.sip_phone import SipPhone
 from tests.calls import (
     base_url,
     piper_speech,
@@ -37,7 +38,6 @@ from tests.calls import (
     word_error_rate,
 )
 from tests.phone import ANSWER, INTERRUPTION, LONG_ANSWER, PARCEL, phone_audio
-from tests.sip_phone import SipPhone
 
 pytestmark = pytest.mark.slow
 

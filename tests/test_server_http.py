@@ -179,7 +179,7 @@ async def test_over_capacity_is_503_with_retry_after(make_client: MakeClient) ->
     assert "at most 0 calls" in (await response.json())["error"]
 
 
-async def test_a_token_guards_offers_and_hangups(make_client: MakeClient) -> None:
+async def test_a_token_guards_offers_hangups_and_event_streams(make_client: MakeClient) -> None:
     client = await make_client(ServerConfig(auth_token="s3cret"))
     assert (await (await client.get("/config")).json())["auth_required"] is True
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
@@ -194,6 +194,9 @@ async def test_a_token_guards_offers_and_hangups(make_client: MakeClient) -> Non
     response = await client.delete("/sessions/abc", headers=good)
     assert response.status == 404
     assert (await response.json()) == {"error": "no such session"}
+    assert (await client.get("/calls/abc/events")).status == 401
+    response = await client.get("/calls/abc/events", headers=good)
+    assert (response.status, await response.json()) == (404, {"error": "no such call"})
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ from ipaddress import ip_network
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 from aiosipua import SipRequest, parse_sdp
@@ -23,9 +24,9 @@ from media.g711 import pcm_to_ulaw
 from server.config.server import ServerConfig, SipSettings
 from server.http.app import CALLS, SIP
 from server.testkit.scripted_llm import ScriptedLLM, answers_by_words
-from tests.calls import transcriber, voice_server, word_error_rate
+from server.testkit.sip_phone import SipPhone, offer_sdp
+from tests.calls import base_url, transcriber, voice_server, word_error_rate
 from tests.phone import ANSWER, INTERRUPTION, LONG_ANSWER, phone_audio
-from tests.sip_phone import SipPhone, offer_sdp
 from tests.sipp import run_sipp
 
 pytestmark = pytest.mark.slow
@@ -156,6 +157,50 @@ async def test_phone_call_answer_digits_and_barge_in(
 
     assert (await phone.bye()).status_code == 200
     await _wait(lambda: len(server.app[CALLS]) == 0, 5)
+
+
+async def test_a_phone_call_is_named_in_its_answer_and_its_events_are_streamed(
+    server: TestServer, phone: SipPhone, llm: ScriptedLLM
+) -> None:
+    """The 200 OK carries the session id (``X-Vocable-Session``); ``GET /calls/{id}/events``
+    streams the call's events (the greeting, what the caller said and keyed, the stage it moved
+    to) until it ends, and ``DELETE /sessions/{id}`` hangs it up."""
+    answer = await phone.invite("support")
+    assert answer.status_code == 200
+    (session_id,) = server.app[CALLS].calls
+    assert answer.headers.get_first("X-Vocable-Session") == session_id == phone.session_id
+    await phone.follow_events(base_url(server))
+    greeting = await phone.wait_for("agent_sentence", timeout_s=15)
+    assert greeting["text"] == "Hello, this is Acme support."
+    assert (await phone.wait_for("tts_start"))["t_ms"] <= greeting["t_ms"]
+    await phone.wait_for("tts_end", timeout_s=15)
+
+    await phone.say(phone_audio(QUESTION) + silence(1500, 8000))
+    await phone.wait_for("tts_end", count=2, timeout_s=30)
+    (transcript,) = phone.of_type("transcript")
+    assert word_error_rate(transcript["text"], QUESTION) <= 0.25, transcript
+    assert [e["stage"] for e in phone.of_type("stage_change")] == ["identify"]
+    assert [e["text"] for e in phone.of_type("agent_sentence")][2:] == [
+        "Your order is on its way.",
+        "It will arrive on Tuesday.",
+    ]
+    await phone.press_digits("12#")
+    await _wait(lambda: len(phone.of_type("dtmf")) == 3, 5)
+    assert [e["digit"] for e in phone.of_type("dtmf")] == ["1", "2", "#"]
+    await _wait(lambda: llm.user_turns[-1:] == ["Keypad: 12#"], 10)
+
+    url = f"{base_url(server)}/sessions/{session_id}"
+    async with aiohttp.ClientSession() as http, http.delete(url) as response:
+        assert response.status == 200
+    phone.reply(await phone.incoming("BYE"), 200, "OK")
+    async with asyncio.timeout(10):
+        await phone.events_ended.wait()  # the stream ends with the call
+    last = phone.events[-1]
+    assert (last["type"], last["reason"]) == ("hangup", "hung up by the client")
+    url = f"{base_url(server)}/calls/{session_id}/events"
+    async with aiohttp.ClientSession() as http, http.get(url) as response:
+        assert response.status == 404  # an inbound call is forgotten once it ended
+        assert await response.json() == {"error": "no such call"}
 
 
 async def _said(pcm8k: bytes) -> str:

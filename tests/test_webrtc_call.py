@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 import av
 import numpy as np
 import pytest
@@ -18,7 +20,7 @@ from server.config.server import ServerConfig
 from server.http.app import CALLS
 from server.runtime.registry import NO_LLM_LINE
 from server.testkit.caller import ReplayedOpusPackets, WebRTCCaller
-from server.testkit.scripted_llm import Reply, ScriptedLLM, answers_by_words
+from server.testkit.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall, answers_by_words
 from server.transports.client_events import CLIENT_ERRORS
 from server.transports.tracks import (
     OUTPUT_RATE,
@@ -145,6 +147,71 @@ async def test_typed_text_mute_and_bad_messages_over_the_data_channel(
     assert second["message"] == "expected a JSON object with a type"
     assert third["message"] == "message too large or binary"
     assert caller.session_id in server.app[CALLS].calls  # bad input ends nothing
+
+
+async def _follow(url: str, events: list[dict[str, Any]]) -> None:
+    """Read the server-sent events at ``url`` into ``events`` until the server ends them."""
+    async with aiohttp.ClientSession() as http, http.get(url) as response:
+        assert response.status == 200, await response.text()
+        async for line in response.content:
+            if line.startswith(b"data:"):
+                events.append(json.loads(line[5:]))
+
+
+async def test_keypad_digits_and_a_tool_call_over_webrtc_and_its_event_stream(
+    server: TestServer, caller: WebRTCCaller, llm: ScriptedLLM
+) -> None:
+    """``{"type": "dtmf"}`` messages are taken as a phone's digits (a ``dtmf`` event each,
+    then a ``Keypad:`` turn), bad ones get one ``error`` each; ``tool_call_start`` says the
+    call's arguments; ``GET /calls/{id}/events`` streams what the data channel carries, until
+    the call ends."""
+    llm.script(
+        [
+            Reply(content="Thanks for the digits."),
+            Reply(tool_calls=[ScriptedToolCall("lookup_order", {"order_id": "A1001"})]),
+            Reply(content="It is on its way."),
+        ]
+    )
+    await caller.connect(base_url(server), playbook="support")
+    streamed: list[dict[str, Any]] = []
+    url = f"{base_url(server)}/calls/{caller.session_id}/events"
+    following = asyncio.create_task(_follow(url, streamed))
+    await caller.wait_for("tts_end", timeout_s=30)  # the greeting
+
+    caller.send({"type": "dtmf", "digits": "12#"})
+    await caller.wait_for("tts_end", count=2, timeout_s=30)
+    assert [e["digit"] for e in caller.of_type("dtmf")] == ["1", "2", "#"]
+    assert llm.user_turns == ["Keypad: 12#"]
+    assert caller.of_type("agent_sentence")[-1]["text"] == "Thanks for the digits."
+
+    for bad in ("", "12x", "1" * 33, 7):
+        caller.send({"type": "dtmf", "digits": bad})
+    caller.send({"type": "dtmf"})
+    await caller.wait_for("error", count=5, timeout_s=5)
+    empty = 'a "dtmf" message needs a non-empty "digits" string'
+    assert [e["message"] for e in caller.of_type("error")] == [
+        empty,
+        "not a keypad digit: 'x' (0-9, *, #, A-D)",
+        'a "dtmf" message carries at most 32 digits',
+        empty,
+        empty,
+    ]
+    assert len(caller.of_type("dtmf")) == 3  # nothing of a bad message was taken
+
+    caller.send({"type": "text", "text": "Where is my order?"})
+    await caller.wait_for("tts_end", count=3, timeout_s=30)
+    (started,) = caller.of_type("tool_call_start")
+    assert (started["name"], started["arguments"]) == ("lookup_order", {"order_id": "A1001"})
+
+    await server.app[CALLS].hangup(caller.session_id)
+    await asyncio.wait_for(following, 15)  # the stream ends with the call
+    assert (streamed[-1]["type"], streamed[-1]["reason"]) == ("hangup", "hung up by the client")
+    await caller.wait_for("hangup", timeout_s=5)
+    # the stream has what the channel carried before its hang-up (but its answers to the client)
+    carried = caller.events[: caller.events.index(caller.of_type("hangup")[0])]
+    carried = [e for e in carried if e.get("source") != "client"]
+    assert streamed[: len(carried)] == carried
+    assert [e["type"] for e in streamed].count("tool_call_start") == 1
 
 
 async def test_a_vanishing_peer_frees_its_session(

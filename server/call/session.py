@@ -73,7 +73,7 @@ from .endpointing import EndpointSettings, Speculation, is_listener_noise
 from .timeline import TurnTimeline
 from .voice import VoicePlaybookOrchestrator
 
-__all__ = ["Phase", "Session", "SessionSettings", "SessionState"]
+__all__ = ["DTMF_DIGITS", "Phase", "Session", "SessionSettings", "SessionState"]
 
 log = logging.getLogger(__name__)
 

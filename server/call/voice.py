@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -43,10 +44,12 @@ from playbooks.models import Voice
 from .events import VoiceEvent, VoiceEventHandler, VoiceEventType
 from .timeline import TurnTimeline
 
-__all__ = ["SpokenVoice", "VoicePlaybookOrchestrator"]
+__all__ = ["MAX_ARGUMENTS_CHARS", "SpokenVoice", "VoicePlaybookOrchestrator", "tool_arguments"]
 
 log = logging.getLogger(__name__)
 
+MAX_ARGUMENTS_CHARS = 2000
+"""The most of a tool call's arguments a ``tool_call_start`` event carries, as JSON text."""
 FIRST_PHRASE_MIN_WORDS = 3
 """An answer's first chunk may end before a phrase-opening word once it holds this many words
 (``SentenceChunker.first_phrase_min_words``): "It should arrive" is synthesized while "on Friday
@@ -233,7 +236,13 @@ class VoicePlaybookOrchestrator:
         data = event.data
         match event.type:
             case "tool_call_start":
-                self.emit("tool_call_start", name=data["call"]["name"], id=data["call"]["id"])
+                call = data["call"]
+                self.emit(
+                    "tool_call_start",
+                    name=call["name"],
+                    id=call["id"],
+                    arguments=tool_arguments(call["arguments"]),
+                )
             case "tool_call_complete":
                 self.emit(
                     "tool_call_end",
@@ -271,6 +280,26 @@ class VoicePlaybookOrchestrator:
         if self._speech is not None:
             self._speech.switch(voice)
         return voice
+
+
+def tool_arguments(raw: str) -> dict[str, Any] | str:
+    """A tool call's arguments as its ``tool_call_start`` event carries them: the JSON object
+    the LLM wrote, else (not JSON, or JSON but not an object) its raw text. When the object's
+    JSON, or the text, is longer than MAX_ARGUMENTS_CHARS, it is cut to that many characters,
+    the last three ``...``: a string."""
+    try:
+        value = json.loads(raw, parse_constant=_no_constant)
+        text = json.dumps(value, ensure_ascii=False) if isinstance(value, dict) else raw
+    except (ValueError, RecursionError):
+        value = text = raw
+    if len(text) > MAX_ARGUMENTS_CHARS:
+        return text[: MAX_ARGUMENTS_CHARS - 3] + "..."
+    return value if isinstance(value, dict) else raw
+
+
+def _no_constant(name: str) -> Any:
+    """``NaN`` and ``Infinity`` are not JSON: clients could not parse them back."""
+    raise ValueError(f"{name} is not JSON")
 
 
 class _Speech:

@@ -1,7 +1,7 @@
 """The aiohttp application: signalling, the web client, health and metrics.
 
 Routes: ``GET /`` (the web client), ``GET /config``, ``POST /offer``, ``DELETE /sessions/{id}``,
-``POST /calls``, ``GET /calls/{id}``, ``GET /calls/{id}/events`` (outbound SIP calls),
+``POST /calls``, ``GET /calls/{id}`` (outbound SIP calls), ``GET /calls/{id}/events`` (any call),
 ``GET /healthz``, ``GET /metrics``, ``GET /playbooks``. Every error is JSON ``{"error": message}``.
 """
 
@@ -28,6 +28,7 @@ from server.runtime.ratelimit import RateLimited, client_address
 from server.runtime.registry import CallRegistry, OverCapacity, UnknownPlaybook
 from server.runtime.tracing import TurnTracer, otlp_provider
 from server.transports.audiosocket import AudioSocketServer
+from server.transports.base import TransportCall
 from server.transports.media_streams import (
     MAX_MESSAGE_BYTES,
     BadStart,
@@ -321,54 +322,69 @@ async def _place_call(request: web.Request) -> web.Response:
     return web.json_response({"session_id": call.id}, status=201)
 
 
-def _outbound(request: web.Request) -> OutboundCall:
-    _require_token(request)
+def _outbound(request: web.Request) -> OutboundCall | None:
+    """The outbound call the request names, live or among the latest ended; None if unknown."""
     sip = request.app.get(SIP)
-    call = sip.outbound.get(request.match_info["session_id"]) if sip is not None else None
-    if call is None:
-        raise web.HTTPNotFound(
-            text=json.dumps({"error": "no such outbound call"}), content_type="application/json"
-        )
-    return call
+    return sip.outbound.get(request.match_info["session_id"]) if sip is not None else None
+
+
+def _followed(request: web.Request) -> TransportCall | None:
+    """The call the request names that this replica holds, of any transport (an outbound
+    call also once ended, while it is kept); None if unknown."""
+    call = request.app[CALLS].get(request.match_info["session_id"])
+    if isinstance(call, TransportCall):
+        return call
+    return _outbound(request)
 
 
 async def _held_elsewhere(request: web.Request) -> web.StreamResponse | None:
-    """The answer of the replica holding this outbound call, when another one does."""
-    _require_token(request)
+    """The answer of the replica holding the call the request names, when another one does;
+    None otherwise (the handler answers, 404 for a call nobody holds)."""
     session_id = request.match_info["session_id"]
-    sip = request.app.get(SIP)
-    if sip is not None and session_id in sip.outbound:
-        return None
     return await relay_to_holder(request, request.app[CALLS].directory, session_id)
+
+
+def _not_found(what: str) -> web.HTTPNotFound:
+    return web.HTTPNotFound(text=json.dumps({"error": what}), content_type="application/json")
 
 
 async def _call_status(request: web.Request) -> web.StreamResponse:
     """An outbound call: ``state`` (ringing, answered, ended), ``result``, ``reason``..."""
-    relayed = await _held_elsewhere(request)
-    if relayed is not None:
-        return relayed
-    return web.json_response(_outbound(request).describe())
+    _require_token(request)
+    call = _outbound(request)
+    if call is None:
+        relayed = await _held_elsewhere(request)
+        if relayed is not None:
+            return relayed
+        raise _not_found("no such outbound call")
+    return web.json_response(call.describe())
 
 
 async def _call_events(request: web.Request) -> web.StreamResponse:
-    """An outbound call's events as server-sent events (``data: {json}``), from its first;
-    the stream ends when the call has ended."""
-    relayed = await _held_elsewhere(request)
-    if relayed is not None:
-        return relayed
-    call = _outbound(request)
+    """Any call's events as server-sent events (``data: {json}``), from its first (the last
+    500 kept): its voice events as its caller sees them, a ``hangup`` item with the reason and,
+    for an outbound call, a ``call`` item at each state. The stream ends when the call has
+    ended; 404 for a call no replica holds (a WebRTC or inbound call is forgotten once it
+    ended; an outbound one is kept a while)."""
+    _require_token(request)
+    call = _followed(request)
+    if call is None:
+        relayed = await _held_elsewhere(request)
+        if relayed is not None:
+            return relayed
+        raise _not_found("no such call")
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
     await response.prepare(request)
-    queue = call.listen()
+    queue = call.events.listen()
     try:
         while (item := await queue.get()) is not None:
             await response.write(f"data: {json.dumps(item)}\n\n".encode())
     except ConnectionResetError:
         pass
     finally:
-        call.unlisten(queue)
+        call.events.unlisten(queue)
     with contextlib.suppress(ConnectionResetError):
         await response.write_eof()
     return response

@@ -122,6 +122,10 @@ class CallRegistry:
     def __len__(self) -> int:
         return len(self.calls)
 
+    def get(self, call_id: str) -> Call | None:
+        """The live call with id ``call_id``, or None (never was, or has been released)."""
+        return self.calls.get(call_id)
+
     def check_capacity(self) -> None:
         """Raise OverCapacity unless one more call may be admitted now: not draining, under
         the session limit, not overloaded, and the live calls at their measured cost leave room

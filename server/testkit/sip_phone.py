@@ -1,19 +1,27 @@
-"""A scriptable SIP phone for tests: hand-written SIP requests over UDP (so tests can send anything,
-including malformed messages), aiortp for the call's RTP (G.711, RFC 4733 digits)."""
+"""A scriptable SIP phone: hand-written SIP requests over UDP (so tests can send anything,
+including malformed messages), aiortp for the call's RTP (G.711, RFC 4733 digits), and the call's
+events read from the server (``GET /calls/{id}/events``, the session id coming in the answer's
+``X-Vocable-Session`` header).
+
+It calls ``127.0.0.1`` only: a test's server runs on the same machine."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import secrets
 import socket
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
+import aiohttp
 from aiortp import RTPSession
 from aiosipua import SipMessage, SipRequest, SipResponse, parse_sdp
 
 from media.audio import pcm_rms_dbfs
+from server.transports.sip_outbound import SESSION_HEADER
 
 __all__ = ["Heard", "SipPhone", "offer_sdp"]
 
@@ -94,8 +102,19 @@ async def _rtp_session(payload_type: int) -> tuple[int, RTPSession]:
     raise OSError("no free RTP port pair")
 
 
+_Queued = tuple[
+    list[tuple[bytes, str | None]], asyncio.Future[float] | None, asyncio.Future[float] | None
+]
+"""What the microphone sends next: frames (PCM, a digit before it), when the first left, when
+the last did."""
+
+
 class SipPhone:
-    """One caller at ``127.0.0.1:server_port``; build with :meth:`open`, end with :meth:`close`."""
+    """One caller at ``127.0.0.1:server_port``; build with :meth:`open`, end with :meth:`close`.
+
+    After a 200 to :meth:`invite`, :attr:`session_id` names the call on the server, and
+    :meth:`follow_events` reads its events into :attr:`events` (:meth:`of_type`,
+    :meth:`wait_for`, as a :class:`~server.testkit.caller.WebRTCCaller` does)."""
 
     def __init__(self, server_port: int, endpoint: _Endpoint, port: int) -> None:
         self.server = ("127.0.0.1", server_port)
@@ -114,6 +133,18 @@ class SipPhone:
         """The Record-Route of the call's answer, reversed (a proxy on the way: RFC 3261
         12.1.2); in-dialog requests then go to the answer's Contact through these routes."""
         self.remote_target = ""
+        self.session_id = ""
+        """The server's id of the call: the 200's ``X-Vocable-Session`` ("" before, or if
+        absent)."""
+        self.events: list[dict[str, Any]] = []
+        """The call's events as the server streams them (:meth:`follow_events`), in order."""
+        self.events_ended = asyncio.Event()
+        """Set once the server ended the event stream (the call has ended) or reading failed."""
+        self._arrived = asyncio.Event()
+        self._reader: asyncio.Task[None] | None = None
+        self._http: aiohttp.ClientSession | None = None
+        self._microphone: asyncio.Task[None] | None = None
+        self._outbox: asyncio.Queue[_Queued] = asyncio.Queue()
 
     @classmethod
     async def open(cls, server_port: int) -> SipPhone:
@@ -197,6 +228,7 @@ class SipPhone:
         answer = await self.response(10.0)
         self.ack(answer)
         if answer.status_code == 200:
+            self.session_id = answer.headers.get_first(SESSION_HEADER) or ""
             self.start_media(answer)
         return answer
 
@@ -247,25 +279,142 @@ class SipPhone:
 
     # -- media ---------------------------------------------------------------------------------
 
-    async def say(self, pcm8k: bytes) -> None:
-        """Send 8 kHz PCM16 as 20 ms RTP packets at real-time pace."""
-        assert self.rtp is not None
-        loop = asyncio.get_running_loop()
-        deadline = loop.time()
-        for start in range(0, len(pcm8k), FRAME_BYTES):
-            chunk = pcm8k[start : start + FRAME_BYTES].ljust(FRAME_BYTES, b"\0")
-            self._next_timestamp = (self.rtp.send_audio_pcm_auto(chunk) + 160) & 0xFFFFFFFF
-            deadline += 0.02
-            await asyncio.sleep(max(0.0, deadline - loop.time()))
+    def start_microphone(self) -> None:
+        """From now on send a packet every 20 ms, as a phone does: what :meth:`say` and
+        :meth:`press` queue, else silence (a server's VAD then hears each pause end). Without
+        it, the phone sends only while :meth:`say` or :meth:`press` runs."""
+        if self._microphone is None:
+            self._microphone = asyncio.create_task(self._stream(), name="sip-phone-microphone")
+
+    async def say(self, pcm8k: bytes) -> float:
+        """Send 8 kHz PCM16 as 20 ms RTP packets at real-time pace (after anything queued, when
+        the microphone runs); returns when its first packet left (monotonic seconds)."""
+        frames = [
+            pcm8k[start : start + FRAME_BYTES].ljust(FRAME_BYTES, b"\0")
+            for start in range(0, len(pcm8k), FRAME_BYTES)
+        ] or [bytes(FRAME_BYTES)]
+        return await self._send([(frame, None) for frame in frames])
 
     async def press(self, digit: str) -> None:
-        """Send ``digit`` as an RFC 4733 event stamped with the media clock, then 200 ms of
+        """Send ``digit`` as an RFC 4733 event stamped with the media clock, then 400 ms of
         silence (each digit is a separate event, as a phone keypad makes them)."""
+        silence = bytes(FRAME_BYTES)
+        await self._send([(silence, digit if n == 0 else None) for n in range(20)])
+
+    async def _send(self, frames: list[tuple[bytes, str | None]]) -> float:
+        """Send ``frames`` (PCM, and a digit to send as an event before it), paced; returns
+        when the first left."""
+        if self._microphone is not None:
+            started: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+            finished: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+            self._outbox.put_nowait((frames, started, finished))
+            await finished
+            return started.result()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time()
+        first = time.monotonic()
+        for frame, digit in frames:
+            self._packet(frame, digit)
+            deadline += 0.02
+            await asyncio.sleep(max(0.0, deadline - loop.time()))
+        return first
+
+    def _packet(self, pcm: bytes, digit: str | None) -> None:
         assert self.rtp is not None
-        self.rtp.send_dtmf(digit, 100, timestamp=self._next_timestamp)
-        await self.say(bytes(8000 * 2 // 5))
+        if digit is not None:
+            self.rtp.send_dtmf(digit, 100, timestamp=self._next_timestamp)
+        self._next_timestamp = (self.rtp.send_audio_pcm_auto(pcm) + 160) & 0xFFFFFFFF
+
+    async def _stream(self) -> None:
+        """The microphone: a packet every 20 ms, queued frames first, else silence."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time()
+        silence = bytes(FRAME_BYTES)
+        while True:
+            frames, started, finished = self._next_queued()
+            for n, (frame, digit) in enumerate(frames or [(silence, None)]):
+                self._packet(frame, digit)
+                if n == 0 and started is not None:
+                    started.set_result(time.monotonic())
+                deadline += 0.02
+                await asyncio.sleep(max(0.0, deadline - loop.time()))
+            if finished is not None:
+                finished.set_result(time.monotonic())
+
+    def _next_queued(self) -> _Queued:
+        try:
+            return self._outbox.get_nowait()
+        except asyncio.QueueEmpty:
+            return [], None, None
+
+    async def press_digits(self, digits: str) -> None:
+        """:meth:`press` each of ``digits`` in turn."""
+        for digit in digits:
+            await self.press(digit)
+
+    # -- the call's events ---------------------------------------------------------------------
+
+    async def follow_events(self, base_url: str, token: str | None = None) -> None:
+        """Start reading the call's server-sent events (``GET {base_url}/calls/{session_id}/
+        events``, with ``token`` as a bearer token) into :attr:`events`, in the background,
+        until the server ends the stream or :meth:`close`. Returns once the server answered;
+        raises RuntimeError when it refused (no session id yet, 401, 404...)."""
+        if not self.session_id:
+            raise RuntimeError("no session id: the call was not answered with X-Vocable-Session")
+        if self._reader is not None:
+            raise RuntimeError("already following this call's events")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10.0)
+        self._http = http = aiohttp.ClientSession(timeout=timeout)
+        url = f"{base_url.rstrip('/')}/calls/{self.session_id}/events"
+        response = await http.get(url, headers=headers)
+        if response.status != 200:
+            body = await response.text()
+            response.release()
+            raise RuntimeError(f"events refused: {response.status} {body[:200]}")
+        self._reader = asyncio.create_task(self._read(response), name=f"events:{self.session_id}")
+
+    async def _read(self, response: aiohttp.ClientResponse) -> None:
+        try:
+            async for line in response.content:
+                if line.startswith(b"data:"):
+                    self.events.append(json.loads(line[5:]))
+                    self._arrived.set()
+        except (aiohttp.ClientError, ValueError):
+            pass  # the stream broke off: what came is kept, waiting ends
+        finally:
+            response.release()
+            self.events_ended.set()
+            self._arrived.set()
+
+    def of_type(self, type: str) -> list[dict[str, Any]]:
+        """The events of ``type`` received so far."""
+        return [event for event in self.events if event["type"] == type]
+
+    async def wait_for(self, type: str, count: int = 1, timeout_s: float = 30.0) -> dict[str, Any]:
+        """The ``count``-th event of ``type``, waiting for it up to ``timeout_s``; raises
+        TimeoutError then, or at once once the stream has ended without it."""
+        async with asyncio.timeout(timeout_s):
+            while len(self.of_type(type)) < count:
+                if self.events_ended.is_set():
+                    raise TimeoutError(f"the call's events ended with no {type!r} #{count}")
+                self._arrived.clear()
+                await self._arrived.wait()
+        return self.of_type(type)[count - 1]
 
     async def close(self) -> None:
+        """Stop the microphone and reading events, close the RTP session and the SIP socket
+        (no BYE: send one with :meth:`bye` first)."""
+        if self._microphone is not None:
+            self._microphone.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._microphone
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+        if self._http is not None:
+            await self._http.close()
         if self.rtp is not None:
             await self.rtp.close()
         if self.endpoint.transport is not None:

@@ -1,11 +1,13 @@
 """What every call shares, whatever carries it: its id and registry slot, its clock, its tasks,
 and one way to end.
 
-A transport subclasses :class:`TransportCall` and fills in the hooks: :meth:`~TransportCall.
-on_event` (what the peer is told of the call's events), :meth:`~TransportCall.ending` (the first
-word of a hang-up: a BYE, a ``hangup`` event), :meth:`~TransportCall.close_transport` (closing the
-socket or peer connection) and :meth:`~TransportCall.release_resources` (ports and the like). The
-base guarantees the order and that each step runs once, whatever fails.
+Every call's events go to its :attr:`~TransportCall.events` feed, as callers see them, whatever the
+transport (``GET /calls/{id}/events`` follows it). A transport subclasses :class:`TransportCall`
+and fills in the hooks: :meth:`~TransportCall.on_event` (what the peer is told of the call's
+events), :meth:`~TransportCall.ending` (the first word of a hang-up: a BYE, a ``hangup`` event),
+:meth:`~TransportCall.close_transport` (closing the socket or peer connection) and
+:meth:`~TransportCall.release_resources` (ports and the like). The base guarantees the order and
+that each step runs once, whatever fails.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, ClassVar
 
@@ -22,6 +25,9 @@ from server.call.events import VoiceEvent
 from server.call.session import Session
 from server.call.transfer import CallTransferrer
 from server.runtime.registry import CallRegistry
+
+from .client_events import client_view
+from .event_feed import EventFeed
 
 __all__ = ["TransportCall"]
 
@@ -35,11 +41,13 @@ class TransportCall:
 
     1. :meth:`ending` tells the peer (errors are logged, never raised);
     2. the session is closed, then the call's tasks (:meth:`spawn`) are cancelled;
-    3. the registry slot is released, even when step 1 or 2 raised or was cancelled: a call
-       can never hold a slot it no longer uses;
+    3. the :attr:`events` feed gets ``{"type": "hangup", "t_ms", "reason"}`` and the registry
+       slot is released, even when step 1 or 2 raised or was cancelled: a call can never hold
+       a slot it no longer uses;
     4. :meth:`close_transport` closes the connection, in the background when
        :attr:`close_in_background` says so; then :meth:`release_resources` gives back what the
-       connection used (even when closing raised), and :attr:`ended` is set.
+       connection used (even when closing raised), the :attr:`events` feed ends, and
+       :attr:`ended` is set.
     """
 
     transport: ClassVar[str] = "call"
@@ -68,13 +76,18 @@ class TransportCall:
         """Set as :meth:`hangup` starts: the call no longer serves the caller."""
         self.log = logging.getLogger(type(self).__module__)
         """The transport module's logger: a call's lines are filtered like its transport's."""
+        self.events = EventFeed()
+        """The call's events as clients see them (:func:`client_view`), then a ``hangup`` item
+        with the reason; it ends once the call has ended."""
         self._tasks: set[asyncio.Task[Any]] = set()
 
     # -- while the call runs -------------------------------------------------------------------
 
     def emit(self, event: VoiceEvent) -> None:
-        """The session's event sink: the clock sees every event, then the transport."""
+        """The session's event sink: the clock sees every event, then the :attr:`events` feed
+        (as the client view), then the transport."""
         self.clock.observe(event)
+        self.events.publish(client_view(event))
         self.on_event(event)
 
     def on_event(self, event: VoiceEvent) -> None:
@@ -125,6 +138,7 @@ class TransportCall:
                 if task is not current:
                     task.cancel()
         finally:
+            self.events.publish({"type": "hangup", "t_ms": _now_ms(), "reason": reason})
             self.registry.release(self, reason)
         if self.close_in_background:
             self.registry.see_off(self._close(reason), f"goodbye:{self.id}")
@@ -155,11 +169,17 @@ class TransportCall:
                 with _logged(self.log, self.id, "releasing its resources"):
                     self.release_resources()
             finally:
+                self.events.end()
                 self.ended.set()
 
 
 def _no_reason(_now: float) -> str | None:
     return None
+
+
+def _now_ms() -> float:
+    """The monotonic clock in ms, as events' ``t_ms``."""
+    return round(time.monotonic() * 1000, 1)
 
 
 @contextlib.contextmanager

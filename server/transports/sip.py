@@ -9,9 +9,10 @@ Vocable decides which calls to take and runs each as a :class:`SipCall`:
 - Any request: from a source outside ``--sip-allow`` nothing is answered at all; a malformed one
   (bad CSeq or Content-Length, unparseable SDP) 400, with the problem in a ``Warning`` header.
 - INVITE: at capacity 503; an offer without PCMU/PCMA audio, or whose media address is not an IP
-  address and port we can send to, 488; otherwise 180 then 200 with the SDP answer. The request
-  URI's user part picks the playbook when one has that id (``sip:support@host``), else the
-  default.
+  address and port we can send to, 488; otherwise 180 then 200 with the SDP answer and an
+  ``X-Vocable-Session`` header with the call's session id (``GET /calls/{id}/events``,
+  ``DELETE /sessions/{id}``). The request URI's user part picks the playbook when one has that
+  id (``sip:support@host``), else the default.
 - re-INVITE: answered from the same port with the new direction (hold stops our audio).
 - Audio: the agent's speaker is pulled on a steady 20 ms clock and sent as G.711, silence when
   the agent is quiet; barge-in clears the speaker, so the next packet is already silence.
@@ -60,12 +61,13 @@ from .sip_compat import (
     MessageHandler,
     UdpTransport,
     check_sip_stack,
+    headers_in_answer,
     intercept_messages,
     record_route_in_answers,
     respond_and_end,
 )
 from .sip_dialer import DialStack, parse_target
-from .sip_outbound import OutboundCall
+from .sip_outbound import SESSION_HEADER, OutboundCall
 from .sip_transfer import SipTransfers
 from .telephony import Encoding, encode
 
@@ -341,6 +343,7 @@ class SipServer:
             return
         self.calls[invite.call_id] = call
         record_route_in_answers(invite)
+        headers_in_answer(invite, {SESSION_HEADER: call.id})
         invite.ringing()
         try:
             await call.start()

@@ -2,14 +2,14 @@
 start-up check that it still holds.
 
 aiosipua 0.7 has no public way to send a final response with extra headers (a 503 needs
-``Retry-After``), to see a message before the user agent does (``--sip-allow``, the 400s for
-malformed requests, replies on the TCP connection a request came in on), or to use its UDP
-transport on Python 3.11's selector datagram transport; and its answers to an INVITE leave out
-the INVITE's ``Record-Route``, which a proxy in front (Kamailio) needs to stay in the dialog
-(RFC 3261 12.1.1). Those needs use private members,
-listed in :data:`PRIVATE_MEMBERS`; :func:`check_sip_stack` runs when the SIP endpoint starts and
-refuses, in one line, an aiosipua outside the tested versions or without those members, rather
-than letting calls fail one by one. pyproject.toml pins the same range.
+``Retry-After``, a 200 names the session), to see a message before the user agent does
+(``--sip-allow``, the 400s for malformed requests, replies on the TCP connection a request came in
+on), or to use its UDP transport on Python 3.11's selector datagram transport; and its answers to
+an INVITE leave out the INVITE's ``Record-Route``, which a proxy in front (Kamailio) needs to stay
+in the dialog (RFC 3261 12.1.1). Those needs use private members, listed in
+:data:`PRIVATE_MEMBERS`; :func:`check_sip_stack` runs when the SIP endpoint starts and refuses, in
+one line, an aiosipua outside the tested versions or without those members, rather than letting
+calls fail one by one. pyproject.toml pins the same range.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import dataclasses
 import inspect
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from importlib import metadata
 from typing import Any
 
@@ -35,6 +35,7 @@ __all__ = [
     "SipStackMismatch",
     "UdpTransport",
     "check_sip_stack",
+    "headers_in_answer",
     "intercept_messages",
     "record_route_in_answers",
     "respond_and_end",
@@ -119,6 +120,28 @@ def record_route_in_answers(invite: IncomingCall) -> None:
         return response
 
     setattr(invite.dialog, "create_response", with_routes)  # noqa: B010 - on this dialog alone
+
+
+def headers_in_answer(invite: IncomingCall, headers: Mapping[str, str]) -> None:
+    """Make the 2xx that accepts ``invite`` (and its retransmissions) carry ``headers`` too:
+    ``accept()`` takes none. Other responses are left alone."""
+    extra = dict(headers)
+    create = invite.dialog.create_response
+
+    def with_headers(
+        request: SipRequest,
+        status_code: int,
+        reason_phrase: str = "",
+        *,
+        contact: str | None = None,
+    ) -> SipResponse:
+        response = create(request, status_code, reason_phrase, contact=contact)
+        if request is invite.invite and 200 <= status_code < 300:
+            for name, value in extra.items():
+                response.headers.set_single(name, value)
+        return response
+
+    setattr(invite.dialog, "create_response", with_headers)  # noqa: B010 - on this dialog alone
 
 
 def respond_and_end(

@@ -4,7 +4,8 @@ on the leg (``POST /calls``).
 The call is admitted (a session slot, the rate limit) before the INVITE goes out, and holds its
 slot while it rings. What it is doing is :attr:`OutboundCall.state`: ``ringing`` -> ``answered``
 -> ``ended``, with :attr:`~OutboundCall.result` (the :data:`DialOutcome`) and a reason; a client
-follows it with ``GET /calls/{id}`` and ``GET /calls/{id}/events``. After the answer,
+follows it with ``GET /calls/{id}`` and ``GET /calls/{id}/events`` (its voice events, as any
+call's, and a ``call`` item at each state). After the answer,
 :class:`~server.call.pickup.Pickup` decides when the agent greets (never over the callee's
 "Hello?") and whether a voicemail greeting answered, which the playbook's ``voicemail``
 setting handles (hang up, or leave its message once the greeting is over).
@@ -14,25 +15,23 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
 from typing import Any, Literal
 
 from playbooks.models import Voicemail
-from server.call.events import VoiceEvent
 from server.call.pickup import Pickup, PickupSettings
 from server.config.server import SipSettings
 from server.runtime.registry import CallRegistry
 
-from .client_events import client_view
 from .phone import PhoneCall
 from .sip_dialer import DialFailed, DialOutcome, DialStack, OutboundLeg, dial
 
-__all__ = ["CallState", "OutboundCall"]
+__all__ = ["SESSION_HEADER", "CallState", "OutboundCall"]
 
 CallState = Literal["ringing", "answered", "ended"]
 AnsweredBy = Literal["person", "voicemail"]
-BACKLOG = 500
-"""Events kept for a client that subscribes late (the first ones of a call matter most)."""
+SESSION_HEADER = "X-Vocable-Session"
+"""The header naming a call's session id (``/calls/{id}``, ``DELETE /sessions/{id}``) on SIP:
+in an outbound call's INVITE, and in the 200 OK answering an inbound one (``sip.py``)."""
 
 
 class OutboundCall(PhoneCall):
@@ -71,8 +70,6 @@ class OutboundCall(PhoneCall):
         self.leg: OutboundLeg | None = None
         self.pickup: Pickup | None = None
         self._dialing: asyncio.Task[Any] | None = None
-        self._backlog: deque[dict[str, Any]] = deque(maxlen=BACKLOG)
-        self._listeners: set[asyncio.Queue[dict[str, Any] | None]] = set()
 
     # -- what clients see ----------------------------------------------------------------------
 
@@ -92,31 +89,10 @@ class OutboundCall(PhoneCall):
             "ended_at": self.ended_at,
         }
 
-    def listen(self) -> asyncio.Queue[dict[str, Any] | None]:
-        """A queue of this call's events as JSON objects (those so far first); None ends it."""
-        queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
-        for item in self._backlog:
-            queue.put_nowait(item)
-        if self.state == "ended":
-            queue.put_nowait(None)
-        else:
-            self._listeners.add(queue)
-        return queue
-
-    def unlisten(self, queue: asyncio.Queue[dict[str, Any] | None]) -> None:
-        self._listeners.discard(queue)
-
-    def on_event(self, event: VoiceEvent) -> None:
-        self._publish(client_view(event))
-
-    def _publish(self, item: dict[str, Any]) -> None:
-        self._backlog.append(item)
-        for queue in self._listeners:
-            queue.put_nowait(item)
-
     def _announce(self, state: CallState, **extra: Any) -> None:
+        """Enter ``state`` and tell the call's followers (a ``call`` item in :attr:`events`)."""
         self.state = state
-        self._publish(
+        self.events.publish(
             {
                 "type": "call",
                 "t_ms": round(time.monotonic() * 1000, 1),
@@ -143,7 +119,7 @@ class OutboundCall(PhoneCall):
                 self.to_uri,
                 ring_timeout_s=self.ring_timeout_s,
                 from_user=self.playbook_id,
-                headers={"X-Vocable-Session": self.id},
+                headers={SESSION_HEADER: self.id},
             )
         except DialFailed as exc:
             result = exc.result
@@ -222,7 +198,7 @@ class OutboundCall(PhoneCall):
         self.clock.touch()
         speaker = self.session.voice.speaker
         tts = self.session.voice.voice().tts
-        self._publish({"type": "voicemail", "t_ms": _now_ms(), "message": message})
+        self.events.publish({"type": "voicemail", "t_ms": _now_ms(), "message": message})
         playbacks = []
         async for pcm in tts.synthesize(message):
             playbacks.append(speaker.push(pcm, tts.sample_rate))
@@ -249,11 +225,9 @@ class OutboundCall(PhoneCall):
             await self.leg.hangup()
 
     def release_resources(self) -> None:
+        """The last ``call`` item (``ended``); the feed then ends (``TransportCall``)."""
         self.ended_at = time.time()
         self._announce("ended")
-        for queue in self._listeners:
-            queue.put_nowait(None)
-        self._listeners.clear()
 
 
 def _now_ms() -> float:

@@ -30,6 +30,7 @@ from aiortc import (
 
 from media import Speaker
 from server.call.events import VoiceEvent
+from server.call.session import DTMF_DIGITS
 from server.runtime.registry import CallRegistry
 
 from .base import TransportCall
@@ -49,6 +50,8 @@ log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 4 * 1024
 """Largest data-channel message taken from a client (a typed turn is sent on to the LLM)."""
+MAX_DTMF_DIGITS = 32
+"""Most keypad digits one ``dtmf`` message may carry."""
 CONNECT_TIMEOUT_S = 30.0
 """A call whose peer connection is not up this long after the answer is hung up (the peer
 vanished, or its offer was one aiortc accepted but cannot connect)."""
@@ -212,6 +215,13 @@ class WebRTCCall(TransportCall):
             if not isinstance(data.get("muted"), bool):
                 return 'a "mute" message needs "muted": true or false'
             self.session.muted = data["muted"]
+        elif kind == "dtmf":
+            digits = data.get("digits")
+            problem = _dtmf_problem(digits)
+            if problem is not None:
+                return problem
+            for digit in digits:  # as a phone's RFC 4733 digits, in order
+                self.session.dtmf(digit)
         else:
             shown = repr(kind) if len(repr(kind)) <= 60 else repr(kind)[:57] + "..."
             return f"unsupported message {shown}"
@@ -269,6 +279,20 @@ class WebRTCCall(TransportCall):
                 drained = asyncio.Event()
                 channel.once("bufferedamountlow", drained.set)
                 await drained.wait()
+
+
+def _dtmf_problem(digits: object) -> str | None:
+    """What is wrong with a ``dtmf`` message's ``digits``, or None: 1 to MAX_DTMF_DIGITS keypad
+    characters (0-9, *, #, A-D)."""
+    if not isinstance(digits, str) or not digits:
+        return 'a "dtmf" message needs a non-empty "digits" string'
+    if len(digits) > MAX_DTMF_DIGITS:
+        return f'a "dtmf" message carries at most {MAX_DTMF_DIGITS} digits'
+    wrong = next((c for c in digits if c not in DTMF_DIGITS), None)
+    if wrong is not None:
+        shown = repr(wrong) if wrong.isprintable() else f"U+{ord(wrong):04X}"
+        return f"not a keypad digit: {shown} (0-9, *, #, A-D)"
+    return None
 
 
 def _reason(exc: Exception) -> str:

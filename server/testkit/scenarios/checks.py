@@ -17,7 +17,7 @@ from .judge import Verdict
 from .model import Expectation, TextCheck, ToolCheck
 from .result import CheckResult, Outcome
 
-__all__ = ["TurnFacts", "check_turn", "describe", "markup_in", "words_of"]
+__all__ = ["TurnFacts", "check_turn", "describe", "ends_call", "markup_in", "words_of"]
 
 MARKUP = re.compile(
     r"(\*\*|__|`|^\s{0,3}#{1,6}\s|^\s*[-*+]\s|^\s*\d+\.\s|\[[^\]]*\]\([^)]*\)|</?[a-zA-Z_][\w-]*>"
@@ -126,11 +126,19 @@ def _in_order(expectation: Expectation, facts: TurnFacts, cursor: int) -> tuple[
                     return n, f"requested: {shown}"
         return None, "no transfer was requested" + _later(events, cursor, "transfer_started")
     for n, event in enumerate(events):  # hangup
-        if n >= cursor and event["type"] == "state" and event.get("state") == "closed":
-            return n, "the call ended"
+        if n >= cursor and ends_call(event):
+            reason = event.get("reason")
+            return n, f"the call ended ({reason})" if reason else "the call ended"
     if facts.ended:
         return len(events), "the call ended"
     return None, "the call did not end"
+
+
+def ends_call(event: dict[str, Any]) -> bool:
+    """Whether ``event`` says the call ended (a ``hangup`` with its reason, on the server's
+    event stream; a ``closed`` state, on the data channel)."""
+    closed = event["type"] == "state" and event.get("state") == "closed"
+    return closed or event["type"] == "hangup"
 
 
 def _later(events: list[dict[str, Any]], cursor: int, kind: str) -> str:
@@ -157,8 +165,11 @@ def _same(wanted: Any, given: Any) -> bool:
         return words_of(wanted) == words_of(given)
     if isinstance(wanted, dict) and isinstance(given, dict):
         return _arguments_problem(wanted, given) is None
-    if isinstance(wanted, (int, float)) and isinstance(given, str):
-        return given.strip() == str(wanted)
+    numbers = [
+        v for v in (wanted, given) if isinstance(v, (int, float)) and not isinstance(v, bool)
+    ]
+    if len(numbers) == 1 and any(isinstance(v, str) for v in (wanted, given)):
+        return str(wanted).strip() == str(given).strip()  # 2 and "2": as a model may give it
     return bool(wanted == given)
 
 
@@ -179,7 +190,7 @@ async def _whole(expectation: Expectation, facts: TurnFacts) -> tuple[Outcome, s
     if expectation.heard is not None:
         if not facts.voice:
             return "skipped", "nothing is heard in text mode"
-        return _text(expectation.heard, facts.heard or "", "the caller heard")
+        return _text(expectation.heard, facts.heard or "", "the caller heard", by_ear=True)
     if expectation.no_markup is not None:
         for sentence in facts.spoken:
             piece = markup_in(sentence)
@@ -195,7 +206,9 @@ async def _whole(expectation: Expectation, facts: TurnFacts) -> tuple[Outcome, s
         if took is None:
             return "failed", "the agent did not fall silent"
         limit = expectation.silent_within_ms
-        return ("passed" if took <= limit else "failed"), f"silent {took:.0f} ms after the caller began (limit {limit} ms)"
+        return (
+            "passed" if took <= limit else "failed"
+        ), f"silent {took:.0f} ms after the caller began (limit {limit} ms)"
     if expectation.voice_to_voice_ms is not None:
         if not facts.voice:
             return "skipped", "no audio in text mode"
@@ -215,16 +228,21 @@ async def _whole(expectation: Expectation, facts: TurnFacts) -> tuple[Outcome, s
     raise AssertionError(f"unhandled expectation {kind}")
 
 
-def _text(check: TextCheck | str, text: str, subject: str) -> tuple[Outcome, str]:
+def _text(
+    check: TextCheck | str, text: str, subject: str, *, by_ear: bool = False
+) -> tuple[Outcome, str]:
+    """A text check's outcome; ``by_ear``: ``text`` is a transcript, whose words may be
+    slightly off (see :func:`_sounds_like`)."""
     if isinstance(check, str):
         check = TextCheck(contains=check)
     said = words_of(text)
     quoted = f"{subject}: {text[:200]!r}"
+    has = _hears_words if by_ear else _has_words
     for part in _listed(check.contains):
-        if not _has_words(said, part):
+        if not has(said, part):
             return "failed", f"{part!r} is not in {quoted}"
     for part in _listed(check.not_contains):
-        if _has_words(said, part):
+        if has(said, part):
             return "failed", f"{part!r} is in {quoted}"
     if check.matches is not None and not re.search(check.matches, text, re.IGNORECASE):
         return "failed", f"/{check.matches}/ does not match {quoted}"
@@ -237,6 +255,35 @@ def _text(check: TextCheck | str, text: str, subject: str) -> tuple[Outcome, str
 def _has_words(said: str, part: str) -> bool:
     """Whether ``part``'s words come in ``said`` (already :func:`words_of`), whole words."""
     return f" {words_of(part)} " in f" {said} "
+
+
+def _hears_words(said: str, part: str) -> bool:
+    """Whether ``part``'s words come in a row in the transcript ``said``, each word as it is
+    or as Whisper may slip on it (:func:`_sounds_like`)."""
+    heard, wanted = said.split(), words_of(part).split()
+    return any(
+        all(_sounds_like(h, w) for h, w in zip(heard[i : i + len(wanted)], wanted, strict=True))
+        for i in range(len(heard) - len(wanted) + 1)
+    )
+
+
+def _sounds_like(heard: str, wanted: str) -> bool:
+    """The same word, or one a recogniser's slip away: an ending lost or added ("close" for
+    "closed", "monday" for "mondays"), or one letter off in a word of five or more."""
+    if heard == wanted:
+        return True
+    short, long = sorted((heard, wanted), key=len)
+    if len(short) >= 4 and long.startswith(short) and len(long) - len(short) <= 2:
+        return True
+    return len(short) >= 5 and len(long) - len(short) <= 1 and _one_edit(short, long)
+
+
+def _one_edit(a: str, b: str) -> bool:
+    """Whether ``b`` (as long as ``a`` or one letter longer) is ``a`` with one letter changed,
+    added or removed."""
+    if len(a) == len(b):
+        return sum(x != y for x, y in zip(a, b, strict=True)) <= 1
+    return any(b[:i] + b[i + 1 :] == a for i in range(len(b)))
 
 
 def _listed(value: str | list[str] | None) -> list[str]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -22,7 +23,7 @@ from playbooks.identity import LANGUAGE_TOOL
 from playbooks.loader import read_document
 from playbooks.transfer import TRANSFER_TOOL
 
-from .model import Expectation, Scenario
+from .model import Scenario
 
 __all__ = [
     "SCENARIO_SUFFIXES",
@@ -85,78 +86,103 @@ def find_scenarios(paths: Sequence[str | Path]) -> list[Path]:
 
 def load_scenario(path: str | Path) -> LoadedScenario:
     """Load, validate and check one scenario file against its playbook (whose tools module is
-    imported); raises :class:`ScenarioError` listing every problem found, each with its line."""
+    imported); raises :class:`ScenarioError` listing every problem found, each with its line:
+    the format's, and the stages, tools and files it names that do not exist."""
     path = Path(path)
     try:
         data, locate = read_document(path, "a scenario")
     except PlaybookError as exc:
         raise ScenarioError.of(exc.problems) from None
     label = path.name
+    problems: list[Problem] = []
+    scenario: Scenario | None = None
     try:
         scenario = Scenario.model_validate(data)
     except ValidationError as exc:
-        problems = [
+        problems += [
             Problem(label, _path(error["loc"]), _message(error))
             for error in exc.errors()
             if _member_fits(data, error["loc"])
         ]
-        raise ScenarioError.of(locate(ScenarioError.of(problems)).problems) from None
-    playbook_file = (path.parent / scenario.playbook).resolve()
-    try:
-        playbook = load_playbook(playbook_file)
-    except PlaybookError as exc:
-        problem = Problem(label, "playbook", f"{scenario.playbook} is not a valid playbook:")
-        located = locate(ScenarioError.of([problem])).problems[0]
-        raise ScenarioError.of([located, *exc.problems]) from None
-    loaded = LoadedScenario(scenario, path, playbook)
-    problems = list(_against_playbook(loaded))
+    playbook: LoadedPlaybook | None = None
+    named = data.get("playbook")
+    if isinstance(named, str) and named:
+        try:
+            playbook = load_playbook((path.parent / named).resolve())
+        except PlaybookError as exc:
+            problems.append(Problem(label, "playbook", f"{named} is not a valid playbook:"))
+            problems += exc.problems
+    if playbook is not None:
+        problems += _against_playbook(data, path, playbook)
     if problems:
         raise ScenarioError.of(locate(ScenarioError.of(problems)).problems) from None
-    return loaded
+    assert scenario is not None  # valid, else a problem was found
+    assert playbook is not None
+    return LoadedScenario(scenario, path, playbook)
 
 
-def _against_playbook(loaded: LoadedScenario) -> Iterable[Problem]:
-    """What the scenario names that its playbook (or its folder) does not have."""
-    scenario, label = loaded.scenario, loaded.path.name
-    spec = loaded.playbook.spec
+def _against_playbook(data: dict[str, Any], path: Path, loaded: LoadedPlaybook) -> list[Problem]:
+    """What the file's data names that its playbook (or its folder) does not have: stages and
+    tools of expectations and scripts, WAV files. Read from the data as written, so these are
+    found beside the format's own problems."""
+    label, spec = path.name, loaded.spec
     stages = [stage.id for stage in spec.stages]
-    tools = set(loaded.playbook.tools) | BUILT_IN_TOOLS
+    tools = set(loaded.tools) | BUILT_IN_TOOLS
+    problems: list[Problem] = []
 
-    def expectations(where: str, items: list[Expectation]) -> Iterable[Problem]:
-        for n, item in enumerate(items):
+    def check(where: str, kind: str, name: Any, known: Iterable[str]) -> None:
+        if isinstance(name, str) and name not in known:
+            problems.append(Problem(label, where, _unknown(kind, name, known, spec.id)))
+
+    def expectations(where: str, items: Any) -> None:
+        for n, item in enumerate(_items(items)):
+            if not isinstance(item, dict):
+                continue
             at = f"{where}[{n}]"
-            if item.stage is not None and item.stage not in stages:
-                yield Problem(label, f"{at}.stage", _unknown("stage", item.stage, stages, spec.id))
-            named = item.tool if isinstance(item.tool, str) else getattr(item.tool, "name", None)
-            for key, name in (("tool", named), ("no_tool", item.no_tool)):
-                if name is not None and name not in tools:
-                    yield Problem(label, f"{at}.{key}", _unknown("tool", name, tools, spec.id))
+            check(f"{at}.stage", "stage", item.get("stage"), stages)
+            tool = item.get("tool")
+            check(f"{at}.tool", "tool", tool.get("name") if isinstance(tool, dict) else tool, tools)
+            check(f"{at}.no_tool", "tool", item.get("no_tool"), tools)
 
-    for n, turn in enumerate(scenario.turns):
-        yield from expectations(f"turns[{n}].expect", turn.expect)
-        if turn.wav is not None and not loaded.resolve(turn.wav).is_file():
-            yield Problem(label, f"turns[{n}].wav", f"no such file: {turn.wav}")
-        for s, step in enumerate(turn.agent or []):
-            for c, call in enumerate(step.tools):
-                name = next(iter(call))
-                if name not in tools:
+    for n, turn in enumerate(_items(data.get("turns"))):
+        if not isinstance(turn, dict):
+            continue
+        expectations(f"turns[{n}].expect", turn.get("expect"))
+        wav = turn.get("wav")
+        if isinstance(wav, str) and wav and not (path.parent / wav).is_file():
+            problems.append(Problem(label, f"turns[{n}].wav", f"no such file: {wav}"))
+        for s, step in enumerate(_items(turn.get("agent"))):
+            calls = step.get("tools") if isinstance(step, dict) else None
+            for c, call in enumerate(_items(calls)):
+                if isinstance(call, dict) and len(call) == 1:
                     where = f"turns[{n}].agent[{s}].tools[{c}]"
-                    yield Problem(label, where, _unknown("tool", name, tools, spec.id))
-    if scenario.simulated_caller is not None:
-        yield from expectations("simulated_caller.expect", scenario.simulated_caller.expect)
+                    check(where, "tool", next(iter(call)), tools)
+    caller = data.get("simulated_caller")
+    if isinstance(caller, dict):
+        expectations("simulated_caller.expect", caller.get("expect"))
+    return problems
+
+
+def _items(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
 
 
 def _unknown(kind: str, name: str, known: Iterable[str], playbook: str) -> str:
     listed = ", ".join(sorted(known))
-    return f"{kind} {name!r} is not one of playbook {playbook!r}'s: {listed}"
+    return f"{kind} {name!r} is not in playbook {playbook!r} (its {kind}s: {listed})"
 
 
 _SCALAR_MEMBERS = ("str", "bool", "int", "float", "list[str]")
 
 
+def _is_model_member(part: int | str) -> bool:
+    """Whether a location part names a model (a union's member, or a model's validator)."""
+    return isinstance(part, str) and (part[:1].isupper() or part.startswith("function-"))
+
+
 def _is_member(part: int | str) -> bool:
     """Whether a location part names a union's member rather than a field."""
-    return isinstance(part, str) and (part[:1].isupper() or part in _SCALAR_MEMBERS)
+    return _is_model_member(part) or part in _SCALAR_MEMBERS
 
 
 def _member_fits(data: object, loc: tuple[int | str, ...]) -> bool:
@@ -166,7 +192,7 @@ def _member_fits(data: object, loc: tuple[int | str, ...]) -> bool:
     value = data
     for part in loc:
         if _is_member(part):
-            return isinstance(value, dict) == str(part)[:1].isupper()
+            return isinstance(value, dict) == _is_model_member(part)
         try:
             value = value[part]  # type: ignore[index]
         except (KeyError, IndexError, TypeError):

@@ -24,7 +24,7 @@ VERDICT_SCHEMA: dict[str, Any] = {
             "type": "object",
             "properties": {
                 "verdict": {"type": "string", "enum": ["yes", "no"]},
-                "reason": {"type": "string"},
+                "reason": {"type": "string", "maxLength": 160},
             },
             "required": ["verdict", "reason"],
         },
@@ -74,7 +74,7 @@ class Judge:
             "model": self.model,
             "messages": messages,
             "temperature": 0,
-            "max_tokens": 120,
+            "max_tokens": 160,
             "response_format": VERDICT_SCHEMA,
         }
         return _read_verdict(await complete(self.client, request))

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from media.audio import FRAME_BYTES, SAMPLE_RATE
 
 from ..caller import SILENCE_DBFS, WebRTCCaller, voiced_span_ms
+from .checks import ends_call
 from .speech import to_rate
 
 if TYPE_CHECKING:
@@ -146,7 +146,7 @@ class WebRTCLine:
         self.caller.send({"type": "dtmf", "digits": digits})
 
     def ended(self) -> bool:
-        closed = any(e["type"] == "state" and e.get("state") == "closed" for e in self.events)
+        closed = any(ends_call(event) for event in self.events)
         return closed or self.caller.pc.connectionState in ("closed", "failed")
 
     async def close(self) -> None:
@@ -172,10 +172,11 @@ class SipLine:
         try:
             answer = await phone.invite(user=playbook)
             if answer.status_code != 200:
-                raise RuntimeError(f"INVITE refused: {answer.status_code} {answer.reason}")
+                raise RuntimeError(f"INVITE refused: {answer.status_code} {answer.reason_phrase}")
             if not phone.session_id:
                 raise RuntimeError("the answer has no X-Vocable-Session header")
             await phone.follow_events(base_url, token)
+            phone.start_microphone()  # a packet every 20 ms, silence between lines
         except BaseException:
             await phone.close()
             raise
@@ -205,8 +206,7 @@ class SipLine:
 
     async def say(self, pcm: bytes) -> SentSpeech:
         first_ms, last_ms = voiced_span_ms(pcm)
-        started = time.monotonic()
-        await self.phone.say(to_rate(pcm, SAMPLE_RATE, PHONE_RATE))
+        started = await self.phone.say(to_rate(pcm, SAMPLE_RATE, PHONE_RATE))
         return SentSpeech(started + first_ms / 1000, started + last_ms / 1000)
 
     async def press(self, digits: str) -> None:
@@ -214,7 +214,7 @@ class SipLine:
             await self.phone.press(digit)
 
     def ended(self) -> bool:
-        closed = any(e["type"] == "state" and e.get("state") == "closed" for e in self.events)
+        closed = any(ends_call(event) for event in self.events)
         return closed or any(method == "BYE" for method, _ in self.phone.endpoint.requests_from)
 
     async def close(self) -> None:

@@ -112,7 +112,8 @@ class Expectation(_Model):
     answer: TextCheck | str | None = None
     """The agent's answer as text (a string: it contains that)."""
     heard: TextCheck | str | None = None
-    """What the caller heard, transcribed by Whisper (a string: it contains that)."""
+    """What the caller heard, transcribed by Whisper (a string: it contains that). Words are
+    matched as a listener would: a recogniser's slip ("close" for "closed") still matches."""
     judge: str | None = None
     """A statement about the agent's answer that an LLM judges true or false."""
     no_markup: bool | None = None
@@ -129,8 +130,10 @@ class Expectation(_Model):
     @model_validator(mode="after")
     def _exactly_one(self) -> Expectation:
         given = [key for key in CHECKS if getattr(self, key) is not None]
-        if len(given) != 1:
-            raise ValueError(f"give exactly one of {', '.join(CHECKS)}")
+        if not given:
+            raise ValueError(f"give one of {', '.join(CHECKS)}")
+        if len(given) > 1:
+            raise ValueError(f"one check per item (this one has {', '.join(given)})")
         return self
 
     @property

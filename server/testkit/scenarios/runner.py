@@ -331,8 +331,8 @@ class ScenarioBench:
                 state.spoken.append((leaving, pcm))
                 since = sent.last_voiced_at
             elif turn.dtmf is not None:
+                since = time.monotonic()  # "#" ends the digits at once: the answer may start
                 await line.press(turn.dtmf)
-                since = time.monotonic()
             elif turn.silence_ms is not None:
                 await asyncio.sleep(turn.silence_ms / 1000)
             expect_answer = turn.action in ("say", "wav", "dtmf") or turn.action is None
@@ -391,6 +391,10 @@ class ScenarioBench:
                 )
             elif event["type"] == "transcript" and event.get("text"):
                 result.understood = event["text"]  # the last: what the answer was to
+            elif event["type"] == "dtmf" and event.get("digit"):
+                typed = result.understood or ""
+                keys = typed.removeprefix("keypad ") if typed.startswith("keypad ") else ""
+                result.understood = f"keypad {keys}{event['digit']}"
             elif event["type"] == "turn_metrics":
                 result.metrics = {k: v for k, v in event.items() if k not in ("type", "t_ms")}
         spoken = [str(e.get("text", "")) for e in events if e["type"] == "agent_sentence"]

@@ -1,0 +1,151 @@
+"""``vocable test`` through real calls: the examples' scenarios over WebRTC, a scenario made to
+fail, and the Python API against a running server. Whisper, Piper, webrtcvad and aiortc are
+real; the agent's LLM is each scenario's script (or a scripted stand-in where a test says so).
+tests/test_vocable_test_callers.py has SIP, the simulated caller and the embedded model."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import wave
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from server.testkit.scenarios import BenchOptions, ScenarioBench, load_scenario
+from server.testkit.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
+from tests.calls import base_url, voice_server
+from tests.conftest import EXAMPLES
+from tests.processes import run_vocable
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+
+def _junit(path: Path) -> ET.Element:
+    return ET.fromstring(path.read_text().split("?>", 1)[1])
+
+
+async def test_vocable_test_passes_the_examples(tmp_path: Path) -> None:
+    junit, report = tmp_path / "junit.xml", tmp_path / "report.json"
+    code, out, err = await run_vocable(
+        "test", "playbooks/examples/", "--jobs", "2", "--junit", str(junit), "--json", str(report),
+        timeout_s=280,
+    )  # fmt: skip
+    assert code == 0, out + err
+    suite = _junit(junit)
+    assert suite.get("tests") == "4"
+    assert (suite.get("failures"), suite.get("errors")) == ("0", "0")
+    runs = {Path(r["file"]).name: r for r in json.loads(report.read_text())["runs"]}
+    assert all(r["passed"] for r in runs.values())
+    barge_in = runs["restaurant-barge-in.scenario.yaml"]["turns"][2]
+    assert barge_in["checks"][0]["check"] == "silent_within_ms: 1000"
+    keypad = runs["support-order-by-keypad.scenario.yaml"]
+    assert keypad["transport"] == "webrtc"
+    assert keypad["turns"][2]["understood"] == "keypad 1002#"
+    assert keypad["turns"][2]["tools"][0] == {
+        "name": "lookup_order",
+        "arguments": {"order_id": "A1002"},
+    }
+    booking = runs["restaurant-booking.scenario.yaml"]["turns"]
+    assert "book a table" in booking[0]["heard"].lower()  # Whisper on what the caller heard
+    assert all(t["voice_to_voice_ms"] > 0 for t in booking[1:])
+    assert "turn 3: dtmf 1002#" in out  # the readable report, turn by turn
+
+
+FAILING = """\
+    name: books on the wrong stage
+    playbook: {playbook}
+    turns:
+      - expect:
+          - stage: welcome
+      - say: I would like a table on Friday at eight for two people.
+        intent: book_table
+        agent:
+          - tools: [{{check_availability: {{day: friday, time: "20:00", guests: 2}}}}]
+          - say: >-
+              Good news, Friday at eight for two people is free, and we will keep the table by
+              the window for you if you tell me the name for the booking.
+        expect:
+          - stage: confirmed
+          - tool: book_table
+          - answer: {{max_words: 12}}
+          - tool: check_availability
+    """
+
+
+async def test_a_failing_scenario_says_which_turn_failed_and_why(tmp_path: Path) -> None:
+    scenario = tmp_path / "failing.scenario.yaml"
+    scenario.write_text(textwrap.dedent(FAILING).format(playbook=EXAMPLES / "restaurant.yaml"))
+    junit, audio = tmp_path / "junit.xml", tmp_path / "audio"
+    code, out, err = await run_vocable(
+        "test", str(scenario), "--junit", str(junit), "--keep-audio", str(audio), timeout_s=200
+    )
+    assert code == 1, out + err
+    failures = [line.strip() for line in out.splitlines() if line.strip().startswith("->")]
+    assert failures[0] == "-> turn 2: stage: confirmed: the conversation is in stage 'booking'"
+    assert failures[1] == (
+        "-> turn 2: tool: book_table: not called; tools called: check_availability"
+    )
+    assert failures[2].startswith('-> turn 2: answer: {"max_words": 12}: 30 words, more than 12:')
+    assert len(failures) == 3  # turn 1, and check_availability, passed
+    failure = _junit(junit).find("testcase/failure")
+    assert failure is not None
+    assert failure.get("message") == (
+        "turn 2: stage: confirmed: the conversation is in stage 'booking'"
+    )
+    [kept] = audio.glob("*.wav")
+    with wave.open(str(kept)) as wav:
+        assert (wav.getnchannels(), wav.getframerate()) == (2, 16000)
+        samples = np.frombuffer(wav.readframes(wav.getnframes()), dtype=np.int16).reshape(-1, 2)
+    caller, agent = np.abs(samples.astype(np.int32)).max(axis=0)
+    assert caller > 1000  # what the caller said, left
+    assert agent > 1000  # what the caller heard, right
+
+
+def _by_words(body: dict[str, Any]) -> Reply:
+    """An agent for a running server: it books what it is asked for."""
+    if not body.get("stream"):
+        return Reply(content='{"intent": "book_table", "confidence": 0.9}')
+    last = body["messages"][-1]
+    if last["role"] == "tool":
+        return Reply(content="Friday at eight is free. Shall I book it?")
+    if "friday" in str(last["content"]).lower():
+        call = ScriptedToolCall(
+            "check_availability", {"day": "friday", "time": "20:00", "guests": 2}
+        )
+        return Reply(tool_calls=[call])
+    return Reply(content="Sure. Which day, and for how many?")
+
+
+async def test_the_python_api_runs_a_scenario_against_a_running_server(tmp_path: Path) -> None:
+    scenario = tmp_path / "running.scenario.yaml"
+    scenario.write_text(
+        textwrap.dedent(
+            f"""\
+            name: books on a running server
+            playbook: {EXAMPLES / "restaurant.yaml"}
+            turns:
+              - expect: [{{stage: welcome}}]
+              - say: Friday at eight, for two.
+                expect:
+                  - tool: {{name: check_availability, arguments: {{day: friday}}}}
+                  - answer: is free
+                  - voice_to_voice_ms: 5000
+            """
+        )
+    )
+    async with ScriptedLLM(_by_words) as llm, voice_server(llm.base_url) as server:
+        options = BenchOptions(url=base_url(server))
+        async with ScenarioBench(options) as bench:
+            result = await bench.run(load_scenario(scenario))
+    assert result.passed, result.failures
+    assert result.agent_llm == "configured"  # the running server's own LLM answered
+    assert [t.number for t in result.turns] == [1, 2]
+    assert result.turns[1].understood is not None
+    assert "friday" in result.turns[1].understood.lower()
+    assert result.turns[1].metrics["stt_ms"] >= 0  # the server's own breakdown of the turn
+    assert any(e["type"] == "tts_start" for e in result.events)
