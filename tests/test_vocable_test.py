@@ -24,7 +24,6 @@ from tests.processes import run_vocable
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
-
 def _junit(path: Path) -> ET.Element:
     return ET.fromstring(path.read_text().split("?>", 1)[1])
 
