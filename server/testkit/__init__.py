@@ -8,7 +8,9 @@
   RFC 4733 digits) that records what it hears, learns its call's session id from the answer's
   ``X-Vocable-Session`` header and reads the call's events from ``GET /calls/{id}/events``.
 - :mod:`server.testkit.loopback`: serve an aiohttp app on a free 127.0.0.1 port.
+- :mod:`server.testkit.scenarios`: spoken scenario tests of playbooks (``vocable test``).
 
 Vocable's own tests and its benchmark harness use them; so can a project testing its playbooks.
-Nothing in the server imports this package.
+Only the ``vocable test`` command (``server/testing.py``) imports this package; nothing the
+server runs on does.
 """
