@@ -36,6 +36,11 @@ __all__ = ["OrchestratorOptions", "PlaybookOrchestrator", "Snapshot", "Turn"]
 
 log = logging.getLogger(__name__)
 
+INTENT_MAX_TOKENS = 64
+"""The intent classifier's answer is a short JSON object; a model that does not stop after it
+(a small one may go on until its context is full, a minute on a CPU) is cut off there, and
+the turn goes on without waiting for it."""
+
 DEFAULT_FALLBACK = "Sorry, I'm having trouble right now."
 ITERATIVE_NOTE = (
     "Work step by step: call your tools as often as the task needs, check each result, and"
@@ -252,6 +257,7 @@ class PlaybookOrchestrator:
             ],
             model=self.engine.llm_config().model or self._default_model,
             temperature=0,
+            max_tokens=INTENT_MAX_TOKENS,
         )
         try:
             return _parse_intent(await self.client.complete(request))

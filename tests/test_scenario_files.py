@@ -13,7 +13,7 @@ import pytest
 
 from server.testkit.scenarios import ScenarioError, find_scenarios, load_scenario
 from server.testkit.scenarios.checks import TurnFacts, check_turn, markup_in
-from server.testkit.scenarios.judge import Verdict, _read_verdict, _spoken
+from server.testkit.scenarios.judge import Verdict, _read_verdict, spoken_line
 from server.testkit.scenarios.model import Expectation, Turn
 from server.testkit.scenarios.report import pass_rates, write_json, write_junit, write_text
 from server.testkit.scenarios.result import CheckResult, ScenarioResult, TurnResult
@@ -283,8 +283,8 @@ def test_judge_verdicts_are_read_or_refused() -> None:
     assert _read_verdict('{"verdict": "no", "reason": "').passed is False  # cut off: the word
     with pytest.raises(ValueError, match="not a verdict"):
         _read_verdict("maybe")
-    assert _spoken('Caller: "Hi, where is my order?"\nAgent: ...') == "Hi, where is my order?"
-    assert _spoken("Thanks, that's all. [DONE]") is None
+    assert spoken_line('Caller: "Hi, where is my order?"\nAgent: ...') == "Hi, where is my order?"
+    assert spoken_line("Thanks, that's all. [DONE]") is None
 
 
 # -- the script --------------------------------------------------------------------------------

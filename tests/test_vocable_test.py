@@ -31,7 +31,7 @@ def _junit(path: Path) -> ET.Element:
 async def test_vocable_test_passes_the_examples(tmp_path: Path) -> None:
     junit, report = tmp_path / "junit.xml", tmp_path / "report.json"
     code, out, err = await run_vocable(
-        "test", "playbooks/examples/", "--jobs", "2", "--junit", str(junit), "--json", str(report),
+        "test", "playbooks/examples/", "--jobs", "3", "--junit", str(junit), "--json", str(report),
         timeout_s=280,
     )  # fmt: skip
     assert code == 0, out + err

@@ -28,7 +28,7 @@ async def test_barge_in_and_keypad_scenarios_pass_over_sip(tmp_path: Path) -> No
     code, out, err = await run_vocable(
         "test", str(SCENARIOS / "restaurant-barge-in.scenario.yaml"),
         str(SCENARIOS / "support-order-by-keypad.scenario.yaml"),
-        "--transport", "sip", "--json", str(report), timeout_s=280,
+        "--transport", "sip", "--jobs", "2", "--json", str(report), timeout_s=280,
     )  # fmt: skip
     assert code == 0, out + err
     runs = json.loads(report.read_text())["runs"]

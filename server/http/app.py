@@ -337,15 +337,14 @@ def _followed(request: web.Request) -> TransportCall | None:
     return _outbound(request)
 
 
-async def _held_elsewhere(request: web.Request) -> web.StreamResponse | None:
-    """The answer of the replica holding the call the request names, when another one does;
-    None otherwise (the handler answers, 404 for a call nobody holds)."""
+async def _held_elsewhere(request: web.Request, what: str) -> web.StreamResponse:
+    """The answer of the replica holding the call the request names (none here); raises 404
+    ``{"error": what}`` when no replica does."""
     session_id = request.match_info["session_id"]
-    return await relay_to_holder(request, request.app[CALLS].directory, session_id)
-
-
-def _not_found(what: str) -> web.HTTPNotFound:
-    return web.HTTPNotFound(text=json.dumps({"error": what}), content_type="application/json")
+    relayed = await relay_to_holder(request, request.app[CALLS].directory, session_id)
+    if relayed is None:
+        raise web.HTTPNotFound(text=json.dumps({"error": what}), content_type="application/json")
+    return relayed
 
 
 async def _call_status(request: web.Request) -> web.StreamResponse:
@@ -353,10 +352,7 @@ async def _call_status(request: web.Request) -> web.StreamResponse:
     _require_token(request)
     call = _outbound(request)
     if call is None:
-        relayed = await _held_elsewhere(request)
-        if relayed is not None:
-            return relayed
-        raise _not_found("no such outbound call")
+        return await _held_elsewhere(request, "no such outbound call")
     return web.json_response(call.describe())
 
 
@@ -369,10 +365,7 @@ async def _call_events(request: web.Request) -> web.StreamResponse:
     _require_token(request)
     call = _followed(request)
     if call is None:
-        relayed = await _held_elsewhere(request)
-        if relayed is not None:
-            return relayed
-        raise _not_found("no such call")
+        return await _held_elsewhere(request, "no such call")
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )

@@ -18,7 +18,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Protocol
 
 import aiohttp
 import av
@@ -42,6 +42,7 @@ from server.transports.tracks import (
 
 __all__ = [
     "SILENCE_DBFS",
+    "HeardAt",
     "Listener",
     "PlayoutClock",
     "ReceivedFrame",
@@ -49,6 +50,7 @@ __all__ = [
     "SpokenUtterance",
     "WebRTCCaller",
     "longest_gap_ms",
+    "silent_from",
     "voiced_span_ms",
 ]
 
@@ -264,6 +266,31 @@ class _StampedTrack(MediaStreamTrack):
         return frame
 
 
+class HeardAt(Protocol):
+    """A frame of the agent's audio with when it was heard and how loud it was."""
+
+    @property
+    def at(self) -> float: ...
+
+    @property
+    def dbfs(self) -> float: ...
+
+
+def silent_from(frames: Sequence[HeardAt], t: float, hold_ms: float = 300.0) -> float | None:
+    """The first time after ``t`` from which ``frames`` (in order) are silent for ``hold_ms``."""
+    candidate: float | None = None
+    for frame in frames:
+        if frame.at <= t:
+            continue
+        if frame.dbfs > SILENCE_DBFS:
+            candidate = None
+        elif candidate is None:
+            candidate = frame.at
+        elif frame.at - candidate >= hold_ms / 1000:
+            return candidate
+    return None
+
+
 def longest_gap_ms(frames: Sequence[ReceivedFrame], start: float, end: float) -> float:
     """The longest run of inaudible frames between two audible ones in [start, end], in ms of
     audio (20 ms a frame): how long a pause inside one answer gets."""
@@ -433,17 +460,7 @@ class WebRTCCaller:
 
     def silent_from(self, t: float, hold_ms: float = 300.0) -> float | None:
         """The first time after ``t`` from which the agent is heard silent for ``hold_ms``."""
-        candidate: float | None = None
-        for frame in self.frames:
-            if frame.at <= t:
-                continue
-            if frame.dbfs > SILENCE_DBFS:
-                candidate = None
-            elif candidate is None:
-                candidate = frame.at
-            elif frame.at - candidate >= hold_ms / 1000:
-                return candidate
-        return None
+        return silent_from(self.frames, t, hold_ms)
 
     async def close(self) -> None:
         for task in self._tasks:

@@ -104,31 +104,34 @@ def record_route_in_answers(invite: IncomingCall) -> None:
     routes = list(invite.invite.headers.get("record-route") or [])
     if not routes:
         return
-    create = invite.dialog.create_response
 
-    def with_routes(
-        request: SipRequest,
-        status_code: int,
-        reason_phrase: str = "",
-        *,
-        contact: str | None = None,
-    ) -> SipResponse:
-        response = create(request, status_code, reason_phrase, contact=contact)
-        if request is invite.invite and 100 < status_code < 300:
+    def add_routes(response: SipResponse) -> None:
+        if 100 < response.status_code < 300:
             for route in routes:
                 response.headers.append("Record-Route", route)
-        return response
 
-    setattr(invite.dialog, "create_response", with_routes)  # noqa: B010 - on this dialog alone
+    _amend_responses(invite, add_routes)
 
 
 def headers_in_answer(invite: IncomingCall, headers: Mapping[str, str]) -> None:
     """Make the 2xx that accepts ``invite`` (and its retransmissions) carry ``headers`` too:
     ``accept()`` takes none. Other responses are left alone."""
     extra = dict(headers)
+
+    def add_headers(response: SipResponse) -> None:
+        if 200 <= response.status_code < 300:
+            for name, value in extra.items():
+                response.headers.set_single(name, value)
+
+    _amend_responses(invite, add_headers)
+
+
+def _amend_responses(invite: IncomingCall, amend: Callable[[SipResponse], None]) -> None:
+    """Pass every response the dialog makes to ``invite`` itself through ``amend`` (after the
+    amendments given before), by wrapping the dialog's ``create_response``."""
     create = invite.dialog.create_response
 
-    def with_headers(
+    def amended(
         request: SipRequest,
         status_code: int,
         reason_phrase: str = "",
@@ -136,12 +139,11 @@ def headers_in_answer(invite: IncomingCall, headers: Mapping[str, str]) -> None:
         contact: str | None = None,
     ) -> SipResponse:
         response = create(request, status_code, reason_phrase, contact=contact)
-        if request is invite.invite and 200 <= status_code < 300:
-            for name, value in extra.items():
-                response.headers.set_single(name, value)
+        if request is invite.invite:
+            amend(response)
         return response
 
-    setattr(invite.dialog, "create_response", with_headers)  # noqa: B010 - on this dialog alone
+    setattr(invite.dialog, "create_response", amended)  # noqa: B010 - on this dialog alone
 
 
 def respond_and_end(

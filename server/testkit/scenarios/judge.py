@@ -13,7 +13,15 @@ from typing import Any
 
 from playbooks import ChatClient
 
-__all__ = ["Exchange", "Judge", "SimulatedCallerLLM", "Verdict"]
+__all__ = [
+    "Exchange",
+    "Judge",
+    "SimulatedCallerLLM",
+    "Verdict",
+    "complete",
+    "spoken_line",
+    "transcript",
+]
 
 DONE = "[done]"
 VERDICT_SCHEMA: dict[str, Any] = {
@@ -124,10 +132,10 @@ class SimulatedCallerLLM:
         if messages[-1]["role"] != "user":
             messages.append({"role": "user", "content": "(silence)"})
         request = {"model": self.model, "messages": messages, "temperature": 0.3, "max_tokens": 60}
-        return _spoken(await complete(self.client, request))
+        return spoken_line(await complete(self.client, request))
 
 
-def _spoken(text: str) -> str | None:
+def spoken_line(text: str) -> str | None:
     """The line to speak from the LLM's text: one line, without a speaker label or quotes."""
     if DONE in text.lower() or not text.strip():
         return None

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from media.audio import FRAME_BYTES, SAMPLE_RATE
 
 from ..caller import SILENCE_DBFS, WebRTCCaller, voiced_span_ms
+from ..caller import silent_from as silent_in
 from .checks import ends_call
 from .speech import to_rate
 
@@ -81,24 +82,14 @@ def first_sound_after(line: CallLine, t: float) -> float | None:
     return next((f.at for f in line.frames if f.at > t and f.dbfs > SILENCE_DBFS), None)
 
 
-def last_sound_before(line: CallLine, t: float) -> float | None:
-    """When the caller last heard the agent before ``t``; None if never."""
-    return next((f.at for f in reversed(line.frames) if f.at < t and f.dbfs > SILENCE_DBFS), None)
-
-
 def silent_from(line: CallLine, t: float, hold_ms: float = 300.0) -> float | None:
     """The first time after ``t`` from which the agent is heard silent for ``hold_ms``."""
-    candidate: float | None = None
-    for frame in line.frames:
-        if frame.at <= t:
-            continue
-        if frame.dbfs > SILENCE_DBFS:
-            candidate = None
-        elif candidate is None:
-            candidate = frame.at
-        elif frame.at - candidate >= hold_ms / 1000:
-            return candidate
-    return None
+    return silent_in(line.frames, t, hold_ms)
+
+
+def last_sound(line: CallLine) -> float | None:
+    """When the caller last heard the agent; None if never."""
+    return next((f.at for f in reversed(line.frames) if f.dbfs > SILENCE_DBFS), None)
 
 
 def heard_between(line: CallLine, start: float, end: float) -> bytes:

@@ -14,7 +14,7 @@ import json
 import logging
 import time
 import wave
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -47,6 +47,7 @@ from .lines import (
     Transport,
     first_sound_after,
     heard_between,
+    last_sound,
     open_line,
     silent_from,
 )
@@ -414,11 +415,10 @@ class ScenarioBench:
         said: str | None,
         whole: bool = False,
     ) -> None:
-        caller_words = result.understood or said
-        if caller_words and not whole:
-            state.conversation.append(Exchange("caller", caller_words))
-        if result.answer and not whole:
-            state.conversation.append(Exchange("agent", result.answer))
+        if not whole:
+            self._remember(state, result, said)
+        else:
+            state.result.turns.append(result)
         wanted = any(e.kind == "judge" for e in expectations)
         judge = await self.judge_client(state.agent) if wanted else None
         if judge is not None:
@@ -430,7 +430,6 @@ class ScenarioBench:
 
             facts.judge = decide
         result.checks = await check_turn(expectations, facts)
-        state.result.turns.append(result)
 
     async def _transcribe(self, pcm: bytes) -> str:
         if len(pcm) < FRAME_BYTES * 10:
@@ -441,18 +440,10 @@ class ScenarioBench:
     async def _simulated_voice(
         self, state: _Run, line: CallLine, caller: SimulatedCaller, started: float
     ) -> None:
-        voice_llm = await self._caller_llm(caller, state.agent)
         await _settle(line, started, expect_answer=True, timeout_s=30.0)
-        greeting = TurnResult(0, "wait for the agent")
-        self._facts(state, _between(line.events, started, time.monotonic()), greeting, voice=True)
-        if greeting.answer:
-            state.conversation.append(Exchange("agent", greeting.answer))
-        state.result.turns.append(greeting)
-        for number in range(1, caller.max_turns + 1):
-            said = caller.opening if number == 1 and caller.opening else None
-            said = said or await voice_llm.next_line(state.conversation)
-            if said is None:
-                break
+        greeting = _between(line.events, started, time.monotonic())
+
+        async def exchange(number: int, said: str) -> TurnResult:
             pcm = await asyncio.to_thread(self.speech.speak, said, state.loaded.scenario.caller)
             begun = time.monotonic()
             sent = await line.say(pcm)
@@ -465,15 +456,47 @@ class ScenarioBench:
             if heard_at is not None:
                 result.voice_to_voice_ms = round((heard_at - sent.last_voiced_at) * 1000, 1)
             result.duration_ms = round((ended - begun) * 1000, 1)
-            state.conversation.append(Exchange("caller", result.understood or said))
-            if result.answer:
-                state.conversation.append(Exchange("agent", result.answer))
-            state.result.turns.append(result)
-            if line.ended():
-                break
+            return result
+
+        await self._simulate(state, caller, greeting, exchange, line.ended, voice=True)
         await self._outcome(
             state, caller, _between(line.events, started, time.monotonic()), voice=True
         )
+
+    async def _simulate(
+        self,
+        state: _Run,
+        caller: SimulatedCaller,
+        greeting: list[dict[str, Any]],
+        exchange: Callable[[int, str], Awaitable[TurnResult]],
+        ended: Callable[[], bool],
+        *,
+        voice: bool,
+    ) -> None:
+        """The simulated caller's side: after the agent's ``greeting`` (its events), a line
+        at a time (``exchange`` says it and returns the turn) until the caller is done, the
+        turns run out or the call ``ended``."""
+        voice_llm = await self._caller_llm(caller, state.agent)
+        first = TurnResult(0, "wait for the agent")
+        self._facts(state, greeting, first, voice=voice)
+        self._remember(state, first, said=None)
+        for number in range(1, caller.max_turns + 1):
+            said = caller.opening if number == 1 and caller.opening else None
+            said = said or await voice_llm.next_line(state.conversation)
+            if said is None:
+                break
+            self._remember(state, await exchange(number, said), said)
+            if ended():
+                break
+
+    def _remember(self, state: _Run, turn: TurnResult, said: str | None) -> None:
+        """Add a finished turn to the run and to the conversation the LLMs are shown."""
+        caller_words = turn.understood or said
+        if caller_words:
+            state.conversation.append(Exchange("caller", caller_words))
+        if turn.answer:
+            state.conversation.append(Exchange("agent", turn.answer))
+        state.result.turns.append(turn)
 
     async def _caller_llm(self, caller: SimulatedCaller, agent: str) -> SimulatedCallerLLM:
         client = await self.judge_client(agent)
@@ -560,14 +583,7 @@ class ScenarioBench:
         typed = await self._typed(state, turn)
         result = TurnResult(number, _action(turn), understood=typed)
         if typed:
-            events.append({"type": "transcript", "text": typed, "t_ms": _now_ms()})
-            async with asyncio.timeout(turn.timeout_s), orchestrator.turn(typed) as answer:
-                async for delta in answer:
-                    if isinstance(delta, Retraction):
-                        continue
-                text = answer.answer
-            if text:
-                events.append({"type": "agent_sentence", "text": text, "t_ms": _now_ms()})
+            await _type(orchestrator, events, typed, turn.timeout_s)
         facts = self._facts(state, events[mark:], result, voice=False)
         result.duration_ms = round((time.monotonic() - begun) * 1000, 1)
         await self._check(state, turn.expect, facts, result, said=typed)
@@ -579,31 +595,16 @@ class ScenarioBench:
         events: list[dict[str, Any]],
         caller: SimulatedCaller,
     ) -> None:
-        voice_llm = await self._caller_llm(caller, state.agent)
-        greeting = TurnResult(0, "wait for the agent")
-        self._facts(state, list(events), greeting, voice=False)
-        if greeting.answer:
-            state.conversation.append(Exchange("agent", greeting.answer))
-        state.result.turns.append(greeting)
-        for number in range(1, caller.max_turns + 1):
-            said = caller.opening if number == 1 and caller.opening else None
-            said = said or await voice_llm.next_line(state.conversation)
-            if said is None:
-                break
+        async def exchange(number: int, said: str) -> TurnResult:
             mark = len(events)
-            events.append({"type": "transcript", "text": said, "t_ms": _now_ms()})
-            async with asyncio.timeout(60), orchestrator.turn(said) as answer:
-                async for _delta in answer:
-                    pass
-                text = answer.answer
-            if text:
-                events.append({"type": "agent_sentence", "text": text, "t_ms": _now_ms()})
+            begun = time.monotonic()
+            await _type(orchestrator, events, said, 60.0)
             result = TurnResult(number, f"say {said!r}", understood=said)
             self._facts(state, events[mark:], result, voice=False)
-            state.conversation.append(Exchange("caller", said))
-            if result.answer:
-                state.conversation.append(Exchange("agent", result.answer))
-            state.result.turns.append(result)
+            result.duration_ms = round((time.monotonic() - begun) * 1000, 1)
+            return result
+
+        await self._simulate(state, caller, list(events), exchange, lambda: False, voice=False)
         await self._outcome(state, caller, list(events), voice=False)
 
     # -- audio kept ----------------------------------------------------------------------------
@@ -631,6 +632,20 @@ class ScenarioBench:
             out.setframerate(SAMPLE_RATE)
             out.writeframes(_interleave(bytes(left), bytes(right)))
         return path
+
+
+async def _type(
+    orchestrator: PlaybookOrchestrator, events: list[dict[str, Any]], text: str, timeout_s: float
+) -> None:
+    """Answer ``text`` typed to the playbook, noting it and the answer in ``events``."""
+    events.append({"type": "transcript", "text": text, "t_ms": _now_ms()})
+    async with asyncio.timeout(timeout_s), orchestrator.turn(text) as answer:
+        async for delta in answer:
+            if isinstance(delta, Retraction):
+                continue  # the answer's text is read from answer.answer at the end
+        said = answer.answer
+    if said:
+        events.append({"type": "agent_sentence", "text": said, "t_ms": _now_ms()})
 
 
 def _place(track: bytearray, pcm: bytes, offset_s: float) -> None:
@@ -735,22 +750,13 @@ async def _settle(line: CallLine, since: float, *, expect_answer: bool, timeout_
         )
         states = [e.get("state") for e in events if e["type"] == "state"]
         listening = not states or states[-1] == "listening"
-        last_sound = _last_sound(line)
-        quiet = now - max(last_sound or 0.0, since) >= QUIET_S
+        heard_last = last_sound(line)
+        quiet = now - max(heard_last or 0.0, since) >= QUIET_S
         if listening and quiet and (answered or not expect_answer):
             return
         await asyncio.sleep(POLL_S)
     what = "answer and fall silent" if expect_answer else "fall silent"
     raise TurnTimeout(f"the agent did not {what} within {timeout_s:g} s")
-
-
-def _last_sound(line: CallLine) -> float | None:
-    from ..caller import SILENCE_DBFS
-
-    for frame in reversed(line.frames):
-        if frame.dbfs > SILENCE_DBFS:
-            return frame.at
-    return None
 
 
 async def _until_heard(line: CallLine, since: float, after_ms: int, timeout_s: float) -> None:
