@@ -315,7 +315,11 @@ def test_a_turns_steps_answer_by_their_place_in_the_tool_loop() -> None:
     beyond = [*after, {"role": "assistant", "content": "It is free."}]
     missing = script({"stream": True, "messages": beyond})
     assert missing.status == 400
-    assert script.missing == ["turn 2 scripts 2 agent step(s); the LLM was asked for step 3"]
+    script({"stream": True, "messages": beyond})  # asked again: listed once
+    assert script.missing == [
+        "turn 2 scripts 2 agent step(s); the LLM was asked for step 3 (it was answered with an"
+        " error)"
+    ]
 
 
 # -- reports -----------------------------------------------------------------------------------
@@ -339,6 +343,7 @@ def _results() -> list[ScenarioResult]:
     ]
     stopped = ScenarioResult("cancels", "b.scenario.yaml", "text", "none", "script")
     stopped.error = "the agent did not answer and fall silent within 30 s"
+    stopped.notes = ["turn 1 scripts 0 agent step(s); the LLM was asked for step 1"]
     return [passing, failing, stopped]
 
 
@@ -350,6 +355,7 @@ def test_the_reports_name_each_failure_by_turn_and_give_pass_rates() -> None:
     assert "FAIL a.scenario.yaml: books (run 2)" in report
     assert "-> turn 1: stage: booking: the conversation is in stage 'welcome'" in report
     assert "stopped: the agent did not answer and fall silent within 30 s" in report
+    assert "note: turn 1 scripts 0 agent step(s); the LLM was asked for step 1" in report
     assert "1 of 3 scenario runs passed" in report
     assert "1/2 (50%) a.scenario.yaml: books" in report
     assert [(r.passed, r.runs) for r in pass_rates(results)] == [(1, 2), (0, 1)]

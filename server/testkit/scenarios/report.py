@@ -58,6 +58,8 @@ def write_text(results: Sequence[ScenarioResult], out: TextIO, *, verbose: bool 
                 out.write(f"    audio: {result.audio_file}\n")
         if result.error is not None:
             out.write(f"    stopped: {result.error}\n")
+        for note in dict.fromkeys(result.notes):
+            out.write(f"    note: {note}\n")
         for failure in result.failures:
             if failure.turn is not None:
                 out.write(f"    -> turn {failure.turn}: {failure.check}: {failure.reason}\n")

@@ -82,6 +82,9 @@ class ScenarioResult:
     """The conversation's audio (stereo WAV: caller left, agent right), when kept."""
     events: list[dict[str, Any]] = field(default_factory=list)
     """Every event of the call, as a client got them."""
+    notes: list[str] = field(default_factory=list)
+    """What the author should know that is not a check's failure (an LLM request the script
+    had no step for)."""
 
     @property
     def failures(self) -> list[Failure]:

@@ -253,8 +253,8 @@ class ScenarioBench:
                 if self.options.keep_audio is not None:
                     state.result.audio_file = str(self._keep_audio(state, line, started))
                 await line.close()
-            if script is not None and script.missing:
-                log.info("scenario %s: unscripted requests: %s", scenario.name, script.missing)
+            if script is not None:
+                state.result.notes += script.missing
 
     def _prepare_speech(self, loaded: LoadedScenario) -> list[bytes | None]:
         """Every caller line's audio, made before the call (synthesis mid-call would take the
@@ -554,6 +554,8 @@ class ScenarioBench:
                     await self._text_turn(state, orchestrator, events, turn, index + 1)
         finally:
             state.result.events = events
+            if script is not None:
+                state.result.notes += script.missing
             await orchestrator.aclose()
             if llm is not None:
                 assert client is not None

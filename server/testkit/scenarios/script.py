@@ -55,9 +55,10 @@ class TurnScript:
             return reply_of(steps[step])
         problem = (
             f"turn {self.turn_number} scripts {len(steps)} agent step(s); "
-            f"the LLM was asked for step {step + 1}"
+            f"the LLM was asked for step {step + 1} (it was answered with an error)"
         )
-        self.missing.append(problem)
+        if problem not in self.missing:  # a request made again asks the same
+            self.missing.append(problem)
         return Reply(status=400, error={"message": problem, "type": "scenario_script"})
 
 
