@@ -20,6 +20,7 @@ from server.testkit.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
 from tests.calls import base_url, voice_server
 from tests.conftest import EXAMPLES
 from tests.processes import run_vocable
+from tests.speech import piper_speech
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -121,6 +122,11 @@ def _by_words(body: dict[str, Any]) -> Reply:
 
 
 async def test_the_python_api_runs_a_scenario_against_a_running_server(tmp_path: Path) -> None:
+    with wave.open(str(tmp_path / "friday.wav"), "wb") as wav:  # a recorded caller line
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(16000)
+        wav.writeframes(piper_speech("Friday at eight, for two."))
     scenario = tmp_path / "running.scenario.yaml"
     scenario.write_text(
         textwrap.dedent(
@@ -129,7 +135,9 @@ async def test_the_python_api_runs_a_scenario_against_a_running_server(tmp_path:
             playbook: {EXAMPLES / "restaurant.yaml"}
             turns:
               - expect: [{{stage: welcome}}]
-              - say: Friday at eight, for two.
+              - silence_ms: 800
+                expect: [{{no_tool: check_availability}}]
+              - wav: friday.wav
                 expect:
                   - tool: {{name: check_availability, arguments: {{day: friday}}}}
                   - answer: is free
@@ -143,8 +151,14 @@ async def test_the_python_api_runs_a_scenario_against_a_running_server(tmp_path:
             result = await bench.run(load_scenario(scenario))
     assert result.passed, result.failures
     assert result.agent_llm == "configured"  # the running server's own LLM answered
-    assert [t.number for t in result.turns] == [1, 2]
-    assert result.turns[1].understood is not None
-    assert "friday" in result.turns[1].understood.lower()
-    assert result.turns[1].metrics["stt_ms"] >= 0  # the server's own breakdown of the turn
+    assert [t.action for t in result.turns] == [
+        "wait for the agent",
+        "silence 800 ms",
+        "wav friday.wav",
+    ]
+    assert result.turns[1].answer == ""  # the agent waited through the silence
+    understood = result.turns[2].understood
+    assert understood is not None
+    assert "friday" in understood.lower()
+    assert result.turns[2].metrics["stt_ms"] >= 0  # the server's own breakdown of the turn
     assert any(e["type"] == "tts_start" for e in result.events)
