@@ -29,6 +29,14 @@ os.environ["VOCABLE_LLM"] = "none"
 os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files with ``slow`` tests (real models, real peers, real calls) first, each file's
+    tests in their order: with ``--dist loadfile`` a worker takes a whole file at a time, and a
+    slow file left for the end keeps one worker busy while the other has nothing left to take."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow_files)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _nothing_outlives_the_suite() -> Iterator[None]:
     """At the end of the session no process the tests started is alive, and none listens on a
