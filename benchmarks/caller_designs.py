@@ -22,16 +22,15 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from playbooks import ChatClient
-from server.config.server import LocalLLMSettings
-from server.runtime.llm_provider import LLMProvider
+from playbooks import ChatRequest
 from server.testkit.scenarios.judge import (
     Exchange,
     SimulatedCallerLLM,
-    complete,
     spoken_line,
     transcript,
 )
+
+from .tester_llm import add_llm_source, llm_client
 
 __all__ = ["NextLineCaller", "main"]
 
@@ -60,13 +59,10 @@ class NextLineCaller(SimulatedCallerLLM):
             "Write the caller's next line only (one short sentence). If the goal is reached,"
             " write [done]."
         )
-        request = {
-            "model": self.model,
-            "messages": [{"role": "user", "content": prompt}],
-            "temperature": 0.3,
-            "max_tokens": 60,
-        }
-        return spoken_line(await complete(self.client, request))
+        request = ChatRequest(
+            [{"role": "user", "content": prompt}], self.model, temperature=0.3, max_tokens=60
+        )
+        return spoken_line(await self.client.complete(request))
 
 
 def _squashed(text: str) -> str:
@@ -96,27 +92,11 @@ async def _measure(design: SimulatedCallerLLM, tries: int) -> dict[str, object]:
 
 
 async def _run(args: argparse.Namespace) -> dict[str, dict[str, object]]:
-    provider: LLMProvider | None = None
-    if args.base_url:
-        client = ChatClient.connect(args.base_url, args.api_key, args.model)
-    else:
-        local = LocalLLMSettings(gguf=args.llm_gguf, search=False)
-        provider = LLMProvider(None, local, announce=False)
-        await provider.start()
-        ready = await provider.ready()
-        if ready is None:
-            raise SystemExit(f"no model: {provider.status.detail}")
-        client = ready
-    try:
+    async with llm_client(args) as client:
         results: dict[str, dict[str, object]] = {
             "chat": await _measure(SimulatedCallerLLM(client, PERSONA, GOAL), args.tries),
             "next-line": await _measure(NextLineCaller(client, PERSONA, GOAL), args.tries),
         }
-    finally:
-        if provider is not None:
-            await provider.close()
-        else:
-            await client.client.close()
     for name, result in results.items():
         print(
             f"{name}: {result['lines']} lines, {result['repeats_agent']} repeat the agent,"
@@ -128,11 +108,7 @@ async def _run(args: argparse.Namespace) -> dict[str, dict[str, object]]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--llm-gguf", type=Path, help="a GGUF model run in process")
-    source.add_argument("--base-url", help="an OpenAI-compatible endpoint")
-    parser.add_argument("--model", default="caller")
-    parser.add_argument("--api-key")
+    add_llm_source(parser, "caller")
     parser.add_argument("--tries", type=int, default=4, help="lines asked of each conversation")
     parser.add_argument("--out", type=Path, help="write the lines and counts as JSON")
     args = parser.parse_args(argv)

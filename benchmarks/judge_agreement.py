@@ -18,10 +18,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from playbooks import ChatClient
-from server.config.server import LocalLLMSettings
-from server.runtime.llm_provider import LLMProvider
 from server.testkit.scenarios.judge import Exchange, Judge
+
+from .tester_llm import add_llm_source, llm_client
 
 __all__ = ["CASES", "Case", "main"]
 
@@ -70,22 +69,10 @@ CASES: tuple[Case, ...] = (
 """Each statement once true and once false of an answer to the same line."""
 
 
-async def _client(args: argparse.Namespace) -> tuple[ChatClient, LLMProvider | None]:
-    if args.base_url:
-        return ChatClient.connect(args.base_url, args.api_key, args.model), None
-    provider = LLMProvider(None, LocalLLMSettings(gguf=args.llm_gguf, search=False), announce=False)
-    await provider.start()
-    client = await provider.ready()
-    if client is None:
-        raise SystemExit(f"no model: {provider.status.detail}")
-    return client, provider
-
-
 async def _run(args: argparse.Namespace) -> dict[str, object]:
-    client, provider = await _client(args)
-    judge = Judge(client)
     rows = []
-    try:
+    async with llm_client(args) as client:
+        judge = Judge(client)
         for case in CASES:
             conversation = [Exchange("caller", case.caller), Exchange("agent", case.agent)]
             started = time.monotonic()
@@ -99,15 +86,10 @@ async def _run(args: argparse.Namespace) -> dict[str, object]:
             rows.append({**asdict(case), "judged": judged, "reason": reason, "s": round(took, 2)})
             mark = "ok " if judged == case.true else "BAD"
             print(f"{mark} {case.true!s:5} {case.statement!r}: {reason[:70]!r} ({took:.1f} s)")
-    finally:
-        if provider is not None:
-            await provider.close()
-        else:
-            await client.client.close()
     trues = [r for r in rows if r["true"]]
     falses = [r for r in rows if not r["true"]]
     summary = {
-        "model": client.model if args.base_url else str(args.llm_gguf),
+        "model": args.model if args.base_url else str(args.llm_gguf),
         "cases": len(rows),
         "agreement": sum(r["judged"] == r["true"] for r in rows) / len(rows),
         "true_judged_true": sum(r["judged"] is True for r in trues) / len(trues),
@@ -127,11 +109,7 @@ async def _run(args: argparse.Namespace) -> dict[str, object]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--llm-gguf", type=Path, help="a GGUF model run in process")
-    source.add_argument("--base-url", help="an OpenAI-compatible endpoint")
-    parser.add_argument("--model", default="judge", help="the endpoint's model name")
-    parser.add_argument("--api-key")
+    add_llm_source(parser, "judge")
     parser.add_argument("--out", type=Path, help="write the verdicts and agreement as JSON")
     args = parser.parse_args(argv)
     summary = asyncio.run(_run(args))

@@ -95,6 +95,8 @@ class ChatRequest:
     temperature: float | None = None
     max_tokens: int | None = None
     top_p: float | None = None
+    response_format: dict[str, Any] | None = None
+    """The answer's form (``{"type": "json_schema", ...}``), for a non-streamed completion."""
 
     def create_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"model": self.model, "messages": self.messages}
@@ -102,7 +104,7 @@ class ChatRequest:
             kwargs["tools"] = self.tools
             if self.tool_choice is not None:
                 kwargs["tool_choice"] = self.tool_choice
-        for name in ("temperature", "max_tokens", "top_p"):
+        for name in ("temperature", "max_tokens", "top_p", "response_format"):
             value = getattr(self, name)
             if value is not None:
                 kwargs[name] = value

@@ -198,25 +198,17 @@ async def _whole(expectation: Expectation, facts: TurnFacts) -> tuple[Outcome, s
                 return "failed", f"{piece!r} was spoken in {sentence[:120]!r}"
         return "passed", "no markup"
     if expectation.silent_within_ms is not None:
-        if not facts.voice:
-            return "skipped", "no audio in text mode"
-        if not facts.barge_in:
+        if facts.voice and not facts.barge_in:
             return "failed", "only a barge_in turn interrupts the agent"
-        took = facts.silent_after_ms
-        if took is None:
-            return "failed", "the agent did not fall silent"
-        limit = expectation.silent_within_ms
-        return (
-            "passed" if took <= limit else "failed"
-        ), f"silent {took:.0f} ms after the caller began (limit {limit} ms)"
+        return _timed(
+            facts, facts.silent_after_ms, expectation.silent_within_ms,
+            "silent {took:.0f} ms after the caller began", "the agent did not fall silent",
+        )  # fmt: skip
     if expectation.voice_to_voice_ms is not None:
-        if not facts.voice:
-            return "skipped", "no audio in text mode"
-        took = facts.voice_to_voice_ms
-        if took is None:
-            return "failed", "the agent was not heard after the caller"
-        limit = expectation.voice_to_voice_ms
-        return ("passed" if took <= limit else "failed"), f"{took:.0f} ms (limit {limit} ms)"
+        return _timed(
+            facts, facts.voice_to_voice_ms, expectation.voice_to_voice_ms,
+            "{took:.0f} ms", "the agent was not heard after the caller",
+        )  # fmt: skip
     if expectation.judge is not None:
         if facts.judge is None:
             return "skipped", "no judge LLM (give vocable test --judge-base-url or an LLM)"
@@ -226,6 +218,18 @@ async def _whole(expectation: Expectation, facts: TurnFacts) -> tuple[Outcome, s
             return "failed", f"the judge could not decide: {type(exc).__name__}: {exc}"[:300]
         return ("passed" if decided.passed else "failed"), f"judge: {decided.reason}"
     raise AssertionError(f"unhandled expectation {kind}")
+
+
+def _timed(
+    facts: TurnFacts, took: float | None, limit: int, found: str, missing: str
+) -> tuple[Outcome, str]:
+    """A time measured on the audio (``took`` ms, None: never) against its ``limit``."""
+    if not facts.voice:
+        return "skipped", "no audio in text mode"
+    if took is None:
+        return "failed", missing
+    detail = f"{found.format(took=took)} (limit {limit} ms)"
+    return ("passed" if took <= limit else "failed"), detail
 
 
 def _text(

@@ -11,14 +11,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from playbooks import ChatClient
+from playbooks import ChatClient, ChatRequest
 
 __all__ = [
     "Exchange",
     "Judge",
     "SimulatedCallerLLM",
     "Verdict",
-    "complete",
     "spoken_line",
     "transcript",
 ]
@@ -77,22 +76,14 @@ class Judge:
             ' Answer with JSON only: {"verdict": "yes" or "no", "reason": "<one short sentence>"}.'
         )
         user = f"Conversation:\n{transcript(conversation)}\n\nStatement: {statement}\nIs it true?"
-        messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
-        request = {
-            "model": self.model,
-            "messages": messages,
-            "temperature": 0,
-            "max_tokens": 160,
-            "response_format": VERDICT_SCHEMA,
-        }
-        return _read_verdict(await complete(self.client, request))
-
-
-async def complete(client: ChatClient, request: dict[str, Any]) -> str:
-    """A non-streamed completion's text (``request``: keyword arguments of the ``openai``
-    client's ``chat.completions.create``)."""
-    response = await client.client.chat.completions.create(**request)
-    return (response.choices[0].message.content or "") if response.choices else ""
+        request = ChatRequest(
+            messages=[{"role": "system", "content": system}, {"role": "user", "content": user}],
+            model=self.model,
+            temperature=0,
+            max_tokens=160,
+            response_format=VERDICT_SCHEMA,
+        )
+        return _read_verdict(await self.client.complete(request))
 
 
 def _read_verdict(text: str) -> Verdict:
@@ -125,14 +116,14 @@ class SimulatedCallerLLM:
 
     async def next_line(self, conversation: Sequence[Exchange]) -> str | None:
         """The caller's next line given the conversation so far; None when done."""
-        messages: list[dict[str, str]] = [{"role": "system", "content": self.system}]
+        messages: list[dict[str, Any]] = [{"role": "system", "content": self.system}]
         for line in conversation:
             role = "assistant" if line.speaker == "caller" else "user"
             messages.append({"role": role, "content": line.text})
         if messages[-1]["role"] != "user":
             messages.append({"role": "user", "content": "(silence)"})
-        request = {"model": self.model, "messages": messages, "temperature": 0.3, "max_tokens": 60}
-        return spoken_line(await complete(self.client, request))
+        request = ChatRequest(messages, self.model, temperature=0.3, max_tokens=60)
+        return spoken_line(await self.client.complete(request))
 
 
 def spoken_line(text: str) -> str | None:

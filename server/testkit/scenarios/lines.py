@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from media import Resampler
 from media.audio import FRAME_BYTES, SAMPLE_RATE
 
-from ..caller import SILENCE_DBFS, WebRTCCaller, voiced_span_ms
+from ..caller import SILENCE_DBFS, HeardAt, ReceivedFrame, WebRTCCaller, voiced_span_ms
 from ..caller import silent_from as silent_in
 from .checks import ends_call
 from .speech import to_rate
@@ -37,24 +39,15 @@ class SentSpeech:
     last_voiced_at: float
 
 
-@dataclass(frozen=True)
-class HeardFrame:
-    """One 20 ms frame of the agent's audio, as the caller heard it."""
-
-    at: float
-    dbfs: float
-    index: int
-    """Its place in the line's ``heard`` audio (frame number)."""
-
-
 class CallLine(Protocol):
     """What a scenario needs of a call (see the module docstring)."""
 
     events: list[dict[str, Any]]
 
     @property
-    def frames(self) -> list[HeardFrame]:
-        """Every frame of the agent's audio heard so far, in order."""
+    def frames(self) -> Sequence[HeardAt]:
+        """Every 20 ms frame of the agent's audio heard so far, in order: frame ``n`` is
+        ``heard[n * FRAME_BYTES : (n + 1) * FRAME_BYTES]``."""
         ...
 
     @property
@@ -94,7 +87,7 @@ def last_sound(line: CallLine) -> float | None:
 
 def heard_between(line: CallLine, start: float, end: float) -> bytes:
     """The agent's audio the caller heard between two times."""
-    inside = [f.index for f in line.frames if start <= f.at <= end]
+    inside = [n for n, f in enumerate(line.frames) if start <= f.at <= end]
     if not inside:
         return b""
     return bytes(line.heard[inside[0] * FRAME_BYTES : (inside[-1] + 1) * FRAME_BYTES])
@@ -118,8 +111,8 @@ class WebRTCLine:
         return cls(caller)
 
     @property
-    def frames(self) -> list[HeardFrame]:
-        return [HeardFrame(f.at, f.dbfs, n) for n, f in enumerate(self.caller.frames)]
+    def frames(self) -> Sequence[HeardAt]:
+        return self.caller.frames
 
     @property
     def heard(self) -> bytearray:
@@ -152,8 +145,9 @@ class SipLine:
         self.phone = phone
         self.events = phone.events
         self._heard = bytearray()
-        self._frames: list[HeardFrame] = []
-        self._taken = 0
+        self._frames: list[ReceivedFrame] = []
+        self._widen = Resampler(PHONE_RATE, SAMPLE_RATE, aligned=True)
+        """One stream for the call: 160 samples in, 320 out, the filter's state carried on."""
 
     @classmethod
     async def open(cls, base_url: str, sip_port: int, playbook: str, token: str | None) -> SipLine:
@@ -174,19 +168,16 @@ class SipLine:
         return cls(phone)
 
     def _catch_up(self) -> None:
-        """Resample what arrived since last asked (8 kHz, one packet a frame) to 16 kHz."""
-        packets = self.phone.heard.packets
-        pcm = self.phone.heard.pcm
-        while self._taken < len(packets):
-            at, dbfs = packets[self._taken]
-            chunk = bytes(pcm[self._taken * 320 : (self._taken + 1) * 320])
-            wide = to_rate(chunk, PHONE_RATE, SAMPLE_RATE).ljust(FRAME_BYTES, b"\0")[:FRAME_BYTES]
-            self._frames.append(HeardFrame(at, dbfs, len(self._frames)))
-            self._heard += wide
-            self._taken += 1
+        """Take the packets that arrived since last asked (8 kHz, 20 ms each) at 16 kHz."""
+        packets, pcm = self.phone.heard.packets, self.phone.heard.pcm
+        phone_frame = FRAME_BYTES * PHONE_RATE // SAMPLE_RATE
+        for n in range(len(self._frames), len(packets)):
+            at, dbfs = packets[n]
+            self._frames.append(ReceivedFrame(at, dbfs))
+            self._heard += self._widen.resample(bytes(pcm[n * phone_frame : (n + 1) * phone_frame]))
 
     @property
-    def frames(self) -> list[HeardFrame]:
+    def frames(self) -> Sequence[HeardAt]:
         self._catch_up()
         return self._frames
 

@@ -625,8 +625,8 @@ class ScenarioBench:
         for at, pcm in state.spoken:
             _place(left, pcm, at - started)
         heard = line.heard
-        for frame in frames:
-            chunk = heard[frame.index * FRAME_BYTES : (frame.index + 1) * FRAME_BYTES]
+        for n, frame in enumerate(frames):
+            chunk = heard[n * FRAME_BYTES : (n + 1) * FRAME_BYTES]
             _place(right, bytes(chunk), frame.at - started)
         with wave.open(str(path), "wb") as out:
             out.setnchannels(2)
