@@ -22,8 +22,11 @@ from typing import Any, get_args
 from tqdm import tqdm
 
 from server.testkit.caller import Listener
+from server.testkit.scripted_llm import ScriptedLLM
 
 from .corpus import load_corpus
+from .hesitant_calls import hesitant_line, hesitation_markdown, summarize_hesitation
+from .hesitation import load_hesitation
 from .llm import LLMPacing, paced_llm
 from .provenance import git_commit, machine
 from .report import plot, summarize, to_markdown
@@ -62,6 +65,15 @@ def run_harness(
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("--url", help="a running Vocable server (default: start one)")
+    parser.add_argument(
+        "--corpus",
+        choices=["questions", "hesitation"],
+        default="questions",
+        help="'questions': the latency sweep, barge-ins and backchannels (default); "
+        "'hesitation': one call says the hesitation corpus (pauses mid-sentence, "
+        "comma-opened questions) --passes times: cut-ins, voice-to-voice, wasted LLM requests",
+    )
+    parser.add_argument("--passes", type=int, default=2, help="hesitation: passes (2)")
     parser.add_argument("--token", help="bearer token for --url")
     parser.add_argument("--llm-base-url", help="a real LLM (default: a paced scripted one)")
     parser.add_argument(
@@ -187,12 +199,15 @@ async def _run(args: argparse.Namespace, command: str) -> Path:
             llm_first_sentence_ms=pacing.first_sentence_ms() if scripted else None,
             token=args.token,
         )
-        total = sum(n * args.turns for n in levels) * len(listeners)
-        total += args.barge_ins + 2 * args.backchannels
-        with tqdm(total=total, unit="turn", desc="benchmark", file=sys.stderr) as bar:
-            results = await _scenarios(
-                args, target, levels, listeners, questions, corpus, server, bar
-            )
+        if args.corpus == "hesitation":
+            results: dict[str, Any] = {"lines": await _hesitation(args, target, llm)}
+        else:
+            total = sum(n * args.turns for n in levels) * len(listeners)
+            total += args.barge_ins + 2 * args.backchannels
+            with tqdm(total=total, unit="turn", desc="benchmark", file=sys.stderr) as bar:
+                results = await _scenarios(
+                    args, target, levels, listeners, questions, corpus, server, bar
+                )
         results["server_counters"] = await _server_counters(base_url, args.token)
     finally:
         if server is not None:
@@ -200,6 +215,8 @@ async def _run(args: argparse.Namespace, command: str) -> Path:
         if llm is not None:
             await llm.close()
 
+    if args.corpus == "hesitation":
+        return _write_hesitation(folder, command, started_at, args, scripted, results)
     if not args.no_micro:
         results["micro"] = await asyncio.to_thread(_micro, args.quick)
     run = {
@@ -288,6 +305,53 @@ async def _scenarios(
     for calls in levels[1:]:
         await level(calls)
     return results
+
+
+async def _hesitation(
+    args: argparse.Namespace, target: BenchTarget, llm: ScriptedLLM | None
+) -> list[dict[str, Any]]:
+    """One call says the hesitation corpus ``--passes`` times, a line at a time."""
+    lines = load_hesitation()
+    records = []
+    caller = await new_caller(target)
+    try:
+        await asyncio.sleep(0.5)
+        with tqdm(total=len(lines) * args.passes, unit="line", file=sys.stderr) as bar:
+            for number in range(args.passes):
+                for line in lines:
+                    record = await hesitant_line(caller, line, llm)
+                    records.append({**record, "pass": number})
+                    bar.update()
+    finally:
+        await caller.close()
+    return records
+
+
+def _write_hesitation(
+    folder: Path,
+    command: str,
+    started_at: str,
+    args: argparse.Namespace,
+    scripted: bool,
+    results: dict[str, Any],
+) -> Path:
+    run = {
+        "command": command,
+        "started_at": started_at,
+        "git_commit": git_commit(),
+        "machine": machine(),
+        "settings": {
+            "llm": _llm_setting(args, scripted),
+            "passes": args.passes,
+            "server_args": args.server_arg,
+            "server": args.url or "started by the harness",
+        },
+        **results,
+    }
+    run["summary"] = summarize_hesitation(run["lines"])
+    (folder / "run.json").write_text(json.dumps(run, indent=1) + "\n")
+    (folder / "report.md").write_text(hesitation_markdown(run))
+    return folder
 
 
 def listeners_of(choice: str) -> list[Listener]:

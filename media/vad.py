@@ -181,6 +181,10 @@ class VadSegmenter:
             return self._idle(frame, voiced, at)
         return self._in_speech(frame, voiced, at)
 
+    def utterance_audio(self) -> bytes:
+        """The current utterance's audio so far, pre-roll included (empty when not speaking)."""
+        return b"".join(self._utterance) if self._utterance is not None else b""
+
     def reset(self) -> None:
         """Forget any utterance in progress."""
         self._pre_roll.clear()

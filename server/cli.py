@@ -255,6 +255,13 @@ def _serve(args: argparse.Namespace) -> int:
             read_gguf(config.local_llm.gguf)
         except GgufError as exc:
             raise ConfigError(str(exc)) from None
+    if config.turn_model is not None:
+        from media.turn_model import TurnModelError, check_turn_model
+
+        try:  # a missing or damaged file stops here, before the other models load
+            check_turn_model(config.turn_model.path)
+        except TurnModelError as exc:
+            raise ConfigError(str(exc)) from None
     if config.llm is None and config.local_llm is None:
         print(
             "vocable: no LLM (--llm none): calls will connect, but the agent can only say so",

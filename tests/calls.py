@@ -36,6 +36,7 @@ from tests.speech import (
     synthesizer,
     to_16k,
     transcriber,
+    turn_model,
     word_error_rate,
     words,
 )
@@ -197,6 +198,7 @@ async def voice_server(
         synthesizer(),
         load_playbooks(playbooks or EXAMPLES),
         LLMProvider.serving(llm),
+        turn_model() if config.turn_model is not None else None,
     )
     server = TestServer(create_app(config, engines), host="127.0.0.1")
     await server.start_server()

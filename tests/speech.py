@@ -16,6 +16,7 @@ import numpy as np
 
 from media import Resampler, Synthesizer, SynthesizerSettings, Transcriber
 from media.audio import FRAME_BYTES, SAMPLE_RATE
+from media.turn_model import TurnModel
 
 
 @functools.cache
@@ -30,6 +31,12 @@ def synthesizer() -> Synthesizer:
 @functools.cache
 def transcriber() -> Transcriber:
     return Transcriber.load()
+
+
+@functools.cache
+def turn_model() -> TurnModel:
+    """The bundled audio end-of-turn model, loaded once per test process, as servers do."""
+    return TurnModel.load()
 
 
 def to_16k(pcm: bytes, rate: int, channels: int = 1) -> bytes:

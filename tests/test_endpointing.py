@@ -17,8 +17,11 @@ from playbooks.loader import LoadedPlaybook
 from server.call.endpointing import (
     EndpointSettings,
     Speculation,
+    WordsEnd,
+    end_of_turn,
     is_listener_noise,
     sounds_complete,
+    words_end,
 )
 from server.call.session import SessionSettings
 from server.testkit.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
@@ -74,6 +77,66 @@ def test_unfinished_sentences_do_not_sound_complete(text: str) -> None:
     assert not sounds_complete(text)
 
 
+@pytest.mark.parametrize(
+    ("text", "kind"),
+    [
+        ("Where is my order?", "complete"),
+        ("I am calling about my parcel.", "complete"),
+        ("Could you check whether?", "continues"),  # Whisper's "?" on a cut clause
+        ("I'd like to book a table for", "continues"),
+        ("So, um.", "continues"),
+        ("Wait...", "continues"),
+        ("My number is 555-0134.", "listing"),  # a digit group: more may follow
+        ("My order number is 4 7 9,", "listing"),
+        ("five five five", "listing"),
+        ("The name is Rossi R O S", "listing"),
+        ("A table for four.", "complete"),  # one number word is not a list
+        ("Right.", "opener"),
+        ("Fine, thanks.", "opener"),
+        ("Well, I mean.", "opener"),
+        ("Hello?", "complete"),  # a question hands the turn over
+        ("I would like the pasta", "unsure"),
+        ("", "none"),
+    ],
+)
+def test_how_the_words_end(text: str, kind: str) -> None:
+    assert words_end(text) == kind
+
+
+END = EndpointSettings()
+
+
+@pytest.mark.parametrize(
+    ("words", "score", "scoring", "silence_ms", "reason"),
+    [
+        ("complete", None, False, END.complete_silence_ms, "words"),  # no model: today's rule
+        ("complete", 0.9, False, END.complete_silence_ms, "words+audio"),  # both agree
+        ("complete", 0.1, False, END.disputed_silence_ms, "audio"),  # the voice goes on
+        ("complete", None, True, END.hold_ms, "words+audio"),  # the voice's verdict is due
+        ("continues", 0.99, False, END.hold_ms, "hold"),  # "...a table for": the words decide
+        ("listing", 0.9, False, END.disputed_silence_ms, "words+audio"),
+        ("listing", 0.2, False, END.hold_ms, "hold"),
+        ("opener", 0.1, False, END.opener_silence_ms, "words"),
+        ("unsure", 0.9, False, END.incomplete_silence_ms, "words+audio"),
+        ("unsure", 0.2, False, END.hold_ms, "hold"),
+        ("none", 0.9, False, 400, "silence"),
+        (None, None, False, END.incomplete_silence_ms, "words"),  # still decoding
+    ],
+)
+def test_words_and_voice_decide_the_end_of_the_turn_together(
+    words: WordsEnd | None, score: float | None, scoring: bool, silence_ms: int, reason: str
+) -> None:
+    end = end_of_turn(words, score, scoring=scoring, base_ms=400, settings=END)
+    assert (end.silence_ms, end.reason) == (silence_ms, reason)
+
+
+def test_endpoint_settings_refuse_a_hold_shorter_than_the_waits_it_bounds() -> None:
+    with pytest.raises(ValueError, match="hold_ms"):
+        EndpointSettings(hold_ms=800)
+    with pytest.raises(ValueError, match="turn_threshold"):
+        EndpointSettings(turn_threshold=1.0)
+
+
 async def _speculation(text: str | None) -> Speculation:
     """A speculation whose decode heard ``text`` (None: still decoding)."""
     paused = SpeechPaused(audio=b"", started_at=0.0, last_voiced_at=1.0, at=1.16)
@@ -94,7 +157,9 @@ async def _heard(text: str) -> Transcript:
     [
         ("Where is my order?", 160),  # a question: ends at 400 ms, answered 240 ms before
         ("I am calling about my order.", 260),  # a statement: answered 140 ms before
-        ("I would like to order a large pizza and", 760),  # trails off: ends at 900 ms
+        ("I would like to order a large pizza and", 2360),  # trails off: held to 2,500 ms
+        ("My number is 555-0134.", 1360),  # a digit group: ends at 1,500 ms
+        ("Fine, thanks.", 560),  # an opener: ends at 700 ms
         ("Hello?", None),  # one word opens a turn more often than it ends one
         ("Wait.", None),
         ("", None),
@@ -107,7 +172,7 @@ async def test_a_preemptive_answer_waits_for_the_silence_and_the_words(
     settings = EndpointSettings()
     speculation = await _speculation(text)
     try:
-        due = [ms for ms in range(0, 1000, 20) if speculation.preempt_due(ms, 400, settings)]
+        due = [ms for ms in range(0, 3000, 20) if speculation.preempt_due(ms, 400, settings)]
     finally:
         speculation.discard()
     assert (due[0] if due else None) == starts_at_ms

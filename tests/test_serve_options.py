@@ -72,6 +72,7 @@ def refusal(argv: list[str], env: dict[str, str]) -> str:
         ("sip_allow", "example.org", "'example.org' does not appear to be an IPv4"),
         ("stt_url", "gpu-host:8000", "must be an http:// or https:// base URL"),  # a URL
         ("record_retention_days", "-1", "must be at least 0, not -1"),
+        ("turn_hold_ms", "900", "must be 1500 to 10000, not 900"),
     ],
 )
 def test_a_bad_value_is_refused_alike_from_flag_and_variable(
@@ -119,6 +120,11 @@ def test_every_bad_value_is_named_on_one_line() -> None:
             {},
             "vocable: --vad-aggressiveness / VOCABLE_VAD_AGGRESSIVENESS: must be one of 0, 1, 2, "
             "3, not 7",
+        ),
+        (  # checked before any model loads
+            ["--turn-model", "/nonexistent/turn.onnx", "--llm", "none"],
+            {},
+            "vocable: turn model /nonexistent/turn.onnx: no such file",
         ),
     ],
 )

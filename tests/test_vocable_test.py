@@ -5,7 +5,9 @@ tests/test_vocable_test_callers.py has SIP, the simulated caller and the embedde
 
 from __future__ import annotations
 
+import ast
 import json
+import shutil
 import textwrap
 import wave
 import xml.etree.ElementTree as ET
@@ -104,6 +106,54 @@ async def test_a_failing_scenario_says_which_turn_failed_and_why(tmp_path: Path)
     caller, agent = np.abs(samples.astype(np.int32)).max(axis=0)
     assert caller > 1000  # what the caller said, left
     assert agent > 1000  # what the caller heard, right
+
+
+def _make_tools_raise(module: Path) -> list[str]:
+    """Make every ``@tool`` function of ``module`` raise as its first statement; their names."""
+    source = module.read_text().splitlines()
+    broken: dict[int, str] = {}  # line index to insert at -> the raise
+    for node in ast.parse("\n".join(source)).body:
+        if isinstance(node, ast.FunctionDef) and any(
+            isinstance(d, ast.Name) and d.id == "tool" for d in node.decorator_list
+        ):
+            first = node.body[0]
+            after = first.end_lineno if isinstance(first, ast.Expr) else first.lineno - 1
+            assert after is not None
+            indent = " " * first.col_offset
+            broken[after] = f"{indent}raise RuntimeError('the {node.name} service is down')"
+    for at in sorted(broken, reverse=True):  # from the end: earlier indices stay right
+        source.insert(at, broken[at])
+    module.write_text("\n".join(source) + "\n")
+    return [line.split("the ")[1].split(" service")[0] for line in broken.values()]
+
+
+async def test_the_examples_fail_turn_and_tool_by_name_when_their_tools_raise(
+    tmp_path: Path,
+) -> None:
+    """A scripted answer does not depend on what the tool returned: without the check of tool
+    errors, every example passed with every tool broken."""
+    examples = Path(shutil.copytree(EXAMPLES, tmp_path / "examples"))
+    modules = [examples / "restaurant_tools.py", examples / "support_tools.py"]
+    broken = [name for tools in modules for name in _make_tools_raise(tools)]
+    assert len(broken) >= 5
+    code, out, err = await run_vocable(
+        "test", str(examples / "scenarios"), "--mode", "text", timeout_s=120
+    )
+    assert code == 1, out + err
+    failures = [line.strip() for line in out.splitlines() if line.strip().startswith("->")]
+    expected = [
+        "-> turn 3: tool check_availability ran without error: check_availability failed:",
+        "-> turn 4: tool book_table ran without error: book_table failed:",
+        "-> turn 2: tool opening_hours ran without error: opening_hours failed:",
+        "-> turn 3: tool lookup_order ran without error: lookup_order failed:",
+        "-> turn 4: tool cancel_order ran without error: cancel_order failed:",
+        "-> turn 2: tool lookup_order ran without error: lookup_order failed:",  # markdown
+    ]
+    for line in expected:
+        assert any(f.startswith(line) and "service is down" in f for f in failures), (
+            line,
+            failures,
+        )
 
 
 def _by_words(body: dict[str, Any]) -> Reply:

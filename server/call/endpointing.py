@@ -25,6 +25,13 @@ decode keeps Whisper busy, the configured ``pause_ms`` (160 ms) while one does, 
 speculative decode at a pause the caller talks through is then a wait for someone; with
 ``skip_backlog`` decodes waiting, the speculative decode waits until fewer do (if the caller is
 still silent then), instead of queueing.
+
+Words and voice together (``words_end`` and an audio end-of-turn model's score,
+:mod:`media.turn_model`, taken at ``model_silence_ms`` of each pause): the turn ends after the
+short silence only when both say the caller is done. While the voice says they are not, or the
+words stop on "for", "whether", "um", or in the middle of a digit group or a spelled name, the
+agent holds the turn up to ``hold_ms``, then answers (:func:`end_of_turn` has the table). A short
+opener ("Right.", "Fine, thanks.") waits ``opener_silence_ms``: callers go on after one.
 """
 
 from __future__ import annotations
@@ -33,19 +40,35 @@ import asyncio
 import contextlib
 import re
 from dataclasses import dataclass
+from typing import Literal, TypeVar
 
 from media import SpeechEnded, SpeechPaused, Transcript
 
 __all__ = [
+    "EndReason",
     "EndpointSettings",
     "Speculation",
+    "TurnEnd",
+    "WordsEnd",
+    "end_of_turn",
     "is_backchannel",
     "is_listener_noise",
     "sounds_complete",
+    "words_end",
 ]
 
+_T = TypeVar("_T")
+
+WordsEnd = Literal["complete", "opener", "listing", "continues", "unsure", "none"]
+"""How a transcript ends (:func:`words_end`)."""
+EndReason = Literal["words", "words+audio", "audio", "hold", "silence", "forced"]
+"""Why a turn ended: the words alone (no audio score), words and voice agreeing, the voice
+overruling the words (a longer wait), the hold limit, plain silence (no words), or the
+utterance's length limit."""
+
 _CONTINUATION_WORDS = """
-and or but because if when while then that which whose the a an to of with at by as than
+and or but because if when while then that which whose the a an to of with at by as than whether
+although though unless until so like into onto about
 my your our their his her its in on for from into about like um uh er erm hmm ah eh mm
 """
 _CONTINUATIONS = frozenset(_CONTINUATION_WORDS.split())
@@ -60,6 +83,111 @@ _BACKCHANNELS = frozenset(
         "cool", "great", "nice", "good", "wow", "really", "oh okay", "yeah yeah", "uh-huh",
     }
 )  # fmt: skip
+
+
+_OPENER_WORDS = """
+right well so fine thanks thank you okay ok alright all i mean see oh ah um uh er hmm hi hello hey
+good morning afternoon evening sure great cool look listen actually anyway and then
+"""
+_OPENERS = frozenset(_OPENER_WORDS.split())
+_NUMBER_WORD_LIST = "zero oh one two three four five six seven eight nine ten double triple"
+_NUMBER_WORDS = frozenset(_NUMBER_WORD_LIST.split())
+_SPELLED = re.compile(r"^[a-z]$")
+
+
+def words_end(text: str) -> WordsEnd:
+    """How ``text`` ends, for the end of the turn:
+
+    - ``complete``: :func:`sounds_complete`, and none of the below;
+    - ``opener``: up to three words that open turns more often than they end them ("Right.",
+      "Fine, thanks.", "Well, I mean."); a question ("Hello?") is complete;
+    - ``listing``: a digit group ("555-0134.", "4 7,"), number words read one by one ("five
+      five"), or letters spelled out ("R, O, S."): the caller may be reading out more;
+    - ``continues``: a last word that leads into more ("for", "whether", "um"), or "...";
+    - ``unsure``: no end punctuation, nothing else to go by;
+    - ``none``: no words.
+    """
+    stripped = text.strip()
+    words = _WORD.findall(stripped.lower().replace("-", " "))
+    if not words:
+        return "none"
+    if stripped.endswith("...") or words[-1] in _CONTINUATIONS:
+        return "continues"
+    if stripped.endswith("?"):
+        return "complete"
+    if _is_listing(words):
+        return "listing"
+    if len(words) <= 3 and all(word in _OPENERS for word in words):
+        return "opener"
+    return "complete" if sounds_complete(stripped) else "unsure"
+
+
+def _is_listing(words: list[str]) -> bool:
+    last = words[-1]
+    digits = sum(char.isdigit() for char in last)
+    if digits >= 3 or (digits and len(words) >= 2 and any(c.isdigit() for c in words[-2])):
+        return True
+    tail = words[-2:]
+    if len(tail) == 2 and all(word in _NUMBER_WORDS for word in tail):
+        return True
+    return len(tail) == 2 and all(_SPELLED.match(word) for word in tail)
+
+
+@dataclass(frozen=True)
+class TurnEnd:
+    """The silence after which the turn ends, and why (:func:`end_of_turn`)."""
+
+    silence_ms: int
+    reason: EndReason
+
+
+def end_of_turn(
+    words: WordsEnd | None,
+    score: float | None,
+    *,
+    scoring: bool,
+    base_ms: int,
+    settings: EndpointSettings,
+) -> TurnEnd:
+    """The silence that ends a turn whose words end as ``words`` (None: still decoding) and
+    whose voice scored ``score`` (the audio model's probability that the caller is done; None:
+    no score, and ``scoring`` if one is on its way):
+
+    ===========  ==========================  ======================  ====================
+    words        voice done / no model       voice not done          score on its way
+    ===========  ==========================  ======================  ====================
+    complete     ``complete_silence_ms``     ``disputed_...``        waits for it
+    opener       ``opener_silence_ms``       ``opener_silence_ms``   (the voice can't tell)
+    listing      ``disputed_...``            ``hold_ms``             waits for it
+    continues    ``hold_ms``                 ``hold_ms``             (the words decide)
+    unsure       ``incomplete_...``          ``hold_ms``             waits for it
+    none         ``base_ms``                 ``base_ms``
+    ===========  ==========================  ======================  ====================
+
+    While the words are being decoded the turn waits for them (``incomplete_silence_ms`` at
+    most: the answer needs them anyway)."""
+    if words is None:
+        return TurnEnd(settings.incomplete_silence_ms, "words")
+    if words == "none":
+        return TurnEnd(base_ms, "silence")
+    if words == "opener":
+        return TurnEnd(settings.opener_silence_ms, "words")
+    hold = settings.hold_ms
+    if words == "continues":
+        return TurnEnd(hold, "hold")
+    if score is None and scoring:  # the voice's verdict is due within tens of ms
+        return TurnEnd(hold, "words+audio")
+    done = score is None or score >= settings.turn_threshold
+    reason: EndReason = "words" if score is None else "words+audio"
+    if words == "complete":
+        if done:
+            return TurnEnd(settings.complete_silence_ms, reason)
+        return TurnEnd(settings.disputed_silence_ms, "audio")
+    if words == "listing":
+        return TurnEnd(settings.disputed_silence_ms, reason) if done else TurnEnd(hold, "hold")
+    if done:
+        return TurnEnd(max(base_ms, settings.incomplete_silence_ms), reason)
+    return TurnEnd(hold, "hold")
 
 
 def sounds_complete(text: str) -> bool:
@@ -142,7 +270,38 @@ class EndpointSettings:
     away: with 16 calls on two cores, 76-88 a run against 104-113 when the quick pause held
     while no decode waited. 0: always the configured pause."""
 
+    hold_ms: int = 2500
+    """The longest the agent waits for a caller whose words or voice say they will go on
+    ("a table for ...", "555 0134, ..."): then it answers."""
+    opener_silence_ms: int = 700
+    """End-of-turn silence after a short opener ("Right.", "Fine, thanks."): longer than a
+    comma pause (Piper's is ~420 ms), which callers make after one before the question."""
+    disputed_silence_ms: int = 1500
+    """End-of-turn silence where words and voice disagree: a finished sentence in a voice that
+    goes on ("I want to move my booking to[night]." of a "to ... next Friday"), or a digit
+    group or spelled letters in a voice that sounds finished (the voice may be wrong). Longer
+    than the pauses callers make between groups (0.5-1.2 s, plus the gaps around them)."""
+    turn_threshold: float = 0.5
+    """The audio model's score (probability the caller is done) at or above which the voice
+    says the turn is over."""
+    model_silence_ms: int = 200
+    """The silence at which a pause is scored by the audio model (it was trained with about
+    this much at the end; with 60 ms, finished questions score ~0.2)."""
+
     def __post_init__(self) -> None:
+        if not (0 < self.complete_silence_ms <= self.incomplete_silence_ms <= self.hold_ms) or not (
+            self.complete_silence_ms <= self.opener_silence_ms <= self.hold_ms
+        ):
+            raise ValueError(
+                "need 0 < complete_silence_ms <= incomplete_silence_ms, opener_silence_ms "
+                "<= hold_ms"
+            )
+        if not self.complete_silence_ms <= self.disputed_silence_ms <= self.hold_ms:
+            raise ValueError("need complete_silence_ms <= disputed_silence_ms <= hold_ms")
+        if not 0.0 < self.turn_threshold < 1.0:
+            raise ValueError("turn_threshold must be between 0 and 1")
+        if not 0 < self.model_silence_ms < self.complete_silence_ms:
+            raise ValueError("need 0 < model_silence_ms < complete_silence_ms")
         if not 0 < self.complete_silence_ms <= self.incomplete_silence_ms:
             raise ValueError("need 0 < complete_silence_ms <= incomplete_silence_ms")
         if not 0 <= self.preempt_lead_ms < self.complete_silence_ms:
@@ -156,18 +315,24 @@ class EndpointSettings:
 
 
 class Speculation:
-    """The transcription of an utterance up to a pause, running or done."""
+    """The transcription of an utterance up to a pause, running or done, and the audio model's
+    score of the same pause (``scoring``, started at ``model_silence_ms`` when there is a
+    model)."""
 
     def __init__(self, paused: SpeechPaused, task: asyncio.Task[Transcript]) -> None:
         self.paused = paused
         self.task = task
+        self.scoring: asyncio.Task[float] | None = None
 
     @property
     def transcript(self) -> Transcript | None:
         """The result, once the decode finished without error."""
-        if not self.task.done() or self.task.cancelled() or self.task.exception() is not None:
-            return None
-        return self.task.result()
+        return _result(self.task)
+
+    @property
+    def score(self) -> float | None:
+        """The audio model's score, once it finished without error."""
+        return None if self.scoring is None else _result(self.scoring)
 
     def covers(self, ended: SpeechEnded) -> bool:
         """Whether ``ended`` added nothing but silence to the audio this speculation heard."""
@@ -175,19 +340,20 @@ class Speculation:
             self.paused.audio
         )
 
+    def turn_end(self, base_ms: int, settings: EndpointSettings) -> TurnEnd:
+        """The silence that ends the turn, and why, given what is known of the words and the
+        voice (:func:`end_of_turn`). While the decode runs, the turn waits for it: ending
+        earlier would not start the answer sooner, since the answer needs the words, and would
+        cut off a caller who trails off."""
+        words: WordsEnd | None = None
+        if self.task.done():
+            transcript = self.transcript
+            words = words_end(transcript.text) if transcript is not None else "none"
+        scoring = self.scoring is not None and not self.scoring.done()
+        return end_of_turn(words, self.score, scoring=scoring, base_ms=base_ms, settings=settings)
+
     def required_silence_ms(self, base_ms: int, settings: EndpointSettings) -> int:
-        """The silence that ends the turn, given what is known of the words. While the decode
-        runs, the turn waits for it (up to the longest silence): ending earlier would not start
-        the answer sooner, since the answer needs the words, and would cut off a caller who
-        trails off."""
-        if not self.task.done():
-            return settings.incomplete_silence_ms
-        transcript = self.transcript
-        if transcript is None or not transcript.text:
-            return base_ms
-        if sounds_complete(transcript.text):
-            return settings.complete_silence_ms
-        return max(base_ms, settings.incomplete_silence_ms)
+        return self.turn_end(base_ms, settings).silence_ms
 
     def preempt_due(
         self,
@@ -212,8 +378,17 @@ class Speculation:
         return silent_ms >= self.required_silence_ms(base_ms, settings) - lead
 
     def discard(self) -> None:
-        """Abandon the result (the decode itself finishes in its thread)."""
-        self.task.cancel()
-        if self.task.done():
-            with contextlib.suppress(BaseException):
-                self.task.exception()
+        """Abandon the results (the decode and the scoring finish in their threads)."""
+        for task in (self.task, self.scoring):
+            if task is None:
+                continue
+            task.cancel()
+            if task.done():
+                with contextlib.suppress(BaseException):
+                    task.exception()
+
+
+def _result(task: asyncio.Task[_T]) -> _T | None:
+    if not task.done() or task.cancelled() or task.exception() is not None:
+        return None
+    return task.result()

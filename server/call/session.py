@@ -55,6 +55,7 @@ from typing import Any, Literal
 
 from media import (
     FRAME_BYTES,
+    FRAME_MS,
     EchoGate,
     EchoSettings,
     SpeechEnded,
@@ -66,10 +67,11 @@ from media import (
     VadSettings,
 )
 from media.stt import decode_backlog, has_idle_worker
+from media.turn_model import TurnModel
 from playbooks import BargeInPolicy
 
 from .answer import Answer, AnswerKind, AnswerState, Preemption
-from .endpointing import EndpointSettings, Speculation, is_listener_noise
+from .endpointing import EndpointSettings, Speculation, TurnEnd, is_listener_noise
 from .timeline import TurnTimeline
 from .voice import VoicePlaybookOrchestrator
 
@@ -142,20 +144,23 @@ class Session:
         settings: SessionSettings | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
+        turn_model: TurnModel | None = None,
     ) -> None:
         self.id = session_id
+        self.turn_model = turn_model
+        """Scores each pause's voice (finished or not) beside its words; None: words only."""
         self.voice = voice
         self.settings = settings or SessionSettings()
         self.clock = clock
         vad = self.settings.vad
         endpoint = self.settings.endpoint
-        if endpoint.speculate:  # the session ends turns itself, up to the longest silence
-            vad = replace(
-                vad, end_silence_ms=max(vad.end_silence_ms, endpoint.incomplete_silence_ms)
-            )
+        if endpoint.speculate:  # the session ends turns itself (saying why), up to the hold
+            vad = replace(vad, end_silence_ms=max(vad.end_silence_ms, endpoint.hold_ms + FRAME_MS))
         self.vad = VadSegmenter(vad, clock)
         self.echo = EchoGate(self.settings.echo)
         self._speculation: Speculation | None = None
+        self._turn_end: TurnEnd | None = None
+        """Why the utterance being ended ends (told in its ``speech_end``)."""
         self._skipped_pause: SpeechPaused | None = None
         """The pause whose decode was skipped for the backlog, while the caller stays silent:
         its decode starts as soon as the backlog clears."""
@@ -315,6 +320,7 @@ class Session:
                 self._on_speech_ended(event)
         if self._skipped_pause is not None and self.vad.speaking:
             self._speculate(self._skipped_pause, again=True)
+        self._score_pause()
         self._check_onset()
         self._check_end_of_turn(at)
         self._check_barge_in()
@@ -440,6 +446,23 @@ class Session:
         due = paused.last_voiced_at + max(0, endpoint.complete_silence_ms - lead) / 1000
         return max(0.0, due - self.clock())
 
+    def _score_pause(self) -> None:
+        """At ``model_silence_ms`` of a pause being transcribed, have the turn model score the
+        voice so far (once per pause; the words and the score decide together)."""
+        speculation = self._speculation
+        if (
+            self.turn_model is None
+            or speculation is None
+            or speculation.scoring is not None
+            or self.vad.silent_ms < self.settings.endpoint.model_silence_ms
+        ):
+            return
+        scoring = asyncio.create_task(
+            self.turn_model.completion(self.vad.utterance_audio()), name=f"turn-score:{self.id}"
+        )
+        speculation.scoring = scoring
+        scoring.add_done_callback(lambda _: self._on_decoded(speculation))
+
     def _on_decoded(self, speculation: Speculation) -> None:
         """A decode that comes back after its preemptive answer was due starts it now, not at
         the next caller frame."""
@@ -469,12 +492,13 @@ class Session:
             return
         base = self.settings.vad.end_silence_ms
         speculation = self._speculation
-        needed = (
-            base
+        end = (
+            TurnEnd(base, "silence")
             if speculation is None
-            else speculation.required_silence_ms(base, self.settings.endpoint)
+            else speculation.turn_end(base, self.settings.endpoint)
         )
-        if self.vad.silent_ms >= needed:
+        if self.vad.silent_ms >= end.silence_ms:
+            self._turn_end = end
             ended = self.vad.end_now(at)
             if ended is not None:
                 self._on_speech_ended(ended)
@@ -560,19 +584,28 @@ class Session:
 
     def _on_speech_ended(self, event: SpeechEnded) -> None:
         self._skipped_pause = None
+        held = self._answer.preemption if self._answer is not None else None
         if self._confirm_preemption(event):
-            self._emit_speech_end(event)
+            assert held is not None
+            self._emit_speech_end(event, held.speculation)
             return
         speculation = self._take_speculation(event)
-        self._emit_speech_end(event)
+        self._emit_speech_end(event, speculation)
         self._handle_utterance(event, speculation)
 
-    def _emit_speech_end(self, event: SpeechEnded) -> None:
+    def _emit_speech_end(self, event: SpeechEnded, speculation: Speculation | None) -> None:
+        """``speech_end``, with why the turn ended (``reason``: see ``EndReason``) and the
+        voice's score, when the turn model gave one."""
+        end, self._turn_end = self._turn_end, None
+        reason = "forced" if event.forced else end.reason if end is not None else "silence"
+        score = speculation.score if speculation is not None else None
         self.voice.emit(
             "speech_end",
             duration_ms=round(event.duration_ms),
             forced=event.forced,
             last_voiced_ms=round(event.last_voiced_at * 1000, 1),
+            reason=reason,
+            turn_score=None if score is None else round(score, 3),
         )
 
     def _handle_utterance(self, event: SpeechEnded, speculation: Speculation | None) -> None:

@@ -249,6 +249,7 @@ class VoicePlaybookOrchestrator:
                     name=data["call"]["name"],
                     id=data["call"]["id"],
                     error=data["error"],
+                    result=tool_arguments(data["result"]),
                     duration_ms=data["duration_ms"],
                 )
             case "stage_entered":
@@ -269,7 +270,9 @@ class VoicePlaybookOrchestrator:
             ):
                 self.emit(event.type, **data)
             case "error":
-                self.emit("error", source=data.get("source", "llm"), message=data["message"])
+                tool = {"tool": data["tool"]} if "tool" in data else {}
+                source = data.get("source", "llm")
+                self.emit("error", source=source, message=data["message"], **tool)
             case _:
                 pass
 
@@ -283,7 +286,8 @@ class VoicePlaybookOrchestrator:
 
 
 def tool_arguments(raw: str) -> dict[str, Any] | str:
-    """A tool call's arguments as its ``tool_call_start`` event carries them: the JSON object
+    """A tool call's arguments (or result) as its ``tool_call_start`` (``tool_call_end``) event
+    carries them: the JSON object
     the LLM wrote, else (not JSON, or JSON but not an object) its raw text. When the object's
     JSON, or the text, is longer than MAX_ARGUMENTS_CHARS, it is cut to that many characters,
     the last three ``...``: a string."""

@@ -19,6 +19,7 @@ from pydantic_core import ErrorDetails
 from media import FRAME_MS, TranscriberSettings, VadSettings
 from media.remote import RemoteSynthesizerSettings, RemoteTranscriberSettings
 from media.tts import SynthesizerSettings
+from media.turn_model import BUNDLED_TURN_MODEL
 from playbooks import BargeInPolicy, OrchestratorOptions, RetryPolicy
 from server.call.endpointing import EndpointSettings
 from server.call.session import SessionSettings
@@ -468,6 +469,30 @@ class ServeOptions(BaseModel):
         ),
     ] = _ENDPOINT.quick_pause_ms
 
+    turn_model: Annotated[
+        Path,
+        Cli(SPEECH, "FILE", default_text="the bundled Smart Turn v3.2 (BSD-2-Clause)"),
+        Field(
+            description="audio end-of-turn model (ONNX, Smart Turn v3 inputs): whether the "
+            "caller's voice sounds finished, beside their words"
+        ),
+    ] = BUNDLED_TURN_MODEL
+    no_turn_model: Annotated[
+        Switch,
+        Cli(SPEECH),
+        Field(description="end turns on the words and the silence alone"),
+    ] = False
+    turn_hold_ms: Annotated[
+        Whole,
+        Cli(SPEECH, "MS"),
+        Field(
+            ge=_ENDPOINT.disputed_silence_ms,
+            le=10_000,
+            description="the longest the agent waits for a caller whose words or voice say "
+            "they will go on ('a table for ...', a phone number in groups), then answers",
+        ),
+    ] = _ENDPOINT.hold_ms
+
     # -- remote speech: each direction is local unless its URL is given
     stt_url: Annotated[
         BaseUrl,
@@ -520,6 +545,7 @@ class ServeOptions(BaseModel):
                 preempt_lead_ms=self.preempt_lead_ms,
                 question_lead_ms=self.question_lead_ms,
                 quick_pause_ms=self.quick_pause_ms,
+                hold_ms=self.turn_hold_ms,
             ),
         )
 

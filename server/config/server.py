@@ -19,6 +19,7 @@ from typing import Any
 from media import TranscriberSettings
 from media.remote import RemoteSynthesizerSettings, RemoteTranscriberSettings
 from media.tts import SynthesizerSettings
+from media.turn_model import TurnModelSettings
 from server.call.recordings import RecordingSettings
 from server.call.session import SessionSettings
 
@@ -141,6 +142,8 @@ class ServerConfig:
     remote_tts: RemoteSynthesizerSettings | None = None
     """Synthesize on an OpenAI-compatible audio server instead of local Piper."""
     session: SessionSettings = field(default_factory=SessionSettings)
+    turn_model: TurnModelSettings | None = field(default_factory=TurnModelSettings)
+    """The audio end-of-turn model beside the words (None: words and silence alone)."""
     ice_servers: tuple[IceServer, ...] = ()
     max_sessions: int = DEFAULTS.max_sessions
     overload: OverloadSettings = field(default_factory=OverloadSettings)
@@ -224,6 +227,7 @@ class ServerConfig:
             remote_stt=_remote_stt(options),
             remote_tts=_remote_tts(options),
             session=options.session(),
+            turn_model=None if options.no_turn_model else TurnModelSettings(options.turn_model),
             ice_servers=ice,
             sip=_sip_settings(options),
             recording=_recording_settings(options),
@@ -242,10 +246,11 @@ RENAMED: Mapping[str, str] = {"rate_limit_per_min": "rate_limit"}
 """:class:`ServerConfig` field -> its option, where the names differ (the field's name says its
 unit; renaming it would reach the call registry and many tests)."""
 
-BUILT_ALIKE = frozenset({"ice_servers", "sip"})
+BUILT_ALIKE = frozenset({"ice_servers", "sip", "turn_model"})
 """Fields named like their option but built from it (and from other options) in
 :meth:`ServerConfig.from_options`: the ICE URLs with the TURN credentials, the SIP address with
-the other SIP options. (One left out of here is given twice: a TypeError.)"""
+the other SIP options, the turn model's file with --no-turn-model. (One left out of here is
+given twice: a TypeError.)"""
 
 OPTION_FIELDS: Mapping[str, str] = {
     config.name: option

@@ -8,8 +8,10 @@ from dataclasses import dataclass
 
 from media import SpeechToText, Synthesizer, TextToSpeech, Transcriber
 from media.remote import RemoteSynthesizer, RemoteTranscriber
+from media.turn_model import TurnModel, TurnModelError
 from playbooks import ChatClient, LoadedPlaybook, load_playbooks
 from playbooks.identity import voice_models
+from server.config.llm import ConfigError
 from server.config.server import ServerConfig
 
 from .llm_provider import LLMProvider
@@ -26,6 +28,8 @@ class Engines:
     synthesizer: TextToSpeech
     playbooks: dict[str, LoadedPlaybook]
     llm_provider: LLMProvider
+    turn_model: TurnModel | None = None
+    """The audio end-of-turn model the calls share (None: words and silence alone)."""
 
     @property
     def llm(self) -> ChatClient | None:
@@ -47,8 +51,8 @@ class Engines:
         # first: a model file llama.cpp cannot load stops the server at once
         await llm.start(prime=list(playbooks.values()))
         try:
-            transcriber, synthesizer = await asyncio.gather(
-                _transcriber(config), _synthesizer(config)
+            transcriber, synthesizer, turn_model = await asyncio.gather(
+                _transcriber(config), _synthesizer(config), _turn_model(config)
             )
         except BaseException:
             await llm.close()
@@ -59,12 +63,14 @@ class Engines:
             if isinstance(transcriber, Transcriber):  # a decode under way: synthesize lean
                 synthesizer.also_contended = lambda: transcriber.in_flight > 0
         await asyncio.to_thread(return_free_memory)  # what rewriting the voice graphs freed
-        return cls(transcriber, synthesizer, playbooks, llm)
+        return cls(transcriber, synthesizer, playbooks, llm, turn_model)
 
     async def close(self) -> None:
         await self.transcriber.aclose()
         await self.synthesizer.aclose()
         await self.llm_provider.close()
+        if self.turn_model is not None:
+            self.turn_model.close()
         if any(p.spec.mcp_servers for p in self.playbooks.values()):
             from playbooks.mcp import close_mcp_sessions
 
@@ -78,6 +84,15 @@ async def _transcriber(config: ServerConfig) -> SpeechToText:
     log.info("speech recognition: %s, model %s", remote.endpoint, config.remote_stt.model)
     await remote.warm_up()
     return remote
+
+
+async def _turn_model(config: ServerConfig) -> TurnModel | None:
+    if config.turn_model is None:
+        return None
+    try:
+        return await asyncio.to_thread(TurnModel.load, config.turn_model)
+    except TurnModelError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 async def _synthesizer(config: ServerConfig) -> TextToSpeech:

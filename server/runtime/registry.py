@@ -220,7 +220,7 @@ class CallRegistry:
         voice = VoicePlaybookOrchestrator(
             orchestrator, engines.transcriber, engines.synthesizer, speaker, both
         )
-        return Session(call_id, voice, self.config.session)
+        return Session(call_id, voice, self.config.session, turn_model=engines.turn_model)
 
     def _admit(self, call: Call, *, record: bool) -> None:
         """Take ``call`` and, with ``--record``, start recording it unless ``record`` is False

@@ -45,6 +45,9 @@ class TurnFacts:
     voice_to_voice_ms: float | None = None
     silent_after_ms: float | None = None
     """A barge-in turn: from the caller's first voiced frame to the agent's silence."""
+    cut_in_ms: float | None = None
+    """When the agent's first sound came while the caller's line was still being said: its
+    time from the line's first voiced frame; None: it waited for the whole line."""
     barge_in: bool = False
     ended: bool = False
     voice: bool = True
@@ -78,7 +81,8 @@ def markup_in(text: str) -> str | None:
 
 
 async def check_turn(expectations: Sequence[Expectation], facts: TurnFacts) -> list[CheckResult]:
-    """Each expectation's outcome, in the order written."""
+    """Each expectation's outcome, in the order written; then, for each tool that failed in
+    the turn without a ``tool`` check expecting its error, a failed check naming it."""
     results = []
     cursor = 0
     for expectation in expectations:
@@ -92,7 +96,72 @@ async def check_turn(expectations: Sequence[Expectation], facts: TurnFacts) -> l
             continue
         outcome, detail = await _whole(expectation, facts)
         results.append(CheckResult(name, outcome, detail))
-    return results
+    return results + _unexpected_tool_errors(expectations, facts.events)
+
+
+def _unexpected_tool_errors(
+    expectations: Sequence[Expectation], events: list[dict[str, Any]]
+) -> list[CheckResult]:
+    expected = {
+        check.name
+        for e in expectations
+        if isinstance(check := e.tool, ToolCheck) and check.error not in (None, False)
+    }
+    failed = []
+    for event in events:
+        name = event.get("name")
+        if event["type"] != "tool_call_end" or not event.get("error") or name in expected:
+            continue
+        failed.append(
+            CheckResult(f"tool {name} ran without error", "failed", _tool_error(events, event))
+        )
+    return failed
+
+
+def _tool_error(events: list[dict[str, Any]], end: dict[str, Any]) -> str:
+    """What a failed tool call's ``error`` event said (else its result)."""
+    for event in events:
+        if event["type"] == "error" and event.get("tool") == end.get("name"):
+            return f"{end.get('name')} failed: {event.get('message')}"[:300]
+    return f"{end.get('name')} failed: {json.dumps(end.get('result'))}"[:300]
+
+
+def _tool_outcome(check: ToolCheck, events: list[dict[str, Any]], start: int) -> str | None:
+    """Why the call begun at ``events[start]`` did not end as ``check`` wants (its result, or
+    its error); None when it did."""
+    if check.result is None and check.error is None:
+        return None
+    call_id, name = events[start].get("id"), events[start].get("name")
+    end = next(
+        (
+            e
+            for e in events[start + 1 :]
+            if e["type"] == "tool_call_end"
+            and (e.get("id") == call_id if call_id is not None else e.get("name") == name)
+        ),
+        None,
+    )
+    if end is None:
+        return "it had not finished when the turn ended"
+    failed = bool(end.get("error"))
+    if check.error not in (None, False):
+        if not failed:
+            return f"it did not fail: {json.dumps(end.get('result'))[:200]}"
+        said = _tool_error(events, end)
+        if isinstance(check.error, str) and words_of(check.error) not in words_of(said):
+            return f"it failed otherwise: {said}"
+        return None
+    if failed:
+        return _tool_error(events, end)
+    result = end.get("result")
+    if isinstance(check.result, str):
+        shown = result if isinstance(result, str) else json.dumps(result)
+        if words_of(check.result) not in words_of(shown):
+            return f"result {shown[:200]!r} lacks {check.result!r}"
+        return None
+    assert check.result is not None
+    problem = _arguments_problem(check.result, result)
+    return None if problem is None else f"result: {problem}"
 
 
 def _in_order(expectation: Expectation, facts: TurnFacts, cursor: int) -> tuple[int | None, str]:
@@ -103,11 +172,17 @@ def _in_order(expectation: Expectation, facts: TurnFacts, cursor: int) -> tuple[
         wanted = expectation.tool
         check = wanted if isinstance(wanted, ToolCheck) else ToolCheck(name=wanted)
         calls = [(n, e) for n, e in enumerate(events) if e["type"] == "tool_call_start"]
+        outcomes = []
         for n, event in calls:
             if n >= cursor and event.get("name") == check.name:
                 problem = _arguments_problem(check.arguments, event.get("arguments"))
                 if problem is None:
-                    return n, f"called with {json.dumps(event.get('arguments'))}"
+                    outcome = _tool_outcome(check, events, n)
+                    if outcome is None:
+                        return n, f"called with {json.dumps(event.get('arguments'))}"
+                    outcomes.append(outcome)
+        if outcomes:
+            return None, f"called as expected, but {outcomes[0]}"
         same = [e for n, e in calls if e.get("name") == check.name]
         if same:
             given = "; ".join(json.dumps(e.get("arguments")) for e in same)
@@ -204,6 +279,12 @@ async def _whole(expectation: Expectation, facts: TurnFacts) -> tuple[Outcome, s
             facts, facts.silent_after_ms, expectation.silent_within_ms,
             "silent {took:.0f} ms after the caller began", "the agent did not fall silent",
         )  # fmt: skip
+    if expectation.no_cut_in is not None:
+        if not facts.voice:
+            return "skipped", "no audio in text mode"
+        if facts.cut_in_ms is None:
+            return "passed", "the agent waited for the whole line"
+        return "failed", f"the agent began {facts.cut_in_ms:.0f} ms into the caller's line"
     if expectation.voice_to_voice_ms is not None:
         return _timed(
             facts, facts.voice_to_voice_ms, expectation.voice_to_voice_ms,

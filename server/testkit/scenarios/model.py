@@ -74,10 +74,23 @@ class TextCheck(_Model):
 
 
 class ToolCheck(_Model):
-    """A tool the agent called, with at least these arguments (strings compared without case)."""
+    """A tool the agent called, with at least these arguments (strings compared without case),
+    and what it gave back. A tool that fails fails its turn unless a check expects the error."""
 
     name: str = Field(min_length=1)
     arguments: dict[str, Any] = Field(default_factory=dict)
+    result: dict[str, Any] | str | None = None
+    """The tool's result has at least these fields (an object, compared as the arguments are),
+    or contains this text."""
+    error: bool | str | None = None
+    """The tool failed (true), or failed with an error containing this; false or absent: it
+    must not fail."""
+
+    @model_validator(mode="after")
+    def _result_or_error(self) -> ToolCheck:
+        if self.result is not None and self.error not in (None, False):
+            raise ValueError("a tool that failed has no result to check: give result or error")
+        return self
 
 
 CHECKS = (
@@ -90,6 +103,7 @@ CHECKS = (
     "no_markup",
     "silent_within_ms",
     "voice_to_voice_ms",
+    "no_cut_in",
     "transfer",
     "hangup",
 )
@@ -122,6 +136,9 @@ class Expectation(_Model):
     """A barge-in turn: the agent fell silent at most this long after the caller began."""
     voice_to_voice_ms: int | None = Field(default=None, ge=0)
     """From the end of the caller's speech to the agent's first sound, at most."""
+    no_cut_in: bool | None = None
+    """The agent made no sound while the caller's line was being said: it waited through the
+    line's pauses (``...``) for the whole of it."""
     transfer: bool | str | None = None
     """A transfer requested (true, or its target contains this)."""
     hangup: bool | None = None
@@ -217,6 +234,9 @@ class Turn(_Model):
             raise ValueError(f"a turn has one of {', '.join(ACTIONS)}; this one has {given}")
         if self.barge_in is not None and self.action not in ("say", "wav"):
             raise ValueError("barge_in needs a say or wav line to speak over the agent")
+        cut_in = any(e.no_cut_in is not None for e in self.expect)
+        if cut_in and (self.barge_in is not None or self.action not in ("say", "wav")):
+            raise ValueError("no_cut_in needs a say or wav line that is not a barge_in")
         return self
 
     @property

@@ -83,11 +83,15 @@ def _write_turn(turn: TurnResult, out: TextIO) -> None:
     timing = [f"{turn.duration_ms / 1000:.1f} s"]
     if turn.voice_to_voice_ms is not None:
         timing.append(f"voice-to-voice {turn.voice_to_voice_ms:.0f} ms")
+    if turn.cut_in_ms is not None:
+        timing.append(f"cut in {turn.cut_in_ms:.0f} ms into the line")
     out.write(f"  turn {turn.number}: {turn.action} ({', '.join(timing)})\n")
     if turn.understood is not None:
         out.write(_field("agent heard", turn.understood))
+    if turn.turn_ends:
+        out.write(_field("turn ended", "; ".join(turn.turn_ends)))
     if turn.tools:
-        called = "; ".join(f"{t['name']} {json.dumps(t['arguments'])}" for t in turn.tools)
+        called = "; ".join(_tool_line(tool) for tool in turn.tools)
         out.write(_field("tools", called))
     if turn.answer:
         out.write(_field("agent said", turn.answer))
@@ -97,6 +101,15 @@ def _write_turn(turn: TurnResult, out: TextIO) -> None:
         out.write(_field("stage", turn.stage))
     for check in turn.checks:
         out.write(_field(MARKS[check.outcome], f"{check.check} -- {check.detail}"))
+
+
+def _tool_line(tool: dict[str, Any]) -> str:
+    line = f"{tool['name']} {json.dumps(tool['arguments'])}"
+    if tool.get("error"):
+        return f"{line} -> failed: {json.dumps(tool.get('result'))[:120]}"
+    if "result" in tool:
+        return f"{line} -> {json.dumps(tool['result'])[:120]}"
+    return line
 
 
 def _field(label: str, text: str) -> str:

@@ -37,9 +37,16 @@ class TurnResult:
     stage: str | None = None
     """The stage once the turn was over."""
     tools: list[dict[str, Any]] = field(default_factory=list)
-    """Tools called: ``{"name": ..., "arguments": ...}``."""
+    """Tools called: ``{"name": ..., "arguments": ...}``, with ``result`` and ``error`` once
+    the call ended."""
     voice_to_voice_ms: float | None = None
     """From the caller's last voiced frame to the agent's first sound the caller heard."""
+    cut_in_ms: float | None = None
+    """When the agent began while the caller's line was still being said (from its first
+    voiced frame); None: it waited for the whole line."""
+    turn_ends: list[str] = field(default_factory=list)
+    """Why each of the caller's utterances in the turn ended, as the server said: the words,
+    words and voice (with the turn model's score), the voice, the hold limit, silence."""
     duration_ms: float = 0.0
     metrics: dict[str, Any] = field(default_factory=dict)
     """The server's ``turn_metrics`` of the turn, if it sent some."""

@@ -23,6 +23,7 @@ from aiohttp import web
 
 from media import SpeechToText, Synthesizer, TextToSpeech, Transcriber
 from media.audio import FRAME_BYTES, SAMPLE_RATE
+from media.turn_model import TurnModel
 from playbooks import (
     ChatClient,
     OrchestratorEvent,
@@ -134,6 +135,7 @@ class ScenarioBench:
         self.speech = CallerSpeech()
         self._transcriber: SpeechToText | None = None
         self._synthesizer: TextToSpeech | None = None
+        self._turn_model: TurnModel | None = None
         self._agent: LLMProvider | None = None
         self._loading = asyncio.Lock()
 
@@ -149,6 +151,8 @@ class ScenarioBench:
         for engine in (self._transcriber, self._synthesizer):
             if engine is not None:
                 await engine.aclose()
+        if self._turn_model is not None:
+            self._turn_model.close()
 
     # -- shared parts, loaded when first needed ------------------------------------------------
 
@@ -163,6 +167,13 @@ class ScenarioBench:
             if self._synthesizer is None:
                 self._synthesizer = await asyncio.to_thread(Synthesizer.load)
             return self._synthesizer
+
+    async def turn_model(self) -> TurnModel:
+        """The bundled audio end-of-turn model, as ``vocable serve`` runs it by default."""
+        async with self._loading:
+            if self._turn_model is None:
+                self._turn_model = await asyncio.to_thread(TurnModel.load)
+            return self._turn_model
 
     async def agent_provider(self) -> LLMProvider:
         """The configured agent LLM, started once; raises RuntimeError when there is none."""
@@ -292,7 +303,7 @@ class ScenarioBench:
         else:
             provider = await self.agent_provider()
         playbooks = {loaded.playbook.spec.id: loaded.playbook}
-        engines = Engines(transcriber, synthesizer, playbooks, provider)
+        engines = Engines(transcriber, synthesizer, playbooks, provider, await self.turn_model())
         config = _run_config(loaded, sip=self.options.transport == "sip")
         runner: web.AppRunner | None = None
         try:
@@ -367,6 +378,9 @@ class ScenarioBench:
                 facts.voice_to_voice_ms = result.voice_to_voice_ms = round(
                     (heard_at - sent.last_voiced_at) * 1000, 1
                 )
+            early = first_sound_after(line, sent.first_voiced_at)
+            if turn.barge_in is None and early is not None and early < sent.last_voiced_at:
+                facts.cut_in_ms = result.cut_in_ms = round((early - sent.first_voiced_at) * 1000)
             if turn.barge_in is not None:
                 facts.barge_in = True
                 quiet = silent_from(line, sent.first_voiced_at)
@@ -389,7 +403,16 @@ class ScenarioBench:
             elif event["type"] == "tool_call_start":
                 result.tools.append(
                     {"name": event.get("name"), "arguments": event.get("arguments")}
+                    | ({"id": event["id"]} if "id" in event else {})
                 )
+            elif event["type"] == "tool_call_end":
+                for tool in result.tools:
+                    if tool.get("id", tool["name"]) == event.get("id", event.get("name")):
+                        tool.update(result=event.get("result"), error=bool(event.get("error")))
+            elif event["type"] == "speech_end" and event.get("reason"):
+                score = event.get("turn_score")
+                shown = f" (voice {score:.2f})" if isinstance(score, (int, float)) else ""
+                result.turn_ends.append(f"{event['reason']}{shown}")
             elif event["type"] == "transcript" and event.get("text"):
                 result.understood = event["text"]  # the last: what the answer was to
             elif event["type"] == "dtmf" and event.get("digit"):
@@ -716,7 +739,20 @@ def _as_voice_events(event: OrchestratorEvent) -> list[dict[str, Any]]:
             {
                 "type": "tool_call_start",
                 "name": call["name"],
+                "id": call["id"],
                 "arguments": _parsed(call.get("arguments")),
+                "t_ms": now,
+            }
+        ]
+    if event.type == "tool_call_complete":
+        call = data["call"]
+        return [
+            {
+                "type": "tool_call_end",
+                "name": call["name"],
+                "id": call["id"],
+                "error": data["error"],
+                "result": _parsed(data["result"]),
                 "t_ms": now,
             }
         ]

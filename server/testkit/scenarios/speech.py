@@ -2,7 +2,10 @@
 
 Piper speaks with the bundled voice, deterministic (the same line is the same audio on every
 run, so a scenario that passes once does not fail on the next take of its pauses); espeak-ng,
-where installed, gives a voice unlike the agent's. ``...`` inside a line is a pause.
+where installed, gives a voice unlike the agent's. ``...`` inside a line is a pause: Piper says
+the line whole, and the pause goes into the word break that Piper's own phoneme alignments
+place after the word, so the voice runs on through it as a hesitating caller's does (rather
+than falling at the end of a phrase said alone). espeak-ng says the pieces one by one.
 """
 
 from __future__ import annotations
@@ -14,13 +17,15 @@ import tempfile
 import threading
 import wave
 from pathlib import Path
+from typing import Any
 
-from media import Resampler, Synthesizer, SynthesizerSettings
+from media import Resampler
 from media.audio import FRAME_BYTES, SAMPLE_RATE, silence
+from media.tts import default_piper_voice
 
 from .model import CallerVoice
 
-__all__ = ["CallerSpeech", "SpeechError", "read_wav", "to_rate"]
+__all__ = ["CallerSpeech", "SpeechError", "hesitant_piper", "read_wav", "to_rate"]
 
 PAUSE = "..."
 
@@ -64,32 +69,74 @@ class CallerSpeech:
         ``pause_ms``. Blocking (tens of ms a sentence): make lines before a call starts, or in
         a worker thread."""
         parts = [part.strip() for part in text.split(PAUSE)]
-        pieces: list[bytes] = []
-        for n, part in enumerate(p for p in parts if p):
-            if n:
-                pieces.append(silence(pause_ms))
-            pieces.append(self._phrase(part, voice))
-        if not pieces:
+        parts = [part for part in parts if part]
+        if not parts:
             raise SpeechError(f"nothing to say in {text!r}")
-        return b"".join(pieces)
-
-    def _phrase(self, text: str, voice: CallerVoice) -> bytes:
         with self._lock:
-            if voice.engine == "espeak":
-                return _espeak(text, voice.espeak_voice, voice.speed)
-            return _piper(text, voice.speed)
-
-
-@functools.cache
-def _piper_voice(speed: float) -> Synthesizer:
-    settings = SynthesizerSettings(deterministic=True, length_scale=round(1 / speed, 3))
-    return Synthesizer.load(settings)
+            if voice.engine == "piper":
+                return hesitant_piper(tuple(parts), voice.speed, pause_ms)
+            pieces: list[bytes] = []
+            for n, part in enumerate(parts):
+                if n:
+                    pieces.append(silence(pause_ms))
+                pieces.append(_espeak(part, voice.espeak_voice, voice.speed))
+            return b"".join(pieces)
 
 
 @functools.lru_cache(maxsize=512)
-def _piper(text: str, speed: float) -> bytes:
-    voice = _piper_voice(speed)
-    return _whole_frames(to_rate(voice.synthesize_all(text), voice.sample_rate, SAMPLE_RATE))
+def hesitant_piper(parts: tuple[str, ...], speed: float = 1.0, pause_ms: int = 300) -> bytes:
+    """``parts`` said by Piper as one line, with ``pause_ms`` of silence in the word break
+    after each part but the last (16 kHz PCM16, whole frames); deterministic."""
+    voice, config = _aligned_voice(speed)
+    text = " ".join(parts)
+    words_before = [len(" ".join(parts[: n + 1]).split()) for n in range(len(parts) - 1)]
+    pcm, rate, word_ends = aligned_speech(voice, config, text)
+    gap = bytes(pause_ms * rate // 1000 * 2)
+    cuts = [word_ends[n - 1] * 2 for n in words_before if 0 < n <= len(word_ends)]
+    pieces, start = [], 0
+    for cut in cuts:
+        pieces += [pcm[start:cut], gap]
+        start = cut
+    pieces.append(pcm[start:])
+    return _whole_frames(to_rate(b"".join(pieces), rate, SAMPLE_RATE))
+
+
+def aligned_speech(voice: Any, config: Any, text: str) -> tuple[bytes, int, list[int]]:
+    """``text`` said whole by an aligned Piper voice with a ``SynthesisConfig`` (see
+    :func:`_aligned_voice`): its PCM16 at the voice's rate, the rate, and the sample at which
+    each word (as spaces split ``text``) ends: the middle of the word break after it (a space
+    phoneme, or the end of a sentence)."""
+    pcm = b""
+    ends: list[int] = []
+    offset = 0
+    for chunk in voice.synthesize(text, config, include_alignments=True):
+        position = offset
+        in_word = False
+        for alignment in chunk.phoneme_alignments or []:
+            samples = int(alignment.num_samples)
+            if alignment.phoneme == " " and in_word:
+                ends.append(position + samples // 2)
+                in_word = False
+            elif alignment.phoneme not in "^$_ ":
+                in_word = True
+            position += samples
+        if in_word:
+            ends.append(position)
+        pcm += chunk.audio_int16_bytes
+        offset += len(chunk.audio_int16_bytes) // 2
+    return pcm, voice.config.sample_rate, ends
+
+
+@functools.cache
+def _aligned_voice(speed: float) -> tuple[Any, Any]:
+    """The bundled Piper voice, patched to report each phoneme's samples, and its settings
+    at ``speed``, noiseless (the same line is the same audio every time)."""
+    from piper import PiperVoice, SynthesisConfig
+
+    model, config = default_piper_voice()
+    voice = PiperVoice.load(model, config_path=config, include_alignments=True)
+    length_scale = round(voice.config.length_scale / speed, 3)
+    return voice, SynthesisConfig(length_scale=length_scale, noise_scale=0.0, noise_w_scale=0.0)
 
 
 @functools.lru_cache(maxsize=512)
