@@ -13,6 +13,7 @@ import dataclasses
 import json
 import logging
 import shlex
+import statistics
 import sys
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -22,12 +23,15 @@ from typing import Any, get_args
 from tqdm import tqdm
 
 from server.testkit.caller import Listener
+from server.testkit.impairments import NOISE_KINDS, speech_level_dbfs
 from server.testkit.scripted_llm import ScriptedLLM
 
-from .corpus import load_corpus
+from .corpus import Utterance, load_corpus
+from .echo_calls import ECHO_PATHS, echo_call, echo_markdown, summarize_echo
 from .hesitant_calls import hesitant_line, hesitation_markdown, summarize_hesitation
 from .hesitation import load_hesitation
 from .llm import LLMPacing, paced_llm
+from .noisy_calls import SNRS_DB, noise_alone, noisy_markdown, noisy_question, summarize_noisy
 from .provenance import git_commit, machine
 from .report import plot, summarize, to_markdown
 from .scenarios import ARRIVAL_S, BenchTarget, backchannel, barge_in, concurrency_level, new_caller
@@ -67,11 +71,18 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--url", help="a running Vocable server (default: start one)")
     parser.add_argument(
         "--corpus",
-        choices=["questions", "hesitation"],
+        choices=["questions", "hesitation", "noisy", "echo"],
         default="questions",
         help="'questions': the latency sweep, barge-ins and backchannels (default); "
         "'hesitation': one call says the hesitation corpus (pauses mid-sentence, "
-        "comma-opened questions) --passes times: cut-ins, voice-to-voice, wasted LLM requests",
+        "comma-opened questions) --passes times: cut-ins, voice-to-voice, wasted LLM requests; "
+        "'noisy': one call asks questions over babble, street and car noise at 20, 10 and 5 dB "
+        "SNR, and makes noise alone over long answers: word error rate, lost turns, false "
+        "barge-ins (give --server-arg=--noise-suppression --server-arg=all to clean a WebRTC "
+        "line as a phone line is); 'echo': a call per echo path (40-250 ms, 6-20 dB) whose "
+        "caller's microphone returns the agent's voice: self-interruptions, barge-in over the "
+        "echo, the agent's words in the caller's transcript (--server-arg=--echo-cancellation "
+        "--server-arg=all)",
     )
     parser.add_argument("--passes", type=int, default=2, help="hesitation: passes (2)")
     parser.add_argument("--token", help="bearer token for --url")
@@ -201,6 +212,14 @@ async def _run(args: argparse.Namespace, command: str) -> Path:
         )
         if args.corpus == "hesitation":
             results: dict[str, Any] = {"lines": await _hesitation(args, target, llm)}
+        elif args.corpus == "noisy":
+            results = {"records": await _noisy(args, target, questions, corpus)}
+        elif args.corpus == "echo":
+            ask, interrupt = corpus["piper_everything"], corpus["piper_stop"]
+            records = []
+            for path in tqdm(ECHO_PATHS, unit="call", file=sys.stderr):
+                records.append(await echo_call(target, path, ask, interrupt))
+            results = {"records": records}
         else:
             total = sum(n * args.turns for n in levels) * len(listeners)
             total += args.barge_ins + 2 * args.backchannels
@@ -215,8 +234,8 @@ async def _run(args: argparse.Namespace, command: str) -> Path:
         if llm is not None:
             await llm.close()
 
-    if args.corpus == "hesitation":
-        return _write_hesitation(folder, command, started_at, args, scripted, results)
+    if args.corpus != "questions":
+        return _write_corpus(folder, command, started_at, args, scripted, results)
     if not args.no_micro:
         results["micro"] = await asyncio.to_thread(_micro, args.quick)
     run = {
@@ -327,7 +346,39 @@ async def _hesitation(
     return records
 
 
-def _write_hesitation(
+async def _noisy(
+    args: argparse.Namespace,
+    target: BenchTarget,
+    questions: list[Utterance],
+    corpus: dict[str, Utterance],
+) -> list[dict[str, Any]]:
+    """One call: the questions clean, then over each noise at each level (``--passes``
+    questions per level), each level with noise alone over a long answer."""
+    records: list[dict[str, Any]] = []
+    asked = questions[: max(1, args.passes)]
+    speech_dbfs = statistics.fmean(speech_level_dbfs(q.pcm()) for q in questions)
+    caller = await new_caller(target)
+    total = len(questions) + len(NOISE_KINDS) * len(SNRS_DB) * (len(asked) + 1)
+    try:
+        await asyncio.sleep(0.5)
+        with tqdm(total=total, unit="test", file=sys.stderr) as bar:
+            for question in questions:
+                records.append(await noisy_question(caller, question, None, None))
+                bar.update()
+            for kind in NOISE_KINDS:
+                for snr in SNRS_DB:
+                    for question in asked:
+                        records.append(await noisy_question(caller, question, kind, snr))
+                        bar.update()
+                    ask = corpus["piper_everything"]
+                    records.append(await noise_alone(caller, ask, kind, snr, speech_dbfs))
+                    bar.update()
+    finally:
+        await caller.close()
+    return records
+
+
+def _write_corpus(
     folder: Path,
     command: str,
     started_at: str,
@@ -335,6 +386,7 @@ def _write_hesitation(
     scripted: bool,
     results: dict[str, Any],
 ) -> Path:
+    """run.json and report.md of a ``--corpus`` run other than the questions."""
     run = {
         "command": command,
         "started_at": started_at,
@@ -342,15 +394,24 @@ def _write_hesitation(
         "machine": machine(),
         "settings": {
             "llm": _llm_setting(args, scripted),
+            "corpus": args.corpus,
             "passes": args.passes,
             "server_args": args.server_arg,
             "server": args.url or "started by the harness",
         },
         **results,
     }
-    run["summary"] = summarize_hesitation(run["lines"])
+    if args.corpus == "hesitation":
+        run["summary"] = summarize_hesitation(run["lines"])
+        report = hesitation_markdown(run)
+    elif args.corpus == "echo":
+        run["summary"] = summarize_echo(run["records"])
+        report = echo_markdown(run)
+    else:
+        run["summary"] = summarize_noisy(run["records"])
+        report = noisy_markdown(run)
     (folder / "run.json").write_text(json.dumps(run, indent=1) + "\n")
-    (folder / "report.md").write_text(hesitation_markdown(run))
+    (folder / "report.md").write_text(report)
     return folder
 
 

@@ -39,8 +39,10 @@ from .cli import run_harness
 from .compare_report import SIDES, summarize_side, to_markdown
 from .compare_report import ratios as compute_ratios
 from .corpus import Utterance, load_corpus
+from .hesitation import load_hesitation
 from .llm import LLMPacing, paced_llm
 from .provenance import git_commit, machine
+from .report import percentile
 from .server_process import ProcessSample, ServerProcess, free_port
 
 __all__ = ["heard_between", "main"]
@@ -71,6 +73,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.compare", description=__doc__)
+    parser.add_argument(
+        "--corpus",
+        choices=["questions", "hesitation"],
+        default="questions",
+        help="'hesitation': each side hears the hesitation corpus's lines (pauses inside "
+        "lines, comma-opened questions) instead of --questions questions, and no barge-ins",
+    )
     parser.add_argument("--questions", type=int, default=10, help="questions per call (10)")
     parser.add_argument("--barge-ins", type=int, default=3, help="barge-ins per call (3)")
     parser.add_argument(
@@ -131,7 +140,9 @@ async def _run(args: argparse.Namespace, command: str) -> Path:
         for u in corpus.values()
         if u.kind in ("question", "long_question") and u.id != "piper_everything"
     ]
-    script = list(itertools.islice(itertools.cycle(questions), args.questions))
+    script: list[Any] = list(itertools.islice(itertools.cycle(questions), args.questions))
+    if args.corpus == "hesitation":
+        script, args.barge_ins = list(load_hesitation()), 0
     models = _models()
     pacing = LLMPacing(args.ttft_ms, args.tokens_per_s)
     folder = _results_folder(args.output / args.name)
@@ -167,10 +178,44 @@ async def _run(args: argparse.Namespace, command: str) -> Path:
         "sides": sides,
     }
     run["summary"] = {side: summarize_side(sides[side]) for side in SIDES}
+    if args.corpus == "hesitation":
+        run["hesitation"] = {side: hesitation_summary(script, sides[side]) for side in SIDES}
     run["ratios"] = compute_ratios(run["summary"])
     (folder / "run.json").write_text(json.dumps(run, indent=1) + "\n")
-    (folder / "report.md").write_text(to_markdown(run))
+    report = to_markdown(run)
+    if args.corpus == "hesitation":
+        report += hesitation_table(run["hesitation"])
+    (folder / "report.md").write_text(report)
     return folder
+
+
+def hesitation_summary(lines: list[Any], sessions: list[Record]) -> Record:
+    """Cut-ins (an answer heard before the caller's last voiced sample) at pauses up to 1.2 s,
+    voice-to-voice after whole lines, and LLM requests of the comma-opened questions."""
+    kinds = {line.id: (line.kind, line.pause_ms) for line in lines}
+    turns = [t for s in sessions for t in s["turns"]]
+    paused = [t for t in turns if kinds[t["utterance"]][0] != "comma"]
+    early = [t for t in paused if "before the caller finished" in str(t.get("error", ""))]
+    in_goal = [t for t in early if kinds[t["utterance"]][1] <= 1200]
+    v2v = [t["v2v_ms"] for t in paused if t.get("ok")]
+    commas = [t for t in turns if kinds[t["utterance"]][0] == "comma"]
+    return {
+        "paused_lines": len(paused),
+        "cut_ins": len(early),
+        "cut_ins_within_1200_ms": len(in_goal),
+        "cut_in_lines": sorted({t["utterance"] for t in early}),
+        "v2v_p50_ms": percentile(v2v, 50),
+        "v2v_p95_ms": percentile(v2v, 95),
+        "comma_questions": len(commas),
+        "comma_llm_requests": sum(t.get("llm_requests") or 0 for t in commas),
+    }
+
+
+def hesitation_table(summary: dict[str, Record]) -> str:
+    rows = ["", "## The hesitation corpus", "", "| | " + " | ".join(SIDES) + " |", "|---|---|---|"]
+    for key in summary[SIDES[0]]:
+        rows.append(f"| {key} | " + " | ".join(str(summary[side][key]) for side in SIDES) + " |")
+    return "\n".join(rows) + "\n"
 
 
 def _results_folder(folder: Path) -> Path:

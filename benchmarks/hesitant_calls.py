@@ -84,6 +84,12 @@ def summarize_hesitation(records: list[Record]) -> dict[str, Any]:
     commas = [r for r in ok if r["kind"] == "comma"]
     v2v = sorted(r["v2v_ms"] for r in paused if r["v2v_ms"] is not None and not r["cut_in"])
     comma_v2v = sorted(r["v2v_ms"] for r in commas if r["v2v_ms"] is not None)
+    by_kind = {
+        kind: _percentile(
+            sorted(r["v2v_ms"] for r in ok if r["kind"] == kind and r["v2v_ms"] is not None), 50
+        )
+        for kind in dict.fromkeys(r["kind"] for r in ok)
+    }
     reasons: dict[str, int] = {}
     for r in ok:
         for reason in r["reasons"]:
@@ -103,6 +109,7 @@ def summarize_hesitation(records: list[Record]) -> dict[str, Any]:
         "comma_wasted_requests": sum(max(0, (r["llm_requests"] or 0) - 1) for r in commas),
         "comma_v2v_p50_ms": _percentile(comma_v2v, 50),
         "end_reasons": reasons,
+        "v2v_p50_ms_by_kind": by_kind,
     }
 
 
@@ -133,6 +140,7 @@ def hesitation_markdown(run: dict[str, Any]) -> str:
         f"| comma-opened questions: LLM requests / wasted | {s['comma_llm_requests']} / "
         f"{s['comma_wasted_requests']} for {s['comma_questions']} questions |",
         f"| comma-opened questions, voice-to-voice p50 | {s['comma_v2v_p50_ms']} ms |",
+        f"| voice-to-voice p50 by kind of line (ms) | {s.get('v2v_p50_ms_by_kind')} |",
         f"| why turns ended | {s['end_reasons']} |",
         f"| failed runs | {s['failed']} |",
         "",

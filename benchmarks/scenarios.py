@@ -31,6 +31,7 @@ spread across one."""
 __all__ = [
     "ARRIVAL_S",
     "BenchTarget",
+    "agent_speaking",
     "backchannel",
     "barge_in",
     "concurrency_level",
@@ -188,13 +189,13 @@ async def _talk_over_long_answer(
 ) -> SpokenUtterance | None:
     """Ask for a long answer, wait until it is well under way, then make ``sound`` over it;
     None if the agent never started answering."""
-    if await _agent_speaking(caller, ask) is None:
+    if await agent_speaking(caller, ask) is None:
         return None
     await asyncio.sleep(1.2)
     return caller.say(sound.pcm())
 
 
-async def _agent_speaking(caller: WebRTCCaller, ask: Utterance) -> float | None:
+async def agent_speaking(caller: WebRTCCaller, ask: Utterance) -> float | None:
     spoken = caller.say(ask.pcm())
     try:
         last_voiced = await spoken.last_voiced_sent_at()

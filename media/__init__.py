@@ -6,6 +6,7 @@ Knows nothing about LLMs, playbooks or transports.
 from .audio import FRAME_BYTES, FRAME_MS, SAMPLE_RATE, FrameSplitter, Resampler
 from .chunker import SentenceChunker, joins_next, speakable
 from .echo import EchoGate, EchoSettings
+from .hearing import Hearing, HearingSettings
 from .speaker import Playback, PlaybackResult, Speaker
 from .stt import SpeechToText, Transcriber, TranscriberSettings, Transcript
 from .tts import Synthesizer, SynthesizerSettings, TextToSpeech
@@ -26,6 +27,8 @@ __all__ = [
     "EchoGate",
     "EchoSettings",
     "FrameSplitter",
+    "Hearing",
+    "HearingSettings",
     "Playback",
     "PlaybackResult",
     "Resampler",

@@ -8,10 +8,18 @@ frame after that pause gives ``SpeechResumed``. A ring buffer keeps
 ``pre_roll_ms`` of audio from before the first voiced frame so the onset reaches Whisper. Frames
 quieter than ``min_dbfs`` count as unvoiced, which keeps line noise and faint echo from starting an
 utterance.
+
+Voices behind the caller (babble, a television) are speech to webrtcvad. Once the caller has
+said something (``caller_dbfs``, the power mean of their voiced frames, from utterances of
+at least ``LEVEL_MIN_VOICED_MS``), a frame more than ``background_margin_db`` below it counts as
+unvoiced for starting an utterance, and inside one while ``guarded`` (the agent talks); an
+utterance keeps its audio whole for Whisper.
 """
 
 from __future__ import annotations
 
+import math
+import statistics
 import time
 from collections import deque
 from collections.abc import Callable
@@ -43,6 +51,9 @@ class VadSettings:
     min_dbfs: float = -50.0
     pause_ms: int = 160
     """Silence inside an utterance that emits ``SpeechPaused`` (0: never)."""
+    background_margin_db: float = 6.0
+    """Frames this far below the caller's own level count as unvoiced (voices behind the
+    caller); 0: off. Babble 10 dB below the caller stays under it but for its peaks."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.aggressiveness <= 3:
@@ -54,6 +65,8 @@ class VadSettings:
                 raise ValueError(f"{name} must be at least {FRAME_MS}")
         if self.pause_ms < 0:
             raise ValueError("pause_ms must not be negative")
+        if self.background_margin_db < 0:
+            raise ValueError("background_margin_db must not be negative")
         if self.max_utterance_ms <= self.pre_roll_ms + self.start_ms:
             raise ValueError("max_utterance_ms must exceed pre_roll_ms + start_ms")
 
@@ -106,6 +119,12 @@ class SpeechResumed:
 
 VadEvent = SpeechStarted | SpeechPaused | SpeechResumed | SpeechEnded
 
+LEVEL_MIN_VOICED_MS = 600
+"""An utterance with less voiced audio (a cough, a word of babble) does not set the caller's
+level."""
+_LEVEL_WEIGHT = 0.3
+"""Weight of a new utterance's level in the caller's running level."""
+
 
 class VadSegmenter:
     """Feed 20 ms frames of 16 kHz PCM16 in order; get speech events back. Not thread-safe."""
@@ -132,6 +151,15 @@ class VadSegmenter:
         self._voiced_frames = 0
         self._started_at = 0.0
         self._last_voiced_at = 0.0
+        self._voiced_levels: list[float] = []
+        self.guarded = False
+        """Whether the level floor also holds inside an utterance (set while the agent talks:
+        voices behind the caller must not cut it off). Otherwise it only keeps them from
+        starting one: the caller's own soft syllables stay voiced, so that their pauses do not
+        seem longer than they are."""
+        self.caller_dbfs: float | None = None
+        """The caller's own speech level (the power mean of their voiced frames, in dBFS,
+        running over their utterances); None until they have said enough."""
 
     @property
     def speaking(self) -> bool:
@@ -166,17 +194,30 @@ class VadSegmenter:
         """Silence since the last voiced frame of the current utterance (0 when not speaking)."""
         return self._silent_run * FRAME_MS if self._utterance is not None else 0
 
-    def is_voiced(self, frame: bytes) -> bool:
-        return pcm_rms_dbfs(frame) >= self.settings.min_dbfs and self._vad.is_speech(
-            frame, SAMPLE_RATE
-        )
+    @property
+    def floor_dbfs(self) -> float:
+        """The level below which a frame is unvoiced: ``min_dbfs``, raised to the caller's own
+        level less ``background_margin_db`` once that is known."""
+        margin = self.settings.background_margin_db
+        if self.caller_dbfs is None or not margin:
+            return self.settings.min_dbfs
+        return max(self.settings.min_dbfs, self.caller_dbfs - margin)
+
+    def is_voiced(self, frame: bytes, *, floored: bool = True) -> bool:
+        """Whether ``frame`` is the caller's speech: webrtcvad's word, ``min_dbfs``, and (when
+        ``floored``) :attr:`floor_dbfs`."""
+        level = pcm_rms_dbfs(frame)
+        speech = level >= self.settings.min_dbfs and self._vad.is_speech(frame, SAMPLE_RATE)
+        if speech and self._utterance is not None:  # the caller's level, floor or not
+            self._voiced_levels.append(level)
+        return speech and (not floored or level >= self.floor_dbfs)
 
     def push(self, frame: bytes, at: float | None = None) -> list[VadEvent]:
         """Process one frame that arrived at ``at`` (default: now)."""
         if len(frame) != FRAME_BYTES:
             raise ValueError(f"expected {FRAME_BYTES}-byte frames (20 ms, 16 kHz PCM16)")
         at = self.clock() if at is None else at
-        voiced = self.is_voiced(frame)
+        voiced = self.is_voiced(frame, floored=self._utterance is None or self.guarded)
         if self._utterance is None:
             return self._idle(frame, voiced, at)
         return self._in_speech(frame, voiced, at)
@@ -184,6 +225,15 @@ class VadSegmenter:
     def utterance_audio(self) -> bytes:
         """The current utterance's audio so far, pre-roll included (empty when not speaking)."""
         return b"".join(self._utterance) if self._utterance is not None else b""
+
+    def _learn_level(self) -> None:
+        """Fold the utterance's voiced level into the caller's, if it was long enough."""
+        levels = self._voiced_levels
+        if len(levels) * FRAME_MS >= LEVEL_MIN_VOICED_MS:
+            level = 10 * math.log10(statistics.fmean(10 ** (x / 10) for x in levels))
+            known = self.caller_dbfs
+            self.caller_dbfs = level if known is None else known + _LEVEL_WEIGHT * (level - known)
+        self._voiced_levels = []
 
     def reset(self) -> None:
         """Forget any utterance in progress."""
@@ -212,6 +262,7 @@ class VadSegmenter:
             return []
         self._utterance = list(self._pre_roll)
         self._pre_roll.clear()
+        self._voiced_levels = [pcm_rms_dbfs(f) for f in self._utterance[-self._voiced_run :]]
         self._silent_run = 0
         self._paused = False
         self._voiced_frames = self._voiced_run
@@ -249,6 +300,7 @@ class VadSegmenter:
 
     def _end(self, at: float, forced: bool) -> SpeechEnded:
         assert self._utterance is not None
+        self._learn_level()
         ended = SpeechEnded(
             audio=b"".join(self._utterance),
             started_at=self._started_at,

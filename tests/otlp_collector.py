@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
-from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
+from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from benchmarks.corpus import load_corpus
-from media import EchoGate, EchoSettings
+from media import EchoGate, EchoSettings, HearingSettings
 from media.audio import pcm_rms_dbfs, silence
 from playbooks import LoadedPlaybook, load_playbook
 from server.call.session import SessionSettings
@@ -138,24 +138,46 @@ async def test_policies(
         assert "slowly" in llm.user_turns[-1].lower()
 
 
-@pytest.mark.parametrize("suppressed", [True, False])
+@pytest.mark.parametrize(
+    ("cleanup", "echo"),
+    [
+        ("cancelled", (-6.0, 120)),  # a speakerphone: the gate let it cut the agent off
+        ("gated", (-20.0, 100)),  # without the canceller, the gate holds back faint echo
+        ("none", (-6.0, 120)),
+    ],
+)
 async def test_the_agents_own_echo_does_not_interrupt_it(
-    calls: list[VoiceCall], support: LoadedPlaybook, llm: ScriptedLLM, suppressed: bool
+    calls: list[VoiceCall],
+    support: LoadedPlaybook,
+    llm: ScriptedLLM,
+    cleanup: str,
+    echo: tuple[float, int],
 ) -> None:
-    """A phone line returning the agent's voice at -20 dB, 100 ms later: with the echo gate the
-    agent talks on; without it, its own voice pauses or cuts it (so the fixture bites)."""
-    settings = SessionSettings(greet=False, echo=EchoSettings(enabled=suppressed))
-    call = _start(calls, support, llm, settings, echo=(-20.0, 100))
+    """A phone line returning the agent's voice: with the echo canceller (phone lines' default)
+    or, without it, the level gate, the agent talks on; with neither, its own voice pauses or
+    cuts it (so the fixture bites)."""
+    settings = SessionSettings(
+        greet=False,
+        echo=EchoSettings(enabled=cleanup == "gated"),
+        hearing=HearingSettings(echo_cancellation=cleanup == "cancelled"),
+    )
+    call = _start(calls, support, llm, settings, echo=echo)
     await call.say(piper_speech(QUESTION), 200)
     await call.wait_event("agent_sentence", count=1)
-    if suppressed:
-        await call.wait_idle(timeout_s=40)
-        assert call.of_type("paused") == []
-        assert call.of_type("interrupted") == []
-        assert call.voice.heard == LONG_ANSWER
+    if cleanup == "none":
+        await call.wait_event("paused", timeout_s=10)
+        return
+    await call.wait_idle(timeout_s=40)
+    assert call.of_type("paused") == []
+    assert call.of_type("interrupted") == []
+    assert call.voice.heard == LONG_ANSWER
+    if cleanup == "gated":
         assert call.session.echo.suppressed > 100
     else:
-        await call.wait_event("paused", timeout_s=10)
+        assert call.session.echo.suppressed == 0  # the gate is off where the canceller runs
+        hearing = call.session.hearing
+        assert hearing is not None
+        assert hearing.frames > 100
 
 
 def test_the_echo_gate_tells_echo_from_the_caller() -> None:

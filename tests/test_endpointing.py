@@ -114,7 +114,7 @@ END = EndpointSettings()
         ("complete", 0.1, False, END.disputed_silence_ms, "audio"),  # the voice goes on
         ("complete", None, True, END.hold_ms, "words+audio"),  # the voice's verdict is due
         ("continues", 0.99, False, END.hold_ms, "hold"),  # "...a table for": the words decide
-        ("listing", 0.9, False, END.disputed_silence_ms, "words+audio"),
+        ("listing", 0.9, False, END.listing_silence_ms, "words+audio"),
         ("listing", 0.2, False, END.hold_ms, "hold"),
         ("opener", 0.1, False, END.opener_silence_ms, "words"),
         ("unsure", 0.9, False, END.incomplete_silence_ms, "words+audio"),

@@ -23,6 +23,7 @@ from media.audio import SAMPLE_RATE, silence
 from media.g711 import pcm_to_ulaw
 from server.config.server import ServerConfig, SipSettings
 from server.http.app import CALLS, SIP
+from server.testkit.echo_path import ReturnedEcho
 from server.testkit.scripted_llm import ScriptedLLM, answers_by_words
 from server.testkit.sip_phone import SipPhone, offer_sdp
 from tests.calls import base_url, transcriber, voice_server, word_error_rate
@@ -126,9 +127,18 @@ async def test_sipp_ten_simultaneous_calls(
 # -- a scriptable phone ------------------------------------------------------------------------
 
 
-async def test_phone_call_answer_digits_and_barge_in(
-    server: TestServer, phone: SipPhone, llm: ScriptedLLM
-) -> None:
+async def test_phone_call_answer_digits_and_barge_in(server: TestServer, llm: ScriptedLLM) -> None:
+    """A speakerphone: the agent's voice comes back 120 ms later, 6 dB down, mixed into the
+    caller's microphone; the echo canceller keeps it from cutting the agent off, and the
+    caller still barges in."""
+    phone = await SipPhone.open(server.app[SIP].port, echo=ReturnedEcho(120, 6.0))
+    try:
+        await _echoing_call(server, phone, llm)
+    finally:
+        await phone.close()
+
+
+async def _echoing_call(server: TestServer, phone: SipPhone, llm: ScriptedLLM) -> None:
     answer = await phone.invite("support")
     assert answer.status_code == 200
     sdp = parse_sdp(answer.text)
@@ -148,12 +158,17 @@ async def test_phone_call_answer_digits_and_barge_in(
     for digit in "12#":
         await phone.press(digit)
     await _wait(lambda: llm.user_turns[-1:] == ["Keypad: 12#"], 10)
-    await phone.say(silence(2500, 8000))  # the long answer is playing
+    await phone.say(silence(2500, 8000))  # the long answer is playing, its echo coming back
     assert phone.heard.loud_between(time.monotonic() - 0.5, time.monotonic())
+    (call,) = server.app[CALLS].calls.values()
+    assert call.session.barge_ins == 0  # its own voice did not cut the agent off
+    assert call.session.hearing is not None
+    assert call.session.hearing.frames > 300
     talk_at = time.monotonic()
     await phone.say(phone_audio(INTERRUPTION)[: 8000 * 2])
     # cut within ~0.5 s of talking; the answer to the interruption comes much later
     assert phone.heard.loud_between(talk_at + 0.6, talk_at + 1.0) == []
+    assert call.session.barge_ins == 1
 
     assert (await phone.bye()).status_code == 200
     await _wait(lambda: len(server.app[CALLS]) == 0, 5)

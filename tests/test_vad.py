@@ -21,6 +21,7 @@ from media import (
 )
 from media import VadSettings as Settings
 from media.audio import pcm_rms_dbfs, silence
+from server.testkit.impairments import at_level, noise, speech_level_dbfs
 from tests.speech import piper_speech, tone, white_noise
 
 PHRASE = "I would like to book a table for two people tonight."
@@ -148,6 +149,21 @@ def test_the_end_comes_after_end_silence_ms_of_silence(speech: bytes, end_silenc
 
 
 @pytest.mark.slow
+def test_voices_well_below_the_caller_do_not_start_an_utterance(speech: bytes) -> None:
+    """Babble 10 dB under the caller: speech to webrtcvad, background once the caller's own
+    level is known; the caller's own speech still starts one."""
+    babble = at_level(noise("babble", 4000), speech_level_dbfs(speech) - 10)
+    vad = VadSegmenter(Settings())
+    assert run(vad, babble) != []  # before the caller spoke: nothing to compare with
+    vad = VadSegmenter(Settings())
+    first = run(vad, silence(300) + speech + silence(600))
+    assert [type(event) for event in first] == [SpeechStarted, SpeechEnded]
+    assert vad.caller_dbfs is not None
+    assert run(vad, babble + silence(600)) == []
+    assert [type(e) for e in run(vad, speech + silence(600))] == [SpeechStarted, SpeechEnded]
+
+
+@pytest.mark.slow
 def test_a_pause_of_end_silence_ms_splits_the_utterance_and_a_shorter_one_does_not(
     speech: bytes,
 ) -> None:
@@ -155,7 +171,8 @@ def test_a_pause_of_end_silence_ms_splits_the_utterance_and_a_shorter_one_does_n
     pause_ms = longest_inner_pause_ms(stream, Settings())
     assert pause_ms >= 400
 
-    split = run(VadSegmenter(Settings(end_silence_ms=pause_ms)), stream)
+    # (no level floor: the second utterance's quiet first frame would start it 20 ms later)
+    split = run(VadSegmenter(Settings(end_silence_ms=pause_ms, background_margin_db=0)), stream)
     assert [type(event) for event in split] == [SpeechStarted, SpeechEnded] * 2
     first_end, second = split[1], split[2]
     assert isinstance(first_end, SpeechEnded)

@@ -58,6 +58,8 @@ from media import (
     FRAME_MS,
     EchoGate,
     EchoSettings,
+    Hearing,
+    HearingSettings,
     SpeechEnded,
     SpeechPaused,
     SpeechResumed,
@@ -120,7 +122,11 @@ class SessionSettings:
     """Keypad digits pressed within this pause of each other form one input."""
     endpoint: EndpointSettings = field(default_factory=EndpointSettings)
     echo: EchoSettings = field(default_factory=EchoSettings)
-    """Caller audio explained by the agent's own output (phone echo) is heard as silence."""
+    """Caller audio explained by the agent's own output (phone echo) is heard as silence;
+    off where ``hearing`` cancels the echo."""
+    hearing: HearingSettings = field(default_factory=HearingSettings)
+    """Noise suppression and echo cancellation ahead of the VAD (the call's line picks them:
+    phone lines both, browsers neither, since they do their own)."""
     barge_in: BargeInPolicy = "pause_resume"
     """The policy of stages that set none (see ``playbooks.BargeInPolicy``)."""
     pause_confirm_ms: int = 700
@@ -157,7 +163,13 @@ class Session:
         if endpoint.speculate:  # the session ends turns itself (saying why), up to the hold
             vad = replace(vad, end_silence_ms=max(vad.end_silence_ms, endpoint.hold_ms + FRAME_MS))
         self.vad = VadSegmenter(vad, clock)
-        self.echo = EchoGate(self.settings.echo)
+        hearing = self.settings.hearing
+        self.hearing = Hearing(hearing, voice.speaker.sample_rate) if hearing.enabled else None
+        """The caller's audio cleaned before the VAD hears it (None: as it comes)."""
+        if self.hearing is not None and hearing.echo_cancellation:
+            voice.speaker.taps.append(self.hearing.played)
+        gate = self.settings.echo
+        self.echo = EchoGate(replace(gate, enabled=False) if hearing.echo_cancellation else gate)
         self._speculation: Speculation | None = None
         self._turn_end: TurnEnd | None = None
         """Why the utterance being ended ends (told in its ``speech_end``)."""
@@ -305,9 +317,12 @@ class Session:
         at = self.clock() if at is None else at
         for tap in self.taps:
             tap(self._silence if self.muted else frame)
+        if self.hearing is not None:
+            frame = self.hearing.heard(frame)
         if self.muted or self.echo.is_echo(frame, self.voice.speaker.levels):
             frame = self._silence
         self.vad.pause_ms = self._speculation_pause_ms()
+        self.vad.guarded = self._phase in ANSWERING
         for event in self.vad.push(frame, at):
             if isinstance(event, SpeechStarted):
                 self._on_speech_started(event)

@@ -44,9 +44,24 @@ from .values import (
     format_port_range,
 )
 
-__all__ = ["ENV_PREFIX", "OPTIONS", "Cli", "Option", "ServeOptions", "validate_options"]
+__all__ = [
+    "ENV_PREFIX",
+    "OPTIONS",
+    "Cleanup",
+    "Cli",
+    "Line",
+    "Option",
+    "ServeOptions",
+    "validate_options",
+]
 
 ENV_PREFIX = "VOCABLE_"
+
+Line = Literal["browser", "phone"]
+"""What kind of line a call comes in on: a browser (WebRTC: it cleans its own microphone) or a
+phone line (SIP, AudioSocket, media streams)."""
+Cleanup = Literal["phone", "all", "off"]
+"""Where a cleanup of the caller's audio runs: on phone lines, on every line, nowhere."""
 
 # library defaults the options share, so that each is written once
 _SESSION = SessionSettings()
@@ -486,12 +501,31 @@ class ServeOptions(BaseModel):
         Whole,
         Cli(SPEECH, "MS"),
         Field(
-            ge=_ENDPOINT.disputed_silence_ms,
+            ge=_ENDPOINT.listing_silence_ms,
             le=10_000,
             description="the longest the agent waits for a caller whose words or voice say "
             "they will go on ('a table for ...', a phone number in groups), then answers",
         ),
     ] = _ENDPOINT.hold_ms
+
+    noise_suppression: Annotated[
+        Cleanup,
+        Cli(SPEECH),
+        Field(
+            description="suppress steady noise (car, street, fan) in the caller's audio before "
+            "the VAD and Whisper: on phone lines, on all lines (browsers suppress their own), "
+            "or off"
+        ),
+    ] = "phone"
+    echo_cancellation: Annotated[
+        Cleanup,
+        Cli(SPEECH),
+        Field(
+            description="cancel the agent's own voice coming back in the caller's audio "
+            "(WebRTC's AEC3, fed with what the agent sent): on phone lines, on all lines "
+            "(browsers cancel their own), or off (then a level gate holds back faint echo)"
+        ),
+    ] = "phone"
 
     # -- remote speech: each direction is local unless its URL is given
     stt_url: Annotated[

@@ -16,7 +16,7 @@ from ipaddress import IPv4Network, IPv6Network
 from pathlib import Path
 from typing import Any
 
-from media import TranscriberSettings
+from media import HearingSettings, TranscriberSettings
 from media.remote import RemoteSynthesizerSettings, RemoteTranscriberSettings
 from media.tts import SynthesizerSettings
 from media.turn_model import TurnModelSettings
@@ -26,7 +26,7 @@ from server.call.session import SessionSettings
 from .bundled import EXAMPLES, WEB_CLIENT
 from .flags import add_serve_arguments, serve_options
 from .llm import LLMChoice, LLMSettings
-from .options import ServeOptions
+from .options import Cleanup, Line, ServeOptions
 from .overload import OverloadSettings
 from .values import DEFAULT_HOST, parse_address, parse_port_range
 
@@ -144,6 +144,8 @@ class ServerConfig:
     session: SessionSettings = field(default_factory=SessionSettings)
     turn_model: TurnModelSettings | None = field(default_factory=TurnModelSettings)
     """The audio end-of-turn model beside the words (None: words and silence alone)."""
+    noise_suppression: Cleanup = DEFAULTS.noise_suppression
+    echo_cancellation: Cleanup = DEFAULTS.echo_cancellation
     ice_servers: tuple[IceServer, ...] = ()
     max_sessions: int = DEFAULTS.max_sessions
     overload: OverloadSettings = field(default_factory=OverloadSettings)
@@ -186,6 +188,13 @@ class ServerConfig:
     otel: bool = DEFAULTS.otel
     """Export a trace per turn over OTLP (the ``otel`` extra; ``OTEL_EXPORTER_OTLP_*``)."""
     web_client_dir: Path = WEB_CLIENT
+
+    def hearing(self, line: Line) -> HearingSettings:
+        """How a call on ``line`` has its caller's audio cleaned (``phone``: on phone lines)."""
+        return HearingSettings(
+            noise_suppression=_applies(self.noise_suppression, line),
+            echo_cancellation=_applies(self.echo_cancellation, line),
+        )
 
     @property
     def reachable_at(self) -> str:
@@ -240,6 +249,10 @@ class ServerConfig:
                 capacity_cpu_percent=options.overload_capacity_cpu_percent,
             ),
         )
+
+
+def _applies(choice: Cleanup, line: Line) -> bool:
+    return choice == "all" or (choice == "phone" and line == "phone")
 
 
 RENAMED: Mapping[str, str] = {"rate_limit_per_min": "rate_limit"}

@@ -24,6 +24,7 @@ from server.call.recorder import CallRecorder
 from server.call.recordings import Recordings
 from server.call.session import Session
 from server.call.voice import VoicePlaybookOrchestrator
+from server.config.options import Line
 from server.config.server import ServerConfig
 
 from .call_directory import CallDirectory
@@ -157,6 +158,7 @@ class CallRegistry:
         playbook: str | None = None,
         address: str | None = None,
         record: bool = True,
+        line: Line = "phone",
     ) -> CallT:
         """Open one call, or none: the one way every transport's call comes in.
 
@@ -165,7 +167,8 @@ class CallRegistry:
         calls lately (RateLimited); pick ``playbook`` (default: the server's; UnknownPlaybook);
         ``build(call_id)`` the transport's call under a new unguessable id; give it a session
         on the shared models, speaking through ``speaker``; admit it, recorded with
-        ``--record`` unless ``record`` is False or its playbook opts out.
+        ``--record`` unless ``record`` is False or its playbook opts out. ``line`` picks how
+        the caller's audio is cleaned (``ServerConfig.hearing``).
 
         Nothing here awaits, so no other call can take the slot between the check and the
         admission: keep it so. When a step raises, nothing of the call stays in the registry
@@ -180,7 +183,7 @@ class CallRegistry:
         call_id = self.config.call_id_prefix + secrets.token_urlsafe(16)
         bind_session(call_id)
         call = build(call_id)
-        call.session = self._new_session(call_id, playbook_id, speaker, call.emit)
+        call.session = self._new_session(call_id, playbook_id, speaker, call.emit, line)
         self._admit(call, record=record)
         return call
 
@@ -196,6 +199,7 @@ class CallRegistry:
         playbook_id: str,
         speaker: Speaker,
         emit: Callable[[VoiceEvent], None],
+        line: Line,
     ) -> Session:
         """A session on the shared models; its events go to ``emit`` and to ``on_event``, and
         its ``error`` events, with their full text, to the log."""
@@ -220,7 +224,8 @@ class CallRegistry:
         voice = VoicePlaybookOrchestrator(
             orchestrator, engines.transcriber, engines.synthesizer, speaker, both
         )
-        return Session(call_id, voice, self.config.session, turn_model=engines.turn_model)
+        settings = replace(self.config.session, hearing=self.config.hearing(line))
+        return Session(call_id, voice, settings, turn_model=engines.turn_model)
 
     def _admit(self, call: Call, *, record: bool) -> None:
         """Take ``call`` and, with ``--record``, start recording it unless ``record`` is False

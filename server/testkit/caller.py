@@ -40,6 +40,8 @@ from server.transports.tracks import (
     negotiated_opus,
 )
 
+from .echo_path import EchoingMicrophone, ReturnedEcho
+
 __all__ = [
     "SILENCE_DBFS",
     "HeardAt",
@@ -377,6 +379,9 @@ class WebRTCCaller:
     """Extra headers of the offer request (e.g. ``X-Vocable-Record: off``)."""
     listener: Listener = "arrival"
     """When an agent frame counts as heard: on arrival, or when a stock client plays it."""
+    echo: ReturnedEcho | None = None
+    """The agent's voice returned into the microphone as heard (a speakerphone; None: no
+    echo): the microphone becomes an :class:`~.echo_path.EchoingMicrophone`."""
     playout: PlayoutClock | None = field(default=None, init=False)
     """The stock listener's playout (its ``underruns``, ``queued``), once the agent's track
     started; None with the arrival listener."""
@@ -387,6 +392,8 @@ class WebRTCCaller:
     def __post_init__(self) -> None:
         if self.listener not in ("arrival", "stock"):
             raise ValueError(f"unknown listener {self.listener!r}")
+        if self.echo is not None:
+            self.microphone = EchoingMicrophone(self.microphone.sample_rate, self.echo)
 
     async def connect(self, base_url: str, *, token: str | None = None, **offer_extra: Any) -> None:
         """Offer, get the answer, and start media; raises RuntimeError if the server refuses."""
@@ -477,6 +484,8 @@ class WebRTCCaller:
         async for frame in caller_frames(track):  # the same conversion the server uses
             self.heard += frame
             self.frames.append(ReceivedFrame(time.monotonic(), pcm_rms_dbfs(frame)))
+            if isinstance(self.microphone, EchoingMicrophone):
+                self.microphone.path.played(frame, SAMPLE_RATE)
 
     async def _receive(self, track: MediaStreamTrack, playout: PlayoutClock) -> None:
         """The stock listener's side of the track: each frame, as it comes out of aiortc's

@@ -23,6 +23,8 @@ from aiosipua import SipMessage, SipRequest, SipResponse, parse_sdp
 from media.audio import pcm_rms_dbfs
 from server.transports.sip_outbound import SESSION_HEADER
 
+from .echo_path import EchoPath, ReturnedEcho
+
 __all__ = ["Heard", "SipPhone", "offer_sdp"]
 
 PHONE_RATE = 8000
@@ -116,8 +118,13 @@ class SipPhone:
     :meth:`follow_events` reads its events into :attr:`events` (:meth:`of_type`,
     :meth:`wait_for`, as a :class:`~server.testkit.caller.WebRTCCaller` does)."""
 
-    def __init__(self, server_port: int, endpoint: _Endpoint, port: int) -> None:
+    def __init__(
+        self, server_port: int, endpoint: _Endpoint, port: int, echo: ReturnedEcho | None = None
+    ) -> None:
         self.server = ("127.0.0.1", server_port)
+        self.echo = EchoPath(echo, PHONE_RATE) if echo is not None else None
+        """What the phone plays returning into its microphone (None: no echo); it needs the
+        microphone running (:meth:`start_microphone`)."""
         self.endpoint = endpoint
         self.port = port
         self.call_id = secrets.token_hex(8)
@@ -147,13 +154,13 @@ class SipPhone:
         self._outbox: asyncio.Queue[_Queued] = asyncio.Queue()
 
     @classmethod
-    async def open(cls, server_port: int) -> SipPhone:
+    async def open(cls, server_port: int, echo: ReturnedEcho | None = None) -> SipPhone:
         loop = asyncio.get_running_loop()
         transport, endpoint = await loop.create_datagram_endpoint(
             _Endpoint, local_addr=("127.0.0.1", 0)
         )
         port = int(transport.get_extra_info("sockname")[1])
-        return cls(server_port, endpoint, port)
+        return cls(server_port, endpoint, port, echo)
 
     # -- signalling ----------------------------------------------------------------------------
 
@@ -220,7 +227,7 @@ class SipPhone:
         with CRLF); ACKs and starts media on a 200."""
         local_codec = payload_types[0] if payload_types[0] in (0, 8) else 0
         self.rtp_port, self.rtp = await _rtp_session(local_codec)
-        self.rtp.on_audio = lambda pcm, _ts: self.heard.add(pcm)
+        self.rtp.on_audio = lambda pcm, _ts: self._played(pcm)
         self.last_invite_branch = self.request(
             "INVITE", user, offer_sdp(self.rtp_port, payload_types), extra=extra
         )
@@ -319,8 +326,15 @@ class SipPhone:
             await asyncio.sleep(max(0.0, deadline - loop.time()))
         return first
 
+    def _played(self, pcm: bytes) -> None:
+        self.heard.add(pcm)
+        if self.echo is not None:
+            self.echo.played(pcm, PHONE_RATE)
+
     def _packet(self, pcm: bytes, digit: str | None) -> None:
         assert self.rtp is not None
+        if self.echo is not None:
+            pcm = self.echo.mixed(pcm)
         if digit is not None:
             self.rtp.send_dtmf(digit, 100, timestamp=self._next_timestamp)
         self._next_timestamp = (self.rtp.send_audio_pcm_auto(pcm) + 160) & 0xFFFFFFFF

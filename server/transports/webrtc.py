@@ -340,7 +340,12 @@ async def open_webrtc_call(
         return WebRTCCall(registry, call_id, RTCPeerConnection(RTCConfiguration(iceServers=ice)))
 
     call = registry.open(
-        build, speaker=Speaker(OUTPUT_RATE), playbook=playbook, address=address, record=record
+        build,
+        speaker=Speaker(OUTPUT_RATE),
+        playbook=playbook,
+        address=address,
+        record=record,
+        line="browser",
     )
     try:
         await call.accept(offer_sdp)

@@ -19,6 +19,7 @@ from media.audio import FRAME_BYTES, SAMPLE_RATE
 
 from ..caller import SILENCE_DBFS, HeardAt, ReceivedFrame, WebRTCCaller, voiced_span_ms
 from ..caller import silent_from as silent_in
+from ..echo_path import ReturnedEcho
 from .checks import ends_call
 from .speech import to_rate
 
@@ -101,8 +102,10 @@ class WebRTCLine:
         self.events = caller.events
 
     @classmethod
-    async def open(cls, base_url: str, playbook: str, token: str | None) -> WebRTCLine:
-        caller = WebRTCCaller(offer_headers={"X-Vocable-Record": "off"})
+    async def open(
+        cls, base_url: str, playbook: str, token: str | None, echo: ReturnedEcho | None = None
+    ) -> WebRTCLine:
+        caller = WebRTCCaller(offer_headers={"X-Vocable-Record": "off"}, echo=echo)
         try:
             await caller.connect(base_url, token=token, playbook=playbook)
         except BaseException:
@@ -150,10 +153,17 @@ class SipLine:
         """One stream for the call: 160 samples in, 320 out, the filter's state carried on."""
 
     @classmethod
-    async def open(cls, base_url: str, sip_port: int, playbook: str, token: str | None) -> SipLine:
+    async def open(
+        cls,
+        base_url: str,
+        sip_port: int,
+        playbook: str,
+        token: str | None,
+        echo: ReturnedEcho | None = None,
+    ) -> SipLine:
         from ..sip_phone import SipPhone  # the SIP stack, only when a SIP line is asked for
 
-        phone = await SipPhone.open(sip_port)
+        phone = await SipPhone.open(sip_port, echo)
         try:
             answer = await phone.invite(user=playbook)
             if answer.status_code != 200:
@@ -213,10 +223,12 @@ async def open_line(
     *,
     sip_port: int | None = None,
     token: str | None = None,
+    echo: ReturnedEcho | None = None,
 ) -> CallLine:
-    """Call ``playbook`` on the server at ``base_url`` (SIP: at ``sip_port`` of the same host)."""
+    """Call ``playbook`` on the server at ``base_url`` (SIP: at ``sip_port`` of the same host),
+    from a phone that returns the agent's voice as ``echo`` says (None: none)."""
     if transport == "sip":
         if sip_port is None:
             raise ValueError("a SIP line needs the server's SIP port")
-        return await SipLine.open(base_url, sip_port, playbook, token)
-    return await WebRTCLine.open(base_url, playbook, token)
+        return await SipLine.open(base_url, sip_port, playbook, token, echo)
+    return await WebRTCLine.open(base_url, playbook, token, echo)

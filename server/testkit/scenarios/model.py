@@ -18,7 +18,10 @@ __all__ = [
     "CHECKS",
     "BargeIn",
     "CallerVoice",
+    "Echo",
     "Expectation",
+    "Impairments",
+    "Noise",
     "Scenario",
     "ScriptStep",
     "SimulatedCaller",
@@ -44,6 +47,35 @@ class CallerVoice(_Model):
     """Speaking rate: 1 the voice's own, 1.25 a quarter faster."""
     espeak_voice: str = "en-us"
     """The espeak-ng voice (``espeak-ng --voices``)."""
+
+
+class Noise(_Model):
+    """Background noise under the caller's lines (``server.testkit.impairments``)."""
+
+    kind: Literal["babble", "street", "car"]
+    """``babble``: four other voices; ``street``; ``car``."""
+    snr_db: float = Field(ge=-5.0, le=40.0)
+    """How far the caller's speech is above the noise, in dB (10: a busy street)."""
+
+
+class Echo(_Model):
+    """The caller's phone sends the agent's voice back (a speakerphone), for the whole call.
+    Over WebRTC the server then cancels echo as it does on phone lines (a browser whose own
+    canceller let it through)."""
+
+    delay_ms: int = Field(default=120, ge=0, le=1000)
+    return_loss_db: float = Field(default=6.0, ge=0.0, le=60.0)
+    """How much weaker than what the phone played the echo is (6: a speakerphone)."""
+
+
+class Impairments(_Model):
+    """What the line does to the caller's audio: a scenario's for all its turns, a turn's
+    (``noise``, ``g711``) instead of the scenario's for that turn."""
+
+    noise: Noise | None = None
+    g711: bool = False
+    """The caller's voice through a G.711 phone line (8 kHz, A-law), also on WebRTC."""
+    echo: Echo | None = None
 
 
 class TextCheck(_Model):
@@ -212,6 +244,8 @@ class Turn(_Model):
     """The length of each ``...`` pause: a hesitation (300 ms) is shorter than the server's
     end-of-turn silence; a longer one lets a scenario check that the agent waits."""
     barge_in: BargeIn | None = None
+    impairments: Impairments | None = None
+    """This turn's line (noise, G.711) instead of the scenario's."""
     intent: str | None = None
     """Scripted runs: what the intent classifier answers for this turn (default: none)."""
     agent: list[ScriptStep] | None = None
@@ -234,6 +268,8 @@ class Turn(_Model):
             raise ValueError(f"a turn has one of {', '.join(ACTIONS)}; this one has {given}")
         if self.barge_in is not None and self.action not in ("say", "wav"):
             raise ValueError("barge_in needs a say or wav line to speak over the agent")
+        if self.impairments is not None and self.impairments.echo is not None:
+            raise ValueError("echo is the whole call's: give it in the scenario's impairments")
         cut_in = any(e.no_cut_in is not None for e in self.expect)
         if cut_in and (self.barge_in is not None or self.action not in ("say", "wav")):
             raise ValueError("no_cut_in needs a say or wav line that is not a barge_in")
@@ -267,6 +303,8 @@ class Scenario(_Model):
     mode: Literal["voice", "text"] = "voice"
     """``voice``: through a real call; ``text``: the playbook alone, typed (fast)."""
     caller: CallerVoice = CallerVoice()
+    impairments: Impairments | None = None
+    """What the line does to the caller's audio: noise, G.711, echo (see :class:`Impairments`)."""
     agent_llm: Literal["script", "configured"] | None = None
     """``script``: the turns' ``agent`` steps answer; ``configured``: the LLM Vocable is
     configured with. Default: ``script`` when a turn has steps."""

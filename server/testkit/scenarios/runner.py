@@ -36,6 +36,7 @@ from server.config.server import LocalLLMSettings, ServerConfig, SipSettings
 from server.http.app import SIP, create_app
 from server.runtime.engines import Engines
 from server.runtime.llm_provider import LLMProvider
+from server.testkit.echo_path import ReturnedEcho
 
 from ..loopback import start_on_loopback
 from ..scripted_llm import ScriptedLLM
@@ -55,7 +56,7 @@ from .lines import (
 from .model import Expectation, Scenario, SimulatedCaller, Turn
 from .result import ScenarioResult, TurnResult
 from .script import TurnScript
-from .speech import CallerSpeech, SpeechError, read_wav
+from .speech import CallerSpeech, SpeechError, impaired, read_wav
 
 __all__ = ["AgentLLM", "BenchOptions", "ScenarioBench", "TurnTimeout", "run_scenario"]
 
@@ -247,12 +248,14 @@ class ScenarioBench:
         script = TurnScript() if agent == "script" else None
         async with self._server(state.loaded, script) as (base_url, sip_port):
             started = time.monotonic()
+            echo = scenario.impairments.echo if scenario.impairments is not None else None
             line = await open_line(
                 self.options.transport,
                 base_url,
                 state.loaded.playbook.spec.id,
                 sip_port=sip_port,
                 token=self.options.token,
+                echo=ReturnedEcho(echo.delay_ms, echo.return_loss_db) if echo else None,
             )
             try:
                 if scenario.simulated_caller is not None:
@@ -272,15 +275,15 @@ class ScenarioBench:
         CPU from the call's own clock)."""
         scenario = loaded.scenario
         audio: list[bytes | None] = []
-        for turn in scenario.turns:
+        for number, turn in enumerate(scenario.turns, 1):
             if turn.say is not None:
-                audio.append(
-                    self.speech.speak(turn.say, turn.voice or scenario.caller, turn.pause_ms)
-                )
+                pcm = self.speech.speak(turn.say, turn.voice or scenario.caller, turn.pause_ms)
             elif turn.wav is not None:
-                audio.append(read_wav(loaded.resolve(turn.wav)))
+                pcm = read_wav(loaded.resolve(turn.wav))
             else:
                 audio.append(None)
+                continue
+            audio.append(impaired(pcm, turn.impairments or scenario.impairments, seed=number))
         return audio
 
     @contextlib.asynccontextmanager
@@ -692,6 +695,8 @@ def _run_config(loaded: LoadedScenario, *, sip: bool) -> ServerConfig:
     limit, and admission not by CPU (the callers share the server's process)."""
     base = ServerConfig()
     assert loaded.playbook.source is not None
+    impairments = loaded.scenario.impairments
+    echoes = impairments is not None and impairments.echo is not None
     return replace(
         base,
         host="127.0.0.1",
@@ -699,6 +704,8 @@ def _run_config(loaded: LoadedScenario, *, sip: bool) -> ServerConfig:
         sip=SipSettings(host="127.0.0.1", port=0) if sip else None,
         rate_limit_per_min=0,
         overload=replace(base.overload, capacity_cpu_percent=0),
+        # an echoing WebRTC caller is a browser whose canceller let the echo through
+        echo_cancellation="all" if echoes else base.echo_cancellation,
     )
 
 

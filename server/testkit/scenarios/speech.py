@@ -23,9 +23,9 @@ from media import Resampler
 from media.audio import FRAME_BYTES, SAMPLE_RATE, silence
 from media.tts import default_piper_voice
 
-from .model import CallerVoice
+from .model import CallerVoice, Impairments
 
-__all__ = ["CallerSpeech", "SpeechError", "hesitant_piper", "read_wav", "to_rate"]
+__all__ = ["CallerSpeech", "SpeechError", "hesitant_piper", "impaired", "read_wav", "to_rate"]
 
 PAUSE = "..."
 
@@ -56,6 +56,21 @@ def read_wav(path: Path) -> bytes:
     except (OSError, EOFError, wave.Error) as exc:
         raise SpeechError(f"{path.name}: cannot read the WAV file: {exc}") from None
     return _whole_frames(to_rate(pcm, rate, SAMPLE_RATE))
+
+
+def impaired(pcm: bytes, impairments: Impairments | None, *, seed: int = 0) -> bytes:
+    """A caller line as the line delivers it: ``noise`` under it (at its SNR), then through
+    G.711 if asked; unchanged without impairments (echo is the line's, not the line's audio)."""
+    from ..impairments import g711, mix_at_snr, noise
+
+    if impairments is None:
+        return pcm
+    if impairments.noise is not None:
+        background = noise(impairments.noise.kind, len(pcm) // 32 + 20, seed=seed)
+        pcm = mix_at_snr(pcm, background, impairments.noise.snr_db)
+    if impairments.g711:
+        pcm = g711(pcm)
+    return _whole_frames(pcm)
 
 
 class CallerSpeech:

@@ -1,0 +1,160 @@
+"""The harness's ``--corpus noisy``: one call asks the corpus's questions over background noise,
+and makes noise alone while the agent gives a long answer.
+
+Noise kinds (``server.testkit.impairments``): babble (four other voices), street, car; each at
+5, 10 and 20 dB below the caller's speech level. Per kind and level, with the noise running
+from ``LEAD_MS`` before the question to ``TAIL_MS`` after it:
+
+- **word error rate** of what the server transcribed against the question's text, and a
+  **lost turn** when the question got no answer;
+- a **false barge-in** when noise alone, ``NOISE_ALONE_MS`` of it over a long answer, cut the
+  agent off (``interrupted``); a ``paused`` agent that resumed by itself is counted apart.
+
+A clean pass of the same questions first gives the clean word error rate, and lets the server
+learn the caller's own level, as a real call's first turn does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import zlib
+from typing import Any
+
+from server.testkit.caller import WebRTCCaller
+from server.testkit.impairments import NOISE_KINDS, NoiseKind, at_level, mix_at_snr, noise
+
+from .corpus import Utterance
+from .scenarios import TURN_TIMEOUT_S, Record, agent_speaking
+
+__all__ = [
+    "SNRS_DB",
+    "noise_alone",
+    "noisy_markdown",
+    "noisy_question",
+    "summarize_noisy",
+    "word_error_rate",
+    "words_of",
+]
+
+SNRS_DB = (20, 10, 5)
+LEAD_MS = 600
+TAIL_MS = 600
+NOISE_ALONE_MS = 2500
+
+
+async def noisy_question(
+    caller: WebRTCCaller, question: Utterance, kind: NoiseKind | None, snr_db: float | None
+) -> Record:
+    """Ask ``question`` (over ``kind`` noise at ``snr_db``; None: clean) and wait for the
+    answer; the transcript's word error rate."""
+    record: Record = {"test": "question", "noise": kind, "snr_db": snr_db, "line": question.id}
+    pcm = question.pcm()
+    if kind is not None and snr_db is not None:
+        length_ms = LEAD_MS + len(pcm) // 32 + TAIL_MS
+        background = noise(kind, length_ms, seed=zlib.crc32(question.id.encode()))
+        pcm = mix_at_snr(pcm, background, snr_db, lead_ms=LEAD_MS)
+    answers = len(caller.of_type("tts_end"))
+    transcripts = len(caller.of_type("transcript"))
+    caller.say(pcm)
+    try:
+        await caller.wait_for("tts_end", answers + 1, TURN_TIMEOUT_S)
+    except TimeoutError:
+        return {**record, "lost": True}
+    await asyncio.sleep(1.0)  # a second answer (the noise taken for a turn) shows here
+    heard = " ".join(e["text"] for e in caller.of_type("transcript")[transcripts:])
+    return {
+        **record,
+        "lost": False,
+        "heard": heard,
+        "wer": word_error_rate(question.text, heard),
+        "turns": len(caller.of_type("transcript")) - transcripts,
+    }
+
+
+async def noise_alone(
+    caller: WebRTCCaller, ask: Utterance, kind: NoiseKind, snr_db: float, speech_dbfs: float
+) -> Record:
+    """Ask for a long answer, then make ``kind`` noise alone over it at ``snr_db`` below the
+    caller's speech level (``speech_dbfs``): was the agent cut off?"""
+    record: Record = {"test": "noise_alone", "noise": kind, "snr_db": snr_db}
+    interrupted = len(caller.of_type("interrupted"))
+    paused = len(caller.of_type("paused"))
+    answers = len(caller.of_type("tts_end"))
+    if await agent_speaking(caller, ask) is None:
+        return {**record, "ok": False, "error": "the agent never started its long answer"}
+    await asyncio.sleep(1.0)
+    sound = noise(kind, NOISE_ALONE_MS, seed=int(snr_db))
+    caller.say(at_level(sound, speech_dbfs - snr_db))
+    await asyncio.sleep(NOISE_ALONE_MS / 1000 + 1.5)
+    cut = len(caller.of_type("interrupted")) > interrupted
+    try:
+        await caller.wait_for("tts_end", answers + (2 if cut else 1), TURN_TIMEOUT_S * 2)
+    except TimeoutError:
+        return {**record, "ok": False, "false_barge_in": cut, "error": "the call got stuck"}
+    return {
+        **record,
+        "ok": True,
+        "false_barge_in": cut,
+        "paused": len(caller.of_type("paused")) - paused,
+    }
+
+
+def word_error_rate(reference: str, hypothesis: str) -> float:
+    """Word-level edit distance over the reference's length (words lowercased, no punctuation)."""
+    ref, hyp = words_of(reference), words_of(hypothesis)
+    row = list(range(len(hyp) + 1))
+    for i, word in enumerate(ref, 1):
+        previous, row[0] = row[0], i
+        for j, other in enumerate(hyp, 1):
+            previous, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, previous + (word != other))
+    return row[-1] / max(1, len(ref))
+
+
+def words_of(text: str) -> list[str]:
+    return "".join(c if c.isalnum() or c == "'" else " " for c in text.lower()).split()
+
+
+def summarize_noisy(records: list[Record]) -> dict[str, Any]:
+    rows = []
+    for kind in (None, *NOISE_KINDS):
+        for snr in (None,) if kind is None else SNRS_DB:
+            asked = [r for r in records if r["test"] == "question" and r["noise"] == kind]
+            asked = [r for r in asked if r["snr_db"] == snr]
+            alone = [r for r in records if r["test"] == "noise_alone" and r["noise"] == kind]
+            alone = [r for r in alone if r["snr_db"] == snr and r.get("ok")]
+            heard = [r["wer"] for r in asked if not r["lost"]]
+            rows.append(
+                {
+                    "noise": kind or "clean",
+                    "snr_db": snr,
+                    "questions": len(asked),
+                    "lost": sum(r["lost"] for r in asked),
+                    "wer": round(statistics.fmean(heard) * 100, 1) if heard else None,
+                    "extra_turns": sum(max(0, r.get("turns", 1) - 1) for r in asked),
+                    "noise_alone": len(alone),
+                    "false_barge_ins": sum(r["false_barge_in"] for r in alone),
+                    "paused": sum(r["paused"] for r in alone),
+                }
+            )
+    return {"rows": rows}
+
+
+def noisy_markdown(run: dict[str, Any]) -> str:
+    lines = [
+        "# Vocable: the noisy corpus",
+        "",
+        f"`{run['command']}` at {run['git_commit']}, {run['started_at']}",
+        f"on {run['machine'].get('cpu', '?')}; settings: `{run['settings']}`",
+        "",
+        "| noise | SNR dB | questions | lost | WER % | extra turns | noise alone | false "
+        "barge-ins | paused (resumed) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in run["summary"]["rows"]:
+        lines.append(
+            f"| {row['noise']} | {row['snr_db'] or ''} | {row['questions']} | {row['lost']} | "
+            f"{row['wer']} | {row['extra_turns']} | {row['noise_alone']} | "
+            f"{row['false_barge_ins']} | {row['paused']} |"
+        )
+    return "\n".join(lines) + "\n"
