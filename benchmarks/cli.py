@@ -239,10 +239,7 @@ async def _run(args: argparse.Namespace, command: str) -> Path:
     if not args.no_micro:
         results["micro"] = await asyncio.to_thread(_micro, args.quick)
     run = {
-        "command": command,
-        "started_at": started_at,
-        "git_commit": git_commit(),
-        "machine": machine(),
+        **_provenance(command, started_at),
         "settings": {
             "llm": _llm_setting(args, scripted),
             "stt_model": "tiny.en int8 (default)",
@@ -388,10 +385,7 @@ def _write_corpus(
 ) -> Path:
     """run.json and report.md of a ``--corpus`` run other than the questions."""
     run = {
-        "command": command,
-        "started_at": started_at,
-        "git_commit": git_commit(),
-        "machine": machine(),
+        **_provenance(command, started_at),
         "settings": {
             "llm": _llm_setting(args, scripted),
             "corpus": args.corpus,
@@ -413,6 +407,16 @@ def _write_corpus(
     (folder / "run.json").write_text(json.dumps(run, indent=1) + "\n")
     (folder / "report.md").write_text(report)
     return folder
+
+
+def _provenance(command: str, started_at: str) -> dict[str, Any]:
+    """What every run.json starts with: how it was made, when, at which commit, on what."""
+    return {
+        "command": command,
+        "started_at": started_at,
+        "git_commit": git_commit(),
+        "machine": machine(),
+    }
 
 
 def listeners_of(choice: str) -> list[Listener]:

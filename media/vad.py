@@ -11,9 +11,10 @@ utterance.
 
 Voices behind the caller (babble, a television) are speech to webrtcvad. Once the caller has
 said something (``caller_dbfs``, the power mean of their voiced frames, from utterances of
-at least ``LEVEL_MIN_VOICED_MS``), a frame more than ``background_margin_db`` below it counts as
-unvoiced for starting an utterance, and inside one while ``guarded`` (the agent talks); an
-utterance keeps its audio whole for Whisper.
+at least ``LEVEL_MIN_VOICED_MS``), a frame more than ``background_margin_db`` below it cannot
+start an utterance (a sound over the agent then neither pauses nor cuts it off). Inside an
+utterance the floor does not hold: the caller's own soft syllables stay voiced, so that their
+pauses do not seem longer than they are, nor a barge-in slower to count.
 """
 
 from __future__ import annotations
@@ -152,11 +153,6 @@ class VadSegmenter:
         self._started_at = 0.0
         self._last_voiced_at = 0.0
         self._voiced_levels: list[float] = []
-        self.guarded = False
-        """Whether the level floor also holds inside an utterance (set while the agent talks:
-        voices behind the caller must not cut it off). Otherwise it only keeps them from
-        starting one: the caller's own soft syllables stay voiced, so that their pauses do not
-        seem longer than they are."""
         self.caller_dbfs: float | None = None
         """The caller's own speech level (the power mean of their voiced frames, in dBFS,
         running over their utterances); None until they have said enough."""
@@ -217,7 +213,7 @@ class VadSegmenter:
         if len(frame) != FRAME_BYTES:
             raise ValueError(f"expected {FRAME_BYTES}-byte frames (20 ms, 16 kHz PCM16)")
         at = self.clock() if at is None else at
-        voiced = self.is_voiced(frame, floored=self._utterance is None or self.guarded)
+        voiced = self.is_voiced(frame, floored=self._utterance is None)
         if self._utterance is None:
             return self._idle(frame, voiced, at)
         return self._in_speech(frame, voiced, at)

@@ -168,7 +168,9 @@ async def _echoing_call(server: TestServer, phone: SipPhone, llm: ScriptedLLM) -
     await phone.say(phone_audio(INTERRUPTION)[: 8000 * 2])
     # cut within ~0.5 s of talking; the answer to the interruption comes much later
     assert phone.heard.loud_between(talk_at + 0.6, talk_at + 1.0) == []
-    assert call.session.barge_ins == 1
+    await _wait(lambda: call.session.barge_ins == 1, 5)  # paused at once, then cut off
+    async with aiohttp.ClientSession() as http, http.get(f"{base_url(server)}/metrics") as got:
+        assert 'vocable_turn_ends_total{reason="' in await got.text()  # why turns ended
 
     assert (await phone.bye()).status_code == 200
     await _wait(lambda: len(server.app[CALLS]) == 0, 5)

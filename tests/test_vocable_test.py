@@ -48,10 +48,10 @@ async def test_vocable_test_passes_the_examples(tmp_path: Path) -> None:
     keypad = runs["support-order-by-keypad.scenario.yaml"]
     assert keypad["transport"] == "webrtc"
     assert keypad["turns"][2]["understood"] == "keypad 1002#"
-    assert keypad["turns"][2]["tools"][0] == {
-        "name": "lookup_order",
-        "arguments": {"order_id": "A1002"},
-    }
+    looked_up = keypad["turns"][2]["tools"][0]
+    assert (looked_up["name"], looked_up["arguments"]) == ("lookup_order", {"order_id": "A1002"})
+    assert looked_up["result"]["status"] == "processing"  # what the tool gave back
+    assert looked_up["error"] is False
     booking = runs["restaurant-booking.scenario.yaml"]["turns"]
     assert "book a table" in booking[0]["heard"].lower()  # Whisper on what the caller heard
     assert all(t["voice_to_voice_ms"] > 0 for t in booking[1:])

@@ -322,7 +322,6 @@ class Session:
         if self.muted or self.echo.is_echo(frame, self.voice.speaker.levels):
             frame = self._silence
         self.vad.pause_ms = self._speculation_pause_ms()
-        self.vad.guarded = self._phase in ANSWERING
         for event in self.vad.push(frame, at):
             if isinstance(event, SpeechStarted):
                 self._on_speech_started(event)

@@ -484,9 +484,14 @@ class ServeOptions(BaseModel):
         ),
     ] = _ENDPOINT.quick_pause_ms
 
-    turn_model: Annotated[
+    turn_model_file: Annotated[
         Path,
-        Cli(SPEECH, "FILE", default_text="the bundled Smart Turn v3.2 (BSD-2-Clause)"),
+        Cli(
+            SPEECH,
+            "FILE",
+            "--turn-model",
+            default_text="the bundled Smart Turn v3.2 (BSD-2-Clause)",
+        ),
         Field(
             description="audio end-of-turn model (ONNX, Smart Turn v3 inputs): whether the "
             "caller's voice sounds finished, beside their words"

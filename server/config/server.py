@@ -236,7 +236,9 @@ class ServerConfig:
             remote_stt=_remote_stt(options),
             remote_tts=_remote_tts(options),
             session=options.session(),
-            turn_model=None if options.no_turn_model else TurnModelSettings(options.turn_model),
+            turn_model=None
+            if options.no_turn_model
+            else TurnModelSettings(options.turn_model_file),
             ice_servers=ice,
             sip=_sip_settings(options),
             recording=_recording_settings(options),
@@ -259,11 +261,10 @@ RENAMED: Mapping[str, str] = {"rate_limit_per_min": "rate_limit"}
 """:class:`ServerConfig` field -> its option, where the names differ (the field's name says its
 unit; renaming it would reach the call registry and many tests)."""
 
-BUILT_ALIKE = frozenset({"ice_servers", "sip", "turn_model"})
+BUILT_ALIKE = frozenset({"ice_servers", "sip"})
 """Fields named like their option but built from it (and from other options) in
 :meth:`ServerConfig.from_options`: the ICE URLs with the TURN credentials, the SIP address with
-the other SIP options, the turn model's file with --no-turn-model. (One left out of here is
-given twice: a TypeError.)"""
+the other SIP options. (One left out of here is given twice: a TypeError.)"""
 
 OPTION_FIELDS: Mapping[str, str] = {
     config.name: option

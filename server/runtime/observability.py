@@ -78,6 +78,13 @@ class ServerMetrics:
             ["outcome"],
             registry=self.registry,
         )
+        self.turn_ends = Counter(
+            "vocable_turn_ends",
+            "Caller utterances ended, by why: words, words+audio (the turn model agreed), audio "
+            "(the voice went on: a longer wait), hold (the hold limit), silence, forced.",
+            ["reason"],
+            registry=self.registry,
+        )
         self.errors = Counter(
             "vocable_errors", "Errors by source.", ["source"], registry=self.registry
         )
@@ -110,6 +117,8 @@ class ServerMetrics:
                 self.barge_ins.inc()
             case "resumed":
                 self.resumes.inc()
+            case "speech_end" if event.data.get("reason"):
+                self.turn_ends.labels(reason=str(event.data["reason"])).inc()
             case "speculation":
                 self.speculations.labels(outcome=str(event.data.get("outcome"))).inc()
             case (

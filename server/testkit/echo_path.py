@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from media import Resampler, Speaker
+from media.audio import pcm_rms_dbfs
 
 __all__ = ["EchoPath", "EchoingMicrophone", "ReturnedEcho"]
 
@@ -69,4 +70,8 @@ class EchoingMicrophone(Speaker):
         self.path = EchoPath(echo, sample_rate)
 
     def pull(self) -> bytes:
-        return self.path.mixed(super().pull())
+        """The next frame with the echo in it; its level is the mixed frame's (a track sends a
+        frame whose level is silence as the encoder's cached silence packet)."""
+        frame = self.path.mixed(super().pull())
+        self.levels[-1] = pcm_rms_dbfs(frame)
+        return frame
