@@ -23,12 +23,11 @@ import sys
 import wave
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from media import Resampler
 from media.audio import FRAME_BYTES, SAMPLE_RATE
-from media.tts import default_piper_voice
-from server.testkit.scenarios.speech import aligned_speech
+from server.testkit.scenarios.speech import aligned_speech, aligned_voice
 
 __all__ = ["HESITATION_DIR", "HesitantLine", "load_hesitation"]
 
@@ -98,7 +97,7 @@ def generate(missing_only: bool = False) -> list[HesitantLine]:
     old = {}
     if missing_only and (HESITATION_DIR / "hesitation.json").is_file():
         old = {e["id"]: e for e in json.loads((HESITATION_DIR / "hesitation.json").read_text())}
-    voice, config = _natural_voice()
+    voice, config = aligned_voice(noiseless=False)  # a natural take, sampling noise kept
     written = []
     for line in SPEC:
         if line.id in old and line.path.is_file():
@@ -124,14 +123,6 @@ def generate(missing_only: bool = False) -> list[HesitantLine]:
     manifest = [asdict(line) for line in written]
     (HESITATION_DIR / "hesitation.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return written
-
-
-def _natural_voice() -> tuple[Any, Any]:
-    """The product's Piper voice with its own sampling noise (a natural take), aligned."""
-    from piper import PiperVoice
-
-    model, config = default_piper_voice()
-    return PiperVoice.load(model, config_path=config, include_alignments=True), None
 
 
 if __name__ == "__main__":

@@ -354,9 +354,6 @@ class Speculation:
         scoring = self.scoring is not None and not self.scoring.done()
         return end_of_turn(words, self.score, scoring=scoring, base_ms=base_ms, settings=settings)
 
-    def required_silence_ms(self, base_ms: int, settings: EndpointSettings) -> int:
-        return self.turn_end(base_ms, settings).silence_ms
-
     def preempt_due(
         self,
         silent_ms: float,
@@ -377,7 +374,7 @@ class Speculation:
         lead = settings.preempt_lead_ms
         if questions_early and settings.preempt_lead_ms and transcript.text.rstrip().endswith("?"):
             lead = max(lead, settings.question_lead_ms)
-        return silent_ms >= self.required_silence_ms(base_ms, settings) - lead
+        return silent_ms >= self.turn_end(base_ms, settings).silence_ms - lead
 
     def discard(self) -> None:
         """Abandon the results (the decode and the scoring finish in their threads)."""

@@ -449,7 +449,7 @@ class Session:
         )
         task = asyncio.create_task(decode, name=f"speculation:{self.id}")
         speculation = self._speculation = Speculation(paused, task)
-        task.add_done_callback(lambda _: self._on_decoded(speculation))
+        task.add_done_callback(lambda _: self._on_known(speculation))
 
     def _slack_s(self, paused: SpeechPaused) -> float:
         """How long a speculative decode's words can wait: until its answer could start at the
@@ -475,11 +475,11 @@ class Session:
             self.turn_model.completion(self.vad.utterance_audio()), name=f"turn-score:{self.id}"
         )
         speculation.scoring = scoring
-        scoring.add_done_callback(lambda _: self._on_decoded(speculation))
+        scoring.add_done_callback(lambda _: self._on_known(speculation))
 
-    def _on_decoded(self, speculation: Speculation) -> None:
-        """A decode that comes back after its preemptive answer was due starts it now, not at
-        the next caller frame."""
+    def _on_known(self, speculation: Speculation) -> None:
+        """The words (or the voice's score) came back: a preemptive answer or an end of turn
+        they make due happens now, not at the next caller frame."""
         if self._speculation is speculation and not self._closed:
             self._check_end_of_turn(self.clock())
             self._publish()

@@ -740,29 +740,13 @@ def _action(turn: Turn) -> str:
 def _as_voice_events(event: OrchestratorEvent) -> list[dict[str, Any]]:
     """An orchestrator event in the voice vocabulary the checks read (text mode)."""
     data, now = event.data, _now_ms()
-    if event.type == "tool_call_start":
+    if event.type in ("tool_call_start", "tool_call_complete"):
         call = data["call"]
-        return [
-            {
-                "type": "tool_call_start",
-                "name": call["name"],
-                "id": call["id"],
-                "arguments": _parsed(call.get("arguments")),
-                "t_ms": now,
-            }
-        ]
-    if event.type == "tool_call_complete":
-        call = data["call"]
-        return [
-            {
-                "type": "tool_call_end",
-                "name": call["name"],
-                "id": call["id"],
-                "error": data["error"],
-                "result": _parsed(data["result"]),
-                "t_ms": now,
-            }
-        ]
+        fact = {"name": call["name"], "id": call["id"], "t_ms": now}
+        if event.type == "tool_call_start":
+            return [{"type": "tool_call_start", **fact, "arguments": _parsed(call["arguments"])}]
+        result = _parsed(data["result"])
+        return [{"type": "tool_call_end", **fact, "error": data["error"], "result": result}]
     if event.type == "stage_entered":
         return [{"type": "stage_change", "stage": data["stage"]["id"], "t_ms": now}]
     if event.type.startswith("transfer_") or event.type == "error":

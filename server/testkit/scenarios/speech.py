@@ -25,7 +25,16 @@ from media.tts import default_piper_voice
 
 from .model import CallerVoice, Impairments
 
-__all__ = ["CallerSpeech", "SpeechError", "hesitant_piper", "impaired", "read_wav", "to_rate"]
+__all__ = [
+    "CallerSpeech",
+    "SpeechError",
+    "aligned_speech",
+    "aligned_voice",
+    "hesitant_piper",
+    "impaired",
+    "read_wav",
+    "to_rate",
+]
 
 PAUSE = "..."
 
@@ -102,7 +111,7 @@ class CallerSpeech:
 def hesitant_piper(parts: tuple[str, ...], speed: float = 1.0, pause_ms: int = 300) -> bytes:
     """``parts`` said by Piper as one line, with ``pause_ms`` of silence in the word break
     after each part but the last (16 kHz PCM16, whole frames); deterministic."""
-    voice, config = _aligned_voice(speed)
+    voice, config = aligned_voice(speed)
     text = " ".join(parts)
     words_before = [len(" ".join(parts[: n + 1]).split()) for n in range(len(parts) - 1)]
     pcm, rate, word_ends = aligned_speech(voice, config, text)
@@ -118,7 +127,7 @@ def hesitant_piper(parts: tuple[str, ...], speed: float = 1.0, pause_ms: int = 3
 
 def aligned_speech(voice: Any, config: Any, text: str) -> tuple[bytes, int, list[int]]:
     """``text`` said whole by an aligned Piper voice with a ``SynthesisConfig`` (see
-    :func:`_aligned_voice`): its PCM16 at the voice's rate, the rate, and the sample at which
+    :func:`aligned_voice`): its PCM16 at the voice's rate, the rate, and the sample at which
     each word (as spaces split ``text``) ends: the middle of the word break after it (a space
     phoneme, or the end of a sentence)."""
     pcm = b""
@@ -143,15 +152,18 @@ def aligned_speech(voice: Any, config: Any, text: str) -> tuple[bytes, int, list
 
 
 @functools.cache
-def _aligned_voice(speed: float) -> tuple[Any, Any]:
+def aligned_voice(speed: float = 1.0, *, noiseless: bool = True) -> tuple[Any, Any]:
     """The bundled Piper voice, patched to report each phoneme's samples, and its settings
-    at ``speed``, noiseless (the same line is the same audio every time)."""
+    at ``speed`` for :func:`aligned_speech`: noiseless (the same line is the same audio every
+    time), or with Piper's own sampling noise (a natural take)."""
     from piper import PiperVoice, SynthesisConfig
 
     model, config = default_piper_voice()
     voice = PiperVoice.load(model, config_path=config, include_alignments=True)
     length_scale = round(voice.config.length_scale / speed, 3)
-    return voice, SynthesisConfig(length_scale=length_scale, noise_scale=0.0, noise_w_scale=0.0)
+    noise = 0.0 if noiseless else None
+    settings = SynthesisConfig(length_scale=length_scale, noise_scale=noise, noise_w_scale=noise)
+    return voice, settings
 
 
 @functools.lru_cache(maxsize=512)
