@@ -31,6 +31,7 @@ from .echo_calls import ECHO_PATHS, echo_call, echo_markdown, summarize_echo
 from .hesitant_calls import hesitant_line, hesitation_markdown, summarize_hesitation
 from .hesitation import load_hesitation
 from .llm import LLMPacing, paced_llm
+from .models import model_path
 from .noisy_calls import SNRS_DB, noise_alone, noisy_markdown, noisy_question, summarize_noisy
 from .provenance import git_commit, machine
 from .report import plot, summarize, to_markdown
@@ -94,7 +95,11 @@ def _parser() -> argparse.ArgumentParser:
         help="'local': the server runs its model in process (llama.cpp; --llm-gguf, else the "
         "default model) instead of the paced scripted LLM",
     )
-    parser.add_argument("--llm-gguf", help="with --llm local: the GGUF model file to run")
+    parser.add_argument(
+        "--llm-gguf",
+        help="with --llm local: the GGUF model file to run, or a name of benchmarks.models "
+        "(qwen2.5-coder-0.5b, smollm2-135m: fetched and checked by hash)",
+    )
     parser.add_argument(
         "--server-arg",
         action="append",
@@ -183,7 +188,7 @@ async def _run(args: argparse.Namespace, command: str) -> Path:
             if llm_url:
                 llm_args = ["--llm-base-url", llm_url, "--llm-model", args.llm_model]
             else:
-                gguf = ["--llm-gguf", args.llm_gguf] if args.llm_gguf else []
+                gguf = ["--llm-gguf", str(model_path(args.llm_gguf))] if args.llm_gguf else []
                 llm_args = ["--llm", "local", *gguf]
             server_args = [
                 "--playbook", args.playbook, *llm_args, "--max-sessions", str(max(levels) + 2),

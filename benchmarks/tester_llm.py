@@ -6,19 +6,25 @@ from __future__ import annotations
 import argparse
 import contextlib
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 from playbooks import ChatClient
 from server.config.server import LocalLLMSettings
 from server.runtime.llm_provider import LLMProvider
 
+from .models import model_path
+
 __all__ = ["add_llm_source", "llm_client"]
 
 
 def add_llm_source(parser: argparse.ArgumentParser, default_model: str) -> None:
-    """``--llm-gguf FILE`` or ``--base-url URL`` (with ``--model``, ``--api-key``)."""
+    """``--llm-gguf FILE|NAME`` or ``--base-url URL`` (with ``--model``, ``--api-key``)."""
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--llm-gguf", type=Path, help="a GGUF model run in process")
+    source.add_argument(
+        "--llm-gguf",
+        type=model_path,
+        help="a GGUF model run in process: a file, or a name "
+        "of benchmarks.models (qwen2.5-coder-0.5b, smollm2-135m)",
+    )
     source.add_argument("--base-url", help="an OpenAI-compatible endpoint")
     parser.add_argument("--model", default=default_model, help="the endpoint's model name")
     parser.add_argument("--api-key")

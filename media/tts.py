@@ -39,6 +39,7 @@ __all__ = [
     "onnx_session",
     "piper_voice",
     "synthesis_backlog",
+    "synthesis_threads",
 ]
 
 log = logging.getLogger(__name__)
@@ -84,8 +85,11 @@ class SynthesizerSettings:
     """Syntheses that may run at once in each of the two pools (first words; later sentences)."""
     threads: int = 0
     """CPU threads of each synthesis (onnxruntime's intra-op threads). 0: load-aware, every
-    core while a synthesis has the CPU to itself, one thread while other work waits (see
-    :class:`LoadAwareSession`)."""
+    core (:attr:`cores`) while a synthesis has the CPU to itself, one thread while other work
+    waits (see :class:`LoadAwareSession`)."""
+    cores: int | None = None
+    """The CPUs this process may use (the server passes its CPU budget: its quota rounded down);
+    None: ``os.cpu_count()``."""
     length_scale: float | None = None
     """Speaking rate: above 1 is slower, below 1 faster; None keeps the voice's own."""
     deterministic: bool = False
@@ -232,15 +236,15 @@ class Synthesizer:
         1 thus runs later sentences at the first words' priority). The session on every core
         is split at the decoder (:mod:`.piper_stream`) where the graph allows: first words are
         decoded a window at a time there."""
-        threads = self.settings.threads or (1 if (os.cpu_count() or 1) < 2 else 0)
-        if threads > 1:
+        threads = synthesis_threads(self.settings)
+        if self.settings.threads > 1:
             return onnx_session(model, threads)
         with voice_graph(model) as one_thread_graph:
             if threads == 1:
                 return onnx_session(one_thread_graph, 1)
             lean = onnx_session(one_thread_graph, 1)
-            full = _split_session(model, one_thread_graph)
-        return LoadAwareSession(full or onnx_session(model, 0), lean, self._runs_lean)
+            full = _split_session(model, one_thread_graph, threads)
+        return LoadAwareSession(full or onnx_session(model, threads), lean, self._runs_lean)
 
     def _runs_lean(self) -> bool:
         """Whether a step runs on one thread: a later sentence always (in its worker, at its
@@ -376,15 +380,25 @@ class Synthesizer:
             yield _pcm16(audio, sample_rate), n == len(sentences)
 
 
-def _split_session(model: Path, one_thread_graph: Path) -> SplitVoiceSession | None:
-    """``model`` on every core split at its decoder, with the decoder of ``one_thread_graph``
-    on one thread for a window decoded while other work competes; None if it does not split.
-    Without onnxruntime's arenas: windows of many sizes kept ~150 MB more there, at the same
-    speed."""
+def synthesis_threads(settings: SynthesizerSettings) -> int:
+    """The threads of a synthesis on the voice's full session: ``settings.threads`` where set,
+    else one per core the process may use (``settings.cores``, None: ``os.cpu_count()``), at
+    least 1. With ``settings.threads`` 0 and more than one, syntheses are load-aware (that many
+    threads, or one while other work competes); 1: one thread always."""
+    if settings.threads:
+        return settings.threads
+    return max(1, settings.cores or os.cpu_count() or 1)
+
+
+def _split_session(model: Path, one_thread_graph: Path, threads: int) -> SplitVoiceSession | None:
+    """``model`` on ``threads`` threads (every core) split at its decoder, with the decoder of
+    ``one_thread_graph`` on one thread for a window decoded while other work competes; None if
+    it does not split. Without onnxruntime's arenas: windows of many sizes kept ~150 MB more
+    there, at the same speed."""
     with split_graph_files(model) as parts:
         if parts is None:
             return None
-        front, decoder = (onnx_session(part, 0, arena=False) for part in parts[:2])
+        front, decoder = (onnx_session(part, threads, arena=False) for part in parts[:2])
         latent = parts[2]
     lean_decoder = None
     with split_graph_files(one_thread_graph) as lean_parts:

@@ -1,6 +1,7 @@
 """The CPU a process may use, read from control-group file trees of each kind, built as the kernel
 lays them out: cgroup v2 with and without a quota (and a tighter one above the group), cgroup v1
-with and without one, a hybrid host, and nothing readable at all."""
+with and without one, a hybrid host, and nothing readable at all; and every count taken from it
+(llama.cpp's threads and slots, the default model, Piper's threads, admission's capacity)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from server.runtime.cgroup import cpu_limit
+from media.tts import SynthesizerSettings, synthesis_threads
+from server.config.overload import OverloadSettings
+from server.runtime.cgroup import cpu_limit, usable_cores
+from server.runtime.llamacpp import EmbeddedSettings, embedded_counts
+from server.runtime.load import LoadGauge
+from server.runtime.model_download import QWEN2_5_0_5B_INSTRUCT, default_model
 
 
 def _tree(root: Path, files: dict[str, str]) -> Path:
@@ -112,3 +118,34 @@ def test_this_machine_gives_a_limit_no_larger_than_its_cores() -> None:
     limit = cpu_limit()
     assert 0 < limit.cores <= len(os.sched_getaffinity(0))
     assert limit.source
+
+
+def test_every_count_of_cores_follows_the_quota(tmp_path: Path) -> None:
+    """A pod limited to 2 CPUs on a 32-core node runs as a 2-core machine does."""
+    root = _tree(tmp_path / "fs", {"cgroup.controllers": "cpu", "cpu.max": "200000 100000"})
+    limit = cpu_limit(root, _membership(tmp_path, "0::/\n"), affinity=32)
+    assert limit.whole_cores == 2
+    assert embedded_counts(EmbeddedSettings(), limit.whole_cores) == (2, 2)  # threads, slots
+    assert embedded_counts(EmbeddedSettings(threads=3, slots=1), limit.whole_cores) == (3, 1)
+    assert default_model(limit.whole_cores) is QWEN2_5_0_5B_INSTRUCT
+    assert synthesis_threads(SynthesizerSettings(cores=limit.whole_cores)) == 2
+    assert synthesis_threads(SynthesizerSettings(threads=1, cores=limit.whole_cores)) == 1
+    gauge = LoadGauge(OverloadSettings(), lambda: 0, cores=limit.cores)  # as the registry does
+    assert gauge.cores == 2.0
+
+
+def test_a_fractional_quota_rounds_down_to_at_least_one_core(tmp_path: Path) -> None:
+    root = _tree(tmp_path / "fs", {"cgroup.controllers": "cpu", "cpu.max": "150000 100000"})
+    limit = cpu_limit(root, _membership(tmp_path, "0::/\n"), affinity=32)
+    assert (limit.cores, limit.whole_cores) == (1.5, 1)
+    assert embedded_counts(EmbeddedSettings(), limit.whole_cores) == (1, 2)
+    assert synthesis_threads(SynthesizerSettings(cores=limit.whole_cores)) == 1  # one thread
+    root = _tree(tmp_path / "half", {"cgroup.controllers": "cpu", "cpu.max": "50000 100000"})
+    assert cpu_limit(root, _membership(tmp_path, "0::/\n"), affinity=32).whole_cores == 1
+
+
+def test_this_process_counts_its_cores_once() -> None:
+    assert usable_cores() == cpu_limit().whole_cores
+    assert usable_cores() == usable_cores()
+    assert usable_cores.cache_info().misses == 1  # read once per process
+    assert LoadGauge(OverloadSettings(), lambda: 0).cores == cpu_limit().cores

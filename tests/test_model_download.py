@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from server.runtime.cgroup import usable_cores
 from server.runtime.model_download import (
     DEFAULT_MODELS,
     QWEN2_5_0_5B_INSTRUCT,
@@ -237,7 +238,7 @@ def test_default_model_grows_with_the_cores() -> None:
     assert default_model(8) is QWEN2_5_1_5B_INSTRUCT
     assert default_model(64) is QWEN2_5_1_5B_INSTRUCT
     assert default_model(0) is QWEN2_5_0_5B_INSTRUCT
-    assert default_model() is default_model(len(os.sched_getaffinity(0)))
+    assert default_model() is default_model(usable_cores())
     floors = [floor for floor, _ in DEFAULT_MODELS]
     assert floors == sorted(floors)
     for _, model in DEFAULT_MODELS:

@@ -415,7 +415,11 @@ class ServeOptions(BaseModel):
     tts_threads: Annotated[
         Whole,
         Cli(SPEECH, "N"),
-        Field(ge=0, description="CPU threads of each Piper synthesis (0: one per core)"),
+        Field(
+            ge=0,
+            description="CPU threads of each Piper synthesis (0: one per usable core, "
+            "within the CPU quota, and one while other work competes)",
+        ),
     ] = SynthesizerSettings().threads
     vad_aggressiveness: Annotated[
         Literal[0, 1, 2, 3],

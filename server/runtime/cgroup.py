@@ -16,16 +16,22 @@ in the container) used. Linux gives both:
 Without a quota (or where nothing can be read: another OS, a restricted /sys) the limit is the
 affinity mask's cores, and the host's ``/proc/stat`` tells how busy they are
 (``server/runtime/cores.py``).
+
+Every count of the CPUs the process may use comes from here: admission's capacity
+(:attr:`CpuLimit.cores`), and the threads and slots of the engines (:attr:`CpuLimit.whole_cores`,
+:func:`usable_cores`).
 """
 
 from __future__ import annotations
 
+import functools
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CpuLimit", "cpu_limit"]
+__all__ = ["CpuLimit", "cpu_limit", "usable_cores"]
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PROC_CGROUP = Path("/proc/self/cgroup")
@@ -46,12 +52,25 @@ class CpuLimit:
     """CPU seconds the control group has used so far (every process in it), or None where
     they cannot be read."""
 
+    @property
+    def whole_cores(self) -> int:
+        """The threads worth running at once: :attr:`cores` rounded down, at least 1 (threads
+        beyond a quota only get throttled; a quota of 1.5 cores gives 1, of 0.5 gives 1)."""
+        return max(1, math.floor(self.cores))
+
+
+@functools.cache
+def usable_cores() -> int:
+    """This process's :attr:`CpuLimit.whole_cores`, read once per process: the count of
+    threads (and llama.cpp slots) for code that has no :class:`CpuLimit` at hand."""
+    return cpu_limit().whole_cores
+
 
 def cpu_limit(
     root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_CGROUP, affinity: int | None = None
 ) -> CpuLimit:
     """The CPU this process may use (``root`` and ``proc_cgroup`` are parameters for tests)."""
-    mask = affinity if affinity is not None else len(os.sched_getaffinity(0))
+    mask = affinity if affinity is not None else _mask_cores()
     try:
         lines = proc_cgroup.read_text().splitlines()
     except OSError:
@@ -64,6 +83,14 @@ def cpu_limit(
     if found is not None:
         return found
     return CpuLimit(float(mask), False, f"affinity mask ({mask} cores)", lambda: None)
+
+
+def _mask_cores() -> int:
+    """The cores of this process's affinity mask (without masks, as on macOS: the host's)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return max(1, os.cpu_count() or 1)
 
 
 def _membership(line: str) -> tuple[str, str]:

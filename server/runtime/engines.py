@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from dataclasses import dataclass
 
@@ -14,6 +15,7 @@ from playbooks.identity import voice_models
 from server.config.llm import ConfigError
 from server.config.server import ServerConfig
 
+from .cgroup import usable_cores
 from .llm_provider import LLMProvider
 from .memory import return_free_memory
 
@@ -97,7 +99,10 @@ async def _turn_model(config: ServerConfig) -> TurnModel | None:
 
 async def _synthesizer(config: ServerConfig) -> TextToSpeech:
     if config.remote_tts is None:
-        return await asyncio.to_thread(Synthesizer.load, config.synthesizer)
+        local = config.synthesizer
+        if local.cores is None:  # Piper's threads within the CPU quota, not the host's cores
+            local = dataclasses.replace(local, cores=usable_cores())
+        return await asyncio.to_thread(Synthesizer.load, local)
     remote = RemoteSynthesizer(config.remote_tts)
     settings = config.remote_tts
     log.info(

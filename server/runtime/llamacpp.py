@@ -34,9 +34,10 @@ import aiohttp
 
 from media.priority import BACKGROUND_NICENESS, in_background_thread
 
+from .cgroup import usable_cores
 from .gguf import GgufInfo
 
-__all__ = ["LLM_NICENESS", "EmbeddedLLM", "EmbeddedSettings", "ModelLoadError"]
+__all__ = ["LLM_NICENESS", "EmbeddedLLM", "EmbeddedSettings", "ModelLoadError", "embedded_counts"]
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,8 @@ class ModelLoadError(RuntimeError):
 @dataclass(frozen=True)
 class EmbeddedSettings:
     threads: int | None = None
-    """Inference threads; None: the cores this process may use."""
+    """Inference threads; None: the whole cores this process may use (its CPU quota rounded
+    down, else its affinity mask: ``cgroup.usable_cores``)."""
     slots: int | None = None
     """Requests generated at once (continuous batching; more wait for a free slot); None: one
     per usable core, at least 2 (each slot's context costs memory: 2 x 2048 tokens ~25 MB with
@@ -66,6 +68,13 @@ class EmbeddedSettings:
     niceness: int = LLM_NICENESS
     passive_wait: bool = True
     """OpenMP's workers sleep when idle (``OMP_WAIT_POLICY=PASSIVE``) instead of spinning."""
+
+
+def embedded_counts(settings: EmbeddedSettings, cores: int) -> tuple[int, int]:
+    """(threads, slots) of a model started with ``settings`` in a process that may use
+    ``cores`` whole cores: the settings' own where given, else ``cores`` threads and as many
+    slots, at least 2."""
+    return settings.threads or cores, settings.slots or max(2, cores)
 
 
 class EmbeddedLLM:
@@ -96,9 +105,7 @@ class EmbeddedLLM:
         """Load ``info``'s model and start its endpoint; raises :class:`ModelLoadError`."""
         settings = settings or EmbeddedSettings()
         api_key = secrets.token_urlsafe(24)
-        cores = len(os.sched_getaffinity(0))
-        slots = settings.slots or max(2, cores)
-        threads = settings.threads or cores
+        threads, slots = embedded_counts(settings, usable_cores())
 
         def load() -> Any:
             with _passive_openmp() if settings.passive_wait else contextlib.nullcontext():

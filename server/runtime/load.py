@@ -33,13 +33,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import os
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from server.config.overload import OverloadSettings
+
+from .cgroup import cpu_limit
 
 __all__ = ["LoadGauge", "LoadSample", "Overload"]
 
@@ -101,8 +102,9 @@ class LoadGauge:
         self._clock = clock
         self._cpu_time = cpu_time
         self._cores_busy_time = cores_busy_time
-        self.cores = cores or float(len(os.sched_getaffinity(0)))
-        """The CPU the process may use, in cores (``server/runtime/cgroup.py``)."""
+        self.cores = cores or cpu_limit().cores
+        """The CPU the process may use, in cores: its control group's quota, else its affinity
+        mask's cores (:func:`.cgroup.cpu_limit`; None given: read now)."""
         self.others_share_the_limit = others_share_the_limit
         """Whether the CPU that others take (:meth:`others_load`) comes out of :attr:`cores`:
         other processes of the same control group under its quota. Elsewhere a neighbour on

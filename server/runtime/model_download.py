@@ -28,12 +28,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
-import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from .cgroup import usable_cores
 
 __all__ = [
     "DEFAULT_MODELS",
@@ -45,7 +46,6 @@ __all__ = [
     "ProgressCallback",
     "default_model",
     "fetch_model",
-    "usable_cpus",
 ]
 
 ProgressCallback = Callable[[int, int], None]
@@ -93,22 +93,15 @@ DEFAULT_MODELS: tuple[tuple[int, DownloadableModel], ...] = (
     (1, QWEN2_5_0_5B_INSTRUCT),
     (8, QWEN2_5_1_5B_INSTRUCT),
 )
-"""(fewest usable CPUs, model), ascending: a machine gets the last model whose floor it reaches.
+"""(fewest usable cores, model), ascending: a process gets the last model whose floor it reaches.
 The 0.5B model generates ~12-15 tokens/s on 2 threads, about what a spoken answer needs; the
 1.5B one is ~3x slower per thread and pays off only with the cores to spare."""
 
 
-def usable_cpus() -> int:
-    """CPUs this process may run on (its affinity mask), at least 1."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # no affinity masks on this OS (macOS)
-        return max(1, os.cpu_count() or 1)
-
-
 def default_model(cpus: int | None = None) -> DownloadableModel:
-    """The model to fetch for a machine with ``cpus`` usable CPUs (default: this process's)."""
-    count = usable_cpus() if cpus is None else cpus
+    """The model to fetch for a process that may use ``cpus`` whole cores (default: this
+    process's, its CPU quota rounded down: :func:`.cgroup.usable_cores`)."""
+    count = usable_cores() if cpus is None else cpus
     chosen = DEFAULT_MODELS[0][1]
     for floor, model in DEFAULT_MODELS:
         if count >= floor:

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from aiohttp import web
 
-from media import SpeechToText, Synthesizer, TextToSpeech, Transcriber
+from media import SpeechToText, Synthesizer, SynthesizerSettings, TextToSpeech, Transcriber
 from media.audio import FRAME_BYTES, SAMPLE_RATE
 from media.turn_model import TurnModel
 from playbooks import (
@@ -34,6 +34,7 @@ from playbooks import (
 from server.config.llm import LLMSettings
 from server.config.server import LocalLLMSettings, ServerConfig, SipSettings
 from server.http.app import SIP, create_app
+from server.runtime.cgroup import usable_cores
 from server.runtime.engines import Engines
 from server.runtime.llm_provider import LLMProvider
 from server.testkit.echo_path import ReturnedEcho
@@ -166,7 +167,9 @@ class ScenarioBench:
     async def synthesizer(self) -> TextToSpeech:
         async with self._loading:
             if self._synthesizer is None:
-                self._synthesizer = await asyncio.to_thread(Synthesizer.load)
+                self._synthesizer = await asyncio.to_thread(
+                    Synthesizer.load, SynthesizerSettings(cores=usable_cores())
+                )
             return self._synthesizer
 
     async def turn_model(self) -> TurnModel:
