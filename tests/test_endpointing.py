@@ -17,6 +17,7 @@ from playbooks.loader import LoadedPlaybook
 from server.call.endpointing import (
     EndpointSettings,
     Speculation,
+    TurnEnd,
     WordsEnd,
     end_of_turn,
     is_listener_noise,
@@ -80,7 +81,9 @@ def test_unfinished_sentences_do_not_sound_complete(text: str) -> None:
 @pytest.mark.parametrize(
     ("text", "kind"),
     [
-        ("Where is my order?", "complete"),
+        ("Where is my order?", "closing"),  # a question hands the turn over
+        ("A table for four on Friday, please.", "closing"),
+        ("That's all, thank you.", "closing"),
         ("I am calling about my parcel.", "complete"),
         ("Could you check whether?", "continues"),  # Whisper's "?" on a cut clause
         ("I'd like to book a table for", "continues"),
@@ -94,7 +97,7 @@ def test_unfinished_sentences_do_not_sound_complete(text: str) -> None:
         ("Right.", "opener"),
         ("Fine, thanks.", "opener"),
         ("Well, I mean.", "opener"),
-        ("Hello?", "complete"),  # a question hands the turn over
+        ("Hello?", "closing"),
         ("I would like the pasta", "unsure"),
         ("", "none"),
     ],
@@ -113,6 +116,8 @@ END = EndpointSettings()
         ("complete", 0.9, False, END.complete_silence_ms, "words+audio"),  # both agree
         ("complete", 0.1, False, END.disputed_silence_ms, "audio"),  # the voice goes on
         ("complete", None, True, END.hold_ms, "words+audio"),  # the voice's verdict is due
+        ("closing", 0.9, False, END.complete_silence_ms, "words+audio"),
+        ("closing", 0.1, False, END.closing_silence_ms, "audio"),  # seldom goes on after "?"
         ("continues", 0.99, False, END.hold_ms, "hold"),  # "...a table for": the words decide
         ("listing", 0.9, False, END.listing_silence_ms, "words+audio"),
         ("listing", 0.2, False, END.hold_ms, "hold"),
@@ -189,6 +194,41 @@ async def test_a_call_whose_caller_went_on_answers_questions_with_the_ordinary_l
         assert due[0] == 260
         no_lead = EndpointSettings(preempt_lead_ms=0)  # preemption off: questions too
         assert not speculation.preempt_due(399, 400, no_lead)
+    finally:
+        speculation.discard()
+
+
+async def _scored(score: float) -> float:
+    return score
+
+
+async def test_a_doubted_pause_is_scored_again_and_the_later_score_decides() -> None:
+    settings = EndpointSettings()
+    speculation = await _speculation("I ordered a blue kettle and want to know when it arrives.")
+    try:
+        speculation.scoring = asyncio.create_task(_scored(0.31))  # a long question at 200 ms
+        await speculation.scoring
+        assert speculation.turn_end(400, settings).silence_ms == settings.disputed_silence_ms
+        assert not speculation.recheck_due(settings.model_recheck_ms - 20, settings)
+        assert speculation.recheck_due(settings.model_recheck_ms, settings)
+        speculation.rechecking = asyncio.create_task(_scored(0.91))  # the same at 500 ms
+        await speculation.rechecking
+        assert not speculation.recheck_due(settings.model_recheck_ms + 100, settings)  # once
+        assert speculation.turn_end(400, settings) == (
+            TurnEnd(settings.complete_silence_ms, "words+audio")
+        )
+    finally:
+        speculation.discard()
+
+
+async def test_a_pause_the_voice_calls_finished_is_not_scored_again() -> None:
+    settings = EndpointSettings()
+    speculation = await _speculation("Where is my order?")
+    try:
+        speculation.scoring = asyncio.create_task(_scored(0.97))
+        await speculation.scoring
+        assert not speculation.recheck_due(2000, settings)
+        assert not speculation.recheck_due(2000, EndpointSettings(model_recheck_ms=0))
     finally:
         speculation.discard()
 

@@ -59,7 +59,7 @@ __all__ = [
 
 _T = TypeVar("_T")
 
-WordsEnd = Literal["complete", "opener", "listing", "continues", "unsure", "none"]
+WordsEnd = Literal["closing", "complete", "opener", "listing", "continues", "unsure", "none"]
 """How a transcript ends (:func:`words_end`)."""
 EndReason = Literal["words", "words+audio", "audio", "hold", "silence", "forced"]
 """Why a turn ended: the words alone (no audio score), words and voice agreeing, the voice
@@ -90,6 +90,7 @@ right well so fine thanks thank you okay ok alright all i mean see oh ah um uh e
 good morning afternoon evening sure great cool look listen actually anyway and then
 """
 _OPENERS = frozenset(_OPENER_WORDS.split())
+_COURTESIES = frozenset({"please", "thanks"})
 _NUMBER_WORD_LIST = "zero oh one two three four five six seven eight nine ten double triple"
 _NUMBER_WORDS = frozenset(_NUMBER_WORD_LIST.split())
 _SPELLED = re.compile(r"^[a-z]$")
@@ -98,6 +99,8 @@ _SPELLED = re.compile(r"^[a-z]$")
 def words_end(text: str) -> WordsEnd:
     """How ``text`` ends, for the end of the turn:
 
+    - ``closing``: a question ("Where is my order?"), or a sentence that closes with a courtesy
+      ("..., please.", "Thank you."): callers seldom go on after one;
     - ``complete``: :func:`sounds_complete`, and none of the below;
     - ``opener``: up to three words that open turns more often than they end them ("Right.",
       "Fine, thanks.", "Well, I mean."); a question ("Hello?") is complete;
@@ -114,12 +117,18 @@ def words_end(text: str) -> WordsEnd:
     if stripped.endswith("...") or words[-1] in _CONTINUATIONS:
         return "continues"
     if stripped.endswith("?"):
-        return "complete"
+        return "closing"
     if _is_listing(words):
         return "listing"
     if len(words) <= 3 and all(word in _OPENERS for word in words):
         return "opener"
-    return "complete" if sounds_complete(stripped) else "unsure"
+    if not sounds_complete(stripped):
+        return "unsure"
+    return "closing" if _closes_with_courtesy(words) else "complete"
+
+
+def _closes_with_courtesy(words: list[str]) -> bool:
+    return words[-1] in _COURTESIES or words[-2:] == ["thank", "you"]
 
 
 def _is_listing(words: list[str]) -> bool:
@@ -156,6 +165,7 @@ def end_of_turn(
     ===========  ==========================  ======================  ====================
     words        voice done / no model       voice not done          score on its way
     ===========  ==========================  ======================  ====================
+    closing      ``complete_silence_ms``     ``closing_...``         waits for it
     complete     ``complete_silence_ms``     ``disputed_...``        waits for it
     opener       ``opener_silence_ms``       ``opener_silence_ms``   (the voice can't tell)
     listing      ``listing_silence_ms``      ``hold_ms``             waits for it
@@ -180,10 +190,13 @@ def end_of_turn(
         return TurnEnd(hold, "words+audio")
     done = score is None or score >= settings.turn_threshold
     reason: EndReason = "words" if score is None else "words+audio"
-    if words == "complete":
+    if words in ("complete", "closing"):
         if done:
             return TurnEnd(settings.complete_silence_ms, reason)
-        return TurnEnd(max(at_least, settings.disputed_silence_ms), "audio")
+        doubted = settings.disputed_silence_ms
+        if words == "closing":
+            doubted = settings.closing_silence_ms
+        return TurnEnd(max(at_least, doubted), "audio")
     if words == "listing":
         listing = max(at_least, settings.listing_silence_ms)
         return TurnEnd(listing, reason) if done else TurnEnd(hold, "hold")
@@ -293,9 +306,23 @@ class EndpointSettings:
     model_silence_ms: int = 200
     """The silence at which a pause is scored by the audio model (it was trained with about
     this much at the end; with 60 ms, finished questions score ~0.2)."""
+    model_recheck_ms: int = 500
+    """The silence at which a pause the model doubted is scored once more: its scores rise with
+    the silence after a finished turn (a long question: 0.31 at 200 ms, 0.91 at 500) and stay
+    low after an unfinished one ("I'm calling ...": 0.01; "I want to move my booking ...":
+    0.42). The later score decides. 0: score each pause once."""
+    closing_silence_ms: int = 1000
+    """End-of-turn silence after words that close a turn (a question, "..., please.", "thank
+    you.") in a voice the model doubts at the recheck too: shorter than a finished sentence's
+    wait (:attr:`disputed_silence_ms`), since callers seldom go on after them."""
 
     def __post_init__(self) -> None:
-        for name in ("opener_silence_ms", "disputed_silence_ms", "listing_silence_ms"):
+        for name in (
+            "opener_silence_ms",
+            "disputed_silence_ms",
+            "listing_silence_ms",
+            "closing_silence_ms",
+        ):
             if not 0 < getattr(self, name) <= self.hold_ms:
                 raise ValueError(f"need 0 < {name} <= hold_ms")
         if self.hold_ms < self.incomplete_silence_ms:
@@ -304,6 +331,8 @@ class EndpointSettings:
             raise ValueError("turn_threshold must be between 0 and 1")
         if not 0 < self.model_silence_ms < self.complete_silence_ms:
             raise ValueError("need 0 < model_silence_ms < complete_silence_ms")
+        if self.model_recheck_ms and not self.model_silence_ms < self.model_recheck_ms:
+            raise ValueError("need model_recheck_ms 0 or above model_silence_ms")
         if not 0 < self.complete_silence_ms <= self.incomplete_silence_ms:
             raise ValueError("need 0 < complete_silence_ms <= incomplete_silence_ms")
         if not 0 <= self.preempt_lead_ms < self.complete_silence_ms:
@@ -325,6 +354,8 @@ class Speculation:
         self.paused = paused
         self.task = task
         self.scoring: asyncio.Task[float] | None = None
+        self.rechecking: asyncio.Task[float] | None = None
+        """The second score of a pause the first doubted (``model_recheck_ms``)."""
 
     @property
     def transcript(self) -> Transcript | None:
@@ -333,8 +364,25 @@ class Speculation:
 
     @property
     def score(self) -> float | None:
-        """The audio model's score, once it finished without error."""
-        return None if self.scoring is None else _result(self.scoring)
+        """The audio model's latest score, once it finished without error: the recheck's,
+        else the first."""
+        for task in (self.rechecking, self.scoring):
+            score = None if task is None else _result(task)
+            if score is not None:
+                return score
+        return None
+
+    def recheck_due(self, silent_ms: float, settings: EndpointSettings) -> bool:
+        """Whether the pause should be scored again now: the first score doubted the turn was
+        over, and ``model_recheck_ms`` of silence have passed (once per pause)."""
+        first = None if self.scoring is None else _result(self.scoring)
+        return (
+            settings.model_recheck_ms > 0
+            and self.rechecking is None
+            and first is not None
+            and first < settings.turn_threshold
+            and silent_ms >= settings.model_recheck_ms
+        )
 
     def covers(self, ended: SpeechEnded) -> bool:
         """Whether ``ended`` added nothing but silence to the audio this speculation heard."""
@@ -378,7 +426,7 @@ class Speculation:
 
     def discard(self) -> None:
         """Abandon the results (the decode and the scoring finish in their threads)."""
-        for task in (self.task, self.scoring):
+        for task in (self.task, self.scoring, self.rechecking):
             if task is None:
                 continue
             task.cancel()

@@ -462,20 +462,25 @@ class Session:
 
     def _score_pause(self) -> None:
         """At ``model_silence_ms`` of a pause being transcribed, have the turn model score the
-        voice so far (once per pause; the words and the score decide together)."""
+        voice so far, and once more at ``model_recheck_ms`` if it doubted the turn was over
+        (the words and the latest score decide together)."""
         speculation = self._speculation
-        if (
-            self.turn_model is None
-            or speculation is None
-            or speculation.scoring is not None
-            or self.vad.silent_ms < self.settings.endpoint.model_silence_ms
-        ):
+        if self.turn_model is None or speculation is None:
             return
+        endpoint = self.settings.endpoint
+        silent_ms = self.vad.silent_ms
+        if speculation.scoring is None and silent_ms >= endpoint.model_silence_ms:
+            speculation.scoring = self._start_scoring(speculation)
+        elif speculation.recheck_due(silent_ms, endpoint):
+            speculation.rechecking = self._start_scoring(speculation)
+
+    def _start_scoring(self, speculation: Speculation) -> asyncio.Task[float]:
+        assert self.turn_model is not None
         scoring = asyncio.create_task(
             self.turn_model.completion(self.vad.utterance_audio()), name=f"turn-score:{self.id}"
         )
-        speculation.scoring = scoring
         scoring.add_done_callback(lambda _: self._on_known(speculation))
+        return scoring
 
     def _on_known(self, speculation: Speculation) -> None:
         """The words (or the voice's score) came back: a preemptive answer or an end of turn
