@@ -6,7 +6,9 @@ elsewhere), lets live calls go on for up to ``drain_timeout_s``, then hangs up t
 exits. A second signal cuts the drain short.
 
 With ``workers > 1`` the supervisor starts that many serving processes on the same port
-(SO_REUSEPORT: the kernel spreads new connections), each with its own models. A call lives in the
+(SO_REUSEPORT: the kernel spreads new connections), each with its own speech models; a model run
+in process (llama.cpp) runs once, in the supervisor, and the workers reach it on loopback (one
+copy of the weights, its slots shared by every worker's calls). A call lives in the
 process that answered its offer; call ids carry the worker (``w1.``), and each worker also listens
 on a private Unix socket so any of them can pass a hang-up or a metrics scrape to the others.
 The SIP and AudioSocket endpoints run in worker 0 only. A worker that dies is restarted. A
@@ -35,6 +37,7 @@ from server.config.llm import ConfigError
 from server.config.server import ServerConfig
 from server.http.app import CALLS, create_app
 from server.http.siblings import control_socket
+from server.runtime.llm_provider import load_shared_model, shared_settings
 from server.runtime.logs import configure_logging
 
 __all__ = ["run_server", "serve"]
@@ -174,6 +177,23 @@ def _worker_main(config: ServerConfig) -> None:
 
 def _supervise(config: ServerConfig, announce: Callable[[str], None]) -> int:
     """Start the workers, restart any that dies, and pass SIGTERM/SIGINT on to all of them."""
+    try:
+        shared = asyncio.run(load_shared_model(config))
+    except ConfigError as exc:  # a model llama.cpp cannot load: no worker could run
+        print(f"vocable: {exc}", file=sys.stderr, flush=True)
+        return EXIT_CONFIG
+    if shared is not None and config.local_llm is not None:
+        local = dataclasses.replace(config.local_llm, shared=shared_settings(shared))
+        config = dataclasses.replace(config, local_llm=local)
+        announce(f"the workers share one model: {shared.model} (llama.cpp in the supervisor)")
+    try:
+        return _run_workers(config, announce)
+    finally:
+        if shared is not None:
+            shared.close()
+
+
+def _run_workers(config: ServerConfig, announce: Callable[[str], None]) -> int:
     context = multiprocessing.get_context("spawn")  # no fork of a process with threads
     stopping = False
 

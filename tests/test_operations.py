@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from ipaddress import ip_network
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -27,6 +28,7 @@ from server.runtime.ratelimit import RateLimited, RateLimiter, client_address
 from server.testkit.caller import WebRTCCaller
 from server.testkit.scripted_llm import ScriptedLLM, answers_by_words
 from tests.conftest import REPO
+from tests.models import smollm2_gguf
 from tests.processes import spawn, stop_group
 
 # -- rate limits -------------------------------------------------------------------------------
@@ -175,12 +177,17 @@ class Served:
 
 
 async def start_serve(
-    port: int, llm: ScriptedLLM, *flags: str, env: dict[str, str] | None = None
+    port: int, llm: ScriptedLLM | Path, *flags: str, env: dict[str, str] | None = None
 ) -> asyncio.subprocess.Process:
-    """``vocable serve`` in a child process on ``port`` with the scripted LLM, stdout and stderr
-    piped; ``env`` None: the test's environment without Vocable's and OpenAI's settings."""
+    """``vocable serve`` in a child process on ``port`` with the scripted LLM (or a GGUF model
+    in process), stdout and stderr piped; ``env`` None: the test's environment without
+    Vocable's and OpenAI's settings."""
     if env is None:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("VOCABLE_", "OPENAI_"))}
+    if isinstance(llm, Path):
+        llm_flags = ["--llm-gguf", str(llm)]
+    else:
+        llm_flags = ["--llm-base-url", llm.base_url, "--llm-model", "scripted"]
     return await spawn(
         sys.executable,
         "-m",
@@ -188,10 +195,7 @@ async def start_serve(
         "serve",
         "--port",
         str(port),
-        "--llm-base-url",
-        llm.base_url,
-        "--llm-model",
-        "scripted",
+        *llm_flags,
         *flags,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -201,7 +205,7 @@ async def start_serve(
 
 
 @asynccontextmanager
-async def served(port: int, llm: ScriptedLLM, *flags: str) -> AsyncIterator[Served]:
+async def served(port: int, llm: ScriptedLLM | Path, *flags: str) -> AsyncIterator[Served]:
     process = await start_serve(port, llm, *flags)
     server = Served(process, f"http://127.0.0.1:{port}")
     try:
@@ -356,12 +360,21 @@ async def test_workers_share_the_port_and_route_hangups_and_metrics(
 
 
 @pytest.mark.slow
-async def test_workers_die_with_a_killed_supervisor(unused_tcp_port: int, llm: ScriptedLLM) -> None:
-    async with served(unused_tcp_port, llm, "--workers", "2") as server:
+async def test_workers_share_the_supervisors_model_and_die_with_it(unused_tcp_port: int) -> None:
+    gguf = smollm2_gguf()
+    async with served(unused_tcp_port, gguf, "--workers", "2") as server:
         await server.wait_line("vocable[w0]: ready", timeout_s=180)
         await server.wait_line("vocable[w1]: ready", timeout_s=180)
         pids = set((await _worker_pids(server)).values())
         assert len(pids) == 2
+        # one copy of the weights: llama.cpp maps the file in the supervisor, in no worker
+        assert _maps(server.process.pid, gguf)
+        assert not any(_maps(pid, gguf) for pid in pids)
+        _, health = await server.get("/healthz")
+        llm = health["llm"]
+        assert isinstance(llm, dict)
+        assert (llm["state"], llm["source"]) == ("ready", "embedded")
+        assert "supervisor" in llm["detail"]
         caller = WebRTCCaller()
         try:  # a live call does not keep its worker up
             await caller.connect(server.base, playbook="support")
@@ -375,6 +388,12 @@ async def test_workers_die_with_a_killed_supervisor(unused_tcp_port: int, llm: S
             await caller.wait_for("hangup", timeout_s=10)
         finally:
             await caller.close()
+
+
+def _maps(pid: int, file: Path) -> bool:
+    """Whether process ``pid`` has ``file`` mapped into its memory."""
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    return any(line.rstrip().endswith(str(file.resolve())) for line in maps.splitlines())
 
 
 async def _exited(pid: int) -> None:

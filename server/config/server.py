@@ -37,6 +37,7 @@ __all__ = [
     "RENAMED",
     "IceServer",
     "ServerConfig",
+    "SharedLLM",
     "SipSettings",
     "TransferApiSettings",
     "add_serve_arguments",
@@ -97,6 +98,16 @@ class TransferApiSettings:
 
 
 @dataclass(frozen=True)
+class SharedLLM:
+    """A model the supervisor of ``--workers`` runs in its own process for all its workers:
+    one copy of the weights, reached on loopback with a key made at start."""
+
+    base_url: str
+    api_key: str = field(repr=False)
+    model: str
+
+
+@dataclass(frozen=True)
 class LocalLLMSettings:
     """An LLM on this machine, for a server given no endpoint."""
 
@@ -106,6 +117,8 @@ class LocalLLMSettings:
     """Look for a running local server (Ollama, LM Studio, ...) first."""
     model: str | None = None
     """The model to ask a local server for (``--llm-model``); None: the first it lists."""
+    shared: SharedLLM | None = None
+    """A worker's model, run by its supervisor (set by the supervisor, not by a flag)."""
 
     @classmethod
     def of(cls, choice: LLMChoice) -> LocalLLMSettings | None:

@@ -19,14 +19,21 @@ from typing import Any, Literal, TextIO
 
 from playbooks import ChatClient, LoadedPlaybook, PlaybookOrchestrator, RetryPolicy
 from server.config.llm import ConfigError, LLMSettings
-from server.config.server import LocalLLMSettings, ServerConfig
+from server.config.server import LocalLLMSettings, ServerConfig, SharedLLM
 
 from .discovery import LOCAL_SERVERS, LocalServer, find_local_server
 from .gguf import GgufError, read_gguf
 from .llamacpp import EmbeddedLLM, EmbeddedSettings, ModelLoadError
 from .model_download import DownloadableModel, ModelUnavailable, default_model, fetch_model
 
-__all__ = ["WAYS_OUT", "WAYS_TO_AN_LLM", "LLMProvider", "LLMStatus"]
+__all__ = [
+    "WAYS_OUT",
+    "WAYS_TO_AN_LLM",
+    "LLMProvider",
+    "LLMStatus",
+    "load_shared_model",
+    "shared_settings",
+]
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +132,9 @@ class LLMProvider:
         if local is None:
             log.warning("no LLM (--llm none): calls connect, but the agent cannot answer")
             return
+        if local.shared is not None:
+            self._use_shared(local.shared)
+            return
         if local.gguf is not None:
             try:
                 await self._run_embedded(local.gguf)
@@ -190,6 +200,11 @@ class LLMProvider:
         )
         return True
 
+    def _use_shared(self, shared: SharedLLM) -> None:
+        self._connect(shared.base_url, shared.api_key, shared.model, "embedded")
+        self.status = replace(self.status, detail="llama.cpp in the supervisor, for all workers")
+        self._prefill()
+
     async def _run_embedded(self, gguf: Path) -> None:
         info = await asyncio.to_thread(read_gguf, gguf)
         self.status = LLMStatus("loading", "embedded", info.label, detail=str(gguf))
@@ -197,11 +212,15 @@ class LLMProvider:
         self.embedded = embedded
         self._connect(embedded.base_url, embedded.api_key, embedded.model, "embedded")
         self.status = replace(self.status, detail=f"llama.cpp in process, {gguf}")
+        self._prefill()
+        self._say(f"LLM: {info.label} in process (llama.cpp), from {gguf}")
+
+    def _prefill(self) -> None:
+        """Have the model read the first prompt of each playbook to prime, in the background."""
         if self._prime and self.client is not None:
             self._priming = asyncio.create_task(
                 _prefill_first_prompts(self.client, self._prime), name="llm:prefill"
             )
-        self._say(f"LLM: {info.label} in process (llama.cpp), from {gguf}")
 
     async def _fetch_default_model(self, model: DownloadableModel) -> None:
         """Download ``model`` (unless cached) and run it; on failure, one line."""
@@ -247,3 +266,27 @@ async def _prefill_first_prompts(client: ChatClient, playbooks: Sequence[LoadedP
     log.info(
         "prefilled %d playbook prompt(s) in %.1f s", len(playbooks), time.monotonic() - started
     )
+
+
+async def load_shared_model(config: ServerConfig) -> EmbeddedLLM | None:
+    """The model of ``config`` run here, for the workers of a supervisor to share; None when
+    the workers need no model of their own (an endpoint, a running local server, ``--llm
+    none``) or none could be had (the workers then say why). Waits for a download. Raises
+    :class:`ConfigError` for a model file llama.cpp cannot load."""
+    if config.llm is not None or config.local_llm is None:
+        return None
+    provider = LLMProvider.of_server(config)
+    try:
+        await provider.start()
+        await provider.ready()
+    except BaseException:
+        await provider.close()
+        raise
+    embedded, provider.embedded = provider.embedded, None  # outlives this provider and loop
+    await provider.close()
+    return embedded
+
+
+def shared_settings(embedded: EmbeddedLLM) -> SharedLLM:
+    """How a worker reaches the supervisor's model."""
+    return SharedLLM(embedded.base_url, embedded.api_key, embedded.model)
