@@ -14,6 +14,7 @@ import datetime
 import email.utils
 import json
 import logging
+import math
 import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
@@ -354,6 +355,26 @@ class ChatClient:
             await self.client.chat.completions.create(**kwargs)
         except openai.APIError as exc:
             log.debug("prefilling the prompt failed: %s", _describe(exc))
+
+    async def first_token_odds(self, request: ChatRequest, top: int = 10) -> dict[str, float]:
+        """The probabilities of the likeliest first tokens of the answer to ``request``
+        (stripped and lower-cased, summed over spellings); empty when the endpoint gives none
+        (not every OpenAI-compatible server returns ``logprobs``)."""
+
+        async def attempt() -> dict[str, float]:
+            kwargs = {**request.create_kwargs(), "max_tokens": 1}
+            response = await self.client.chat.completions.create(
+                **kwargs, logprobs=True, top_logprobs=top
+            )
+            choice = response.choices[0] if response.choices else None
+            tokens = choice.logprobs.content if choice and choice.logprobs else None
+            odds: dict[str, float] = {}
+            for candidate in tokens[0].top_logprobs if tokens else []:
+                word = candidate.token.strip().lower()
+                odds[word] = odds.get(word, 0.0) + math.exp(candidate.logprob)
+            return odds
+
+        return await self._with_retries(attempt)
 
     async def complete(self, request: ChatRequest) -> str:
         """A non-streamed completion's text, unfiltered (used for intent classification, which

@@ -58,17 +58,32 @@ def transcript(conversation: Sequence[Exchange]) -> str:
 
 
 class Judge:
-    """Judges a statement true or false of a conversation, by an LLM at temperature 0."""
+    """Judges a statement true or false of a conversation, by an LLM at temperature 0.
 
-    def __init__(self, client: ChatClient, model: str | None = None) -> None:
+    A large model is asked for a verdict and its reason in JSON. A small one cannot give
+    that: asked so, Qwen2.5-Coder-0.5B said "no" to all 60 statements of
+    ``benchmarks/judge_agreement.py``. What it can give is its odds: the probability of
+    "yes" against "no" as its first word, asked in two phrasings and averaged, with "yes" at
+    even odds or above (78 % agreement there, 77 % of true statements and 80 % of false
+    ones). ``by_odds`` (None: for endpoints that keep prompts, i.e. llama.cpp's) picks that
+    way; an endpoint that returns no odds gets the JSON question."""
+
+    def __init__(
+        self, client: ChatClient, model: str | None = None, *, by_odds: bool | None = None
+    ) -> None:
         self.client = client
         self.model = model or client.model
+        self.by_odds = client.prefills if by_odds is None else by_odds
 
     async def verdict(
         self, statement: str, conversation: Sequence[Exchange], *, of_last_answer: bool
     ) -> Verdict:
         """Whether ``statement`` holds of the agent's last answer (``of_last_answer``) or of
         the whole conversation; raises on an LLM failure or an unreadable verdict."""
+        if self.by_odds:
+            judged = await self._by_odds(statement, conversation, of_last_answer)
+            if judged is not None:
+                return judged
         subject = "the agent's LAST answer" if of_last_answer else "the conversation as a whole"
         system = (
             "You check a phone conversation between a caller and a voice agent. Decide whether"
@@ -84,6 +99,43 @@ class Judge:
             response_format=VERDICT_SCHEMA,
         )
         return _read_verdict(await self.client.complete(request))
+
+    async def _by_odds(
+        self, statement: str, conversation: Sequence[Exchange], of_last_answer: bool
+    ) -> Verdict | None:
+        """The verdict of the odds of "yes" (two phrasings, averaged); None when the endpoint
+        gives no odds."""
+        reply = "the agent's reply" if of_last_answer else "the agent's side of the call"
+        call = transcript(conversation)
+        phrasings = (
+            (
+                f"You read a phone call and answer a question about {reply} with yes or no.",
+                f"{call}\n\nQuestion: does {reply} {statement}? Answer yes or no.",
+            ),
+            (
+                "You check statements about what a voice agent said. Reply with one word: "
+                "yes or no.",
+                f"{call}\n\nStatement: the agent {statement}.\nIs the statement true of {reply}?",
+            ),
+        )
+        chances = []
+        for system, user in phrasings:
+            request = ChatRequest(
+                messages=[{"role": "system", "content": system}, {"role": "user", "content": user}],
+                model=self.model,
+                temperature=0,
+            )
+            odds = await self.client.first_token_odds(request)
+            yes, no = odds.get("yes", 0.0), odds.get("no", 0.0)
+            if yes + no <= 0.0:
+                return None
+            chances.append(yes / (yes + no))
+        chance = sum(chances) / len(chances)
+        said = "yes" if chance >= _EVEN_ODDS else "no"
+        return Verdict(chance >= _EVEN_ODDS, f'{said}: "yes" at {chance:.0%} odds')
+
+
+_EVEN_ODDS = 0.5
 
 
 def _read_verdict(text: str) -> Verdict:
