@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import dataclasses
 import inspect
 import json
 import logging
@@ -224,6 +225,19 @@ class PlaybookOrchestrator:
             max_tokens=config.max_tokens,
             top_p=config.top_p,
         )
+
+    async def read_ahead(self, words: str) -> bool:
+        """Have the endpoint read the first request of a turn that begins with ``words`` (the
+        stage's prompt and tools, the history, those words) while the caller is still speaking,
+        so that the turn's own request finds all but its last words cached. Only for endpoints
+        that keep prompts (:attr:`ChatClient.prefills`: llama.cpp's); returns whether a request
+        was sent (its failure is only logged)."""
+        if self.llm is None or not self.llm.prefills or not words.strip():
+            return False
+        request = self.request(with_tools=True, first_round=True)
+        messages = [*request.messages, {"role": "user", "content": words}]
+        await self.llm.prefill(dataclasses.replace(request, messages=messages))
+        return True
 
     def _system_prompt(self) -> str:
         """The engine's prompt; an iterative stage adds how to work and the described

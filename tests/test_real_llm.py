@@ -199,6 +199,32 @@ async def test_a_forced_tool_call_runs_and_its_result_goes_back(client: ChatClie
 
 
 @pytest.mark.timeout(120)
+async def _prompt_tokens_read(model: EmbeddedLLM) -> int:
+    """Prompt tokens llama.cpp has read (not found in its cache) so far."""
+    for line in (await model.metrics_text()).splitlines():
+        if line.startswith("llamacpp:prompt_tokens_total "):
+            return int(float(line.split()[1]))
+    raise AssertionError("llama.cpp's metrics have no llamacpp:prompt_tokens_total")
+
+
+async def test_words_read_ahead_while_the_caller_speaks_are_cached_when_the_turn_ends(
+    model: EmbeddedLLM, client: ChatClient
+) -> None:
+    orchestrator = PlaybookOrchestrator(load_playbook(PLAYBOOKS / "chat.yaml"), client)
+    so_far = "I would like to hear about the old lighthouse on the northern cliffs, the one near"
+    before = await _prompt_tokens_read(model)
+    assert await orchestrator.read_ahead(so_far)  # a pause the caller went on after
+    read_ahead = await _prompt_tokens_read(model) - before
+    async with orchestrator.turn(so_far + " the harbour?") as turn:
+        async for _ in turn:
+            pass
+    read_at_the_end = await _prompt_tokens_read(model) - before - read_ahead
+    assert read_ahead >= 15  # the words so far (and any of the prompt not cached before)
+    # the turn read its last words and the template's close, not the words read ahead
+    assert read_at_the_end <= 12, (read_ahead, read_at_the_end)
+    assert turn.answer.strip()
+
+
 async def test_a_barge_in_stops_llama_cpp_generating_and_the_next_turn_is_answered(
     model: EmbeddedLLM,
 ) -> None:

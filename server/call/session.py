@@ -171,6 +171,8 @@ class Session:
         gate = self.settings.echo
         self.echo = EchoGate(replace(gate, enabled=False) if hearing.echo_cancellation else gate)
         self._speculation: Speculation | None = None
+        self._reading_ahead: asyncio.Task[bool] | None = None
+        """The LLM reading the words of a pause the caller went on after (``_read_ahead``)."""
         self._turn_end: TurnEnd | None = None
         """Why the utterance being ended ends (told in its ``speech_end``)."""
         self._skipped_pause: SpeechPaused | None = None
@@ -329,6 +331,7 @@ class Session:
                 self._speculate(event)
             elif isinstance(event, SpeechResumed):
                 self._skipped_pause = None
+                self._read_ahead()
                 self._discard_speculation()
             else:
                 self._on_speech_ended(event)
@@ -450,6 +453,22 @@ class Session:
         task = asyncio.create_task(decode, name=f"speculation:{self.id}")
         speculation = self._speculation = Speculation(paused, task)
         task.add_done_callback(lambda _: self._on_known(speculation))
+
+    def _read_ahead(self) -> None:
+        """The caller went on after a pause whose words are known: the LLM reads the turn so
+        far (``PlaybookOrchestrator.read_ahead``) while they speak, one request at a time, and
+        only while the agent is not answering (its own requests come first)."""
+        speculation = self._speculation
+        transcript = speculation.transcript if speculation is not None else None
+        if (
+            transcript is None
+            or self._phase is not Phase.LISTENING
+            or (self._reading_ahead is not None and not self._reading_ahead.done())
+        ):
+            return
+        self._reading_ahead = asyncio.create_task(
+            self.voice.orchestrator.read_ahead(transcript.text), name=f"read-ahead:{self.id}"
+        )
 
     def _slack_s(self, paused: SpeechPaused) -> float:
         """How long a speculative decode's words can wait: until its answer could start at the
@@ -839,6 +858,8 @@ class Session:
             self._speculation = None
         if self._settling is not None:
             self._settling.cancel()
+        if self._reading_ahead is not None:
+            self._reading_ahead.cancel()
         if self._digit_timer is not None:
             self._digit_timer.cancel()
         if self._answer is not None:
