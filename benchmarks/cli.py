@@ -121,6 +121,12 @@ def _parser() -> argparse.ArgumentParser:
         help=f"a level's callers arrive evenly over this long ({ARRIVAL_S:.0f} s: a burst; "
         "longer: calls come and go while admission measures the load)",
     )
+    parser.add_argument(
+        "--arrival-every-s",
+        type=float,
+        help="instead of --arrival-s: a caller arrives this often, at every level (0.25: 24 "
+        "callers over 6 s, then 40 over 10 s on the same server)",
+    )
     parser.add_argument("--barge-ins", type=int, default=8, help="barge-in tries")
     parser.add_argument("--backchannels", type=int, default=4, help="tries per short sound")
     parser.add_argument("--end-silence-ms", type=int, default=400)
@@ -298,7 +304,9 @@ async def _scenarios(
             questions,
             server,
             on_turn=bar.update,
-            arrival_s=args.arrival_s,
+            arrival_s=args.arrival_s
+            if args.arrival_every_s is None
+            else calls * args.arrival_every_s,
         )
         results["levels"].append(record)
 

@@ -266,6 +266,7 @@ def _costed(
     others: list[float] | None = None,
     *,
     quota: bool = False,
+    in_turn: list[int] | None = None,
 ) -> tuple[LoadGauge, Clock]:
     """A gauge of 2 cores on a test clock; ``others``: CPU seconds other processes took so far
     (None: not measured here), in the same control group under its quota when ``quota``."""
@@ -277,6 +278,7 @@ def _costed(
         cpu_time=lambda: clock.cpu,
         cores=2,
         calls=lambda: calls[0],
+        calls_in_turn=None if in_turn is None else (lambda: in_turn[0]),
         cores_busy_time=(lambda: None) if others is None else (lambda: clock.cpu + others[0]),
         others_share_the_limit=quota,
     )
@@ -360,13 +362,21 @@ def test_under_a_quota_the_groups_other_processes_leave_room_for_fewer_calls() -
     assert gauge.capacity() == 10
 
 
-def test_the_cost_is_learned_only_while_the_same_calls_are_live() -> None:
+def test_the_cost_is_learned_only_while_the_same_calls_are_live_and_in_turns() -> None:
     calls = [1]
     gauge, clock = _costed(OverloadSettings(assumed_call_cpu_percent=15), calls)
     for count in (1, 2, 3, 4):  # a call joins every 0.5 s: never a steady window
         calls[0] = count
         _feed(gauge, clock, 0.5, lag_s=0.0, cpu_share=0.5)
     assert gauge.call_cost == pytest.approx(0.15)
+    calls, in_turn = [10], [10]
+    gauge, clock = _costed(OverloadSettings(), calls, in_turn=in_turn)
+    _feed(gauge, clock, 60.0, lag_s=0.0, cpu_share=1.0)  # ten calls talking: 20 % of a core each
+    assert gauge.call_cost == pytest.approx(0.20, abs=0.001)
+    in_turn[0] = 2  # then they sit in silence between turns, at 6 % each: that is not the cost
+    _feed(gauge, clock, 60.0, lag_s=0.0, cpu_share=0.3)
+    assert gauge.call_cost > 0.18  # (only the window astride the change taught it)
+    assert gauge.capacity() == 10  # not 33 (2 cores / 6 %): all ten may talk at once again
     unchecked, _ = _costed(OverloadSettings(capacity_cpu_percent=0), calls)
     assert unchecked.full(100) is None
 

@@ -239,6 +239,13 @@ class Session:
         """Whether a turn (or the greeting) is running."""
         return self._answer is not None and not self._answer.done()
 
+    @property
+    def in_turn(self) -> bool:
+        """Whether the call is doing a turn's work: the caller is speaking (decodes), or the
+        agent is answering (the LLM, synthesis, playout). Admission learns a call's cost while
+        calls are in turns, not from the silences between them."""
+        return self.vad.speaking or self._phase in ANSWERING
+
     def _enter(self, phase: Phase) -> None:
         """The one place the phase changes; a move the machine lacks is logged as a bug."""
         current = self._phase

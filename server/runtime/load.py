@@ -16,9 +16,11 @@ symptoms of being past it, sustained over ``window_s`` (a single slow moment ref
 Those symptoms show only once calls are talking, so a burst of calls arriving together would all
 be admitted before any of them loads the machine. Admission therefore also counts calls by their
 **measured cost**: the process's CPU per live call over windows in which the number of calls held
-steady, smoothed across windows and remembered between bursts. While the live calls, at that
-cost each, fill ``capacity_cpu_percent`` of the CPU the process may use (its control group's
-quota, else its cores: ``server/runtime/cgroup.py``), the next one is refused. Under a quota,
+steady and most of them were in turns (speaking or being answered: a call is counted over its
+turns, not averaged over its silences), smoothed across windows and remembered between bursts.
+While the live calls, at that cost each, fill ``capacity_cpu_percent`` of the CPU the process
+may use (its control group's quota, else its cores: ``server/runtime/cgroup.py``), the next one
+is refused. Under a quota,
 what the group's other processes took over the window (a sibling worker) is set aside first.
 A neighbour outside it (another container, callers on the same machine: ``server/runtime/
 cores.py`` measures it) refuses calls only once the calls' own symptoms above show it starves
@@ -46,6 +48,9 @@ __all__ = ["LoadGauge", "LoadSample", "Overload"]
 
 RETRY_MIN_S = 2
 RETRY_MAX_S = 30
+IN_TURN_SHARE = 0.5
+"""The share of the live calls that must be in turns, on average over a window, for the window
+to teach admission what a call costs."""
 COST_SMOOTHING = 0.25
 """How far each steady window moves the learned cost of a call towards what it measured: a
 moment of heavy work (a greeting synthesized while a decode runs) is not taken for the norm."""
@@ -65,6 +70,8 @@ class LoadSample:
     known here)."""
     synthesis_backlog: int = 0
     """Answers' first words waiting for a synthesis worker."""
+    calls_in_turn: int = 0
+    """Live calls doing a turn's work (the caller speaking, or the agent answering)."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +94,7 @@ class LoadGauge:
         cpu_time: Callable[[], float] = time.process_time,
         cores: float | None = None,
         calls: Callable[[], int] = lambda: 0,
+        calls_in_turn: Callable[[], int] | None = None,
         cores_busy_time: Callable[[], float | None] = lambda: None,
         others_share_the_limit: bool = False,
         synthesis_backlog: Callable[[], int] = lambda: 0,
@@ -96,6 +104,7 @@ class LoadGauge:
         self._decode_backlog = decode_backlog
         self._synthesis_backlog = synthesis_backlog
         self._calls = calls
+        self._calls_in_turn = calls_in_turn or calls
         self.call_cost = settings.assumed_call_cpu_percent / 100
         """A live call's CPU, as a share of one core (measured; assumed until then)."""
         self._costed_at: float | None = None
@@ -134,6 +143,7 @@ class LoadGauge:
                 self._calls(),
                 self._cores_busy_time(),
                 self._synthesis_backlog(),
+                self._calls_in_turn(),
             )
         )
         while len(self.samples) > 2 and now - self.samples[1].at >= self.settings.window_s:
@@ -141,7 +151,10 @@ class LoadGauge:
         self._learn_call_cost(now)
 
     def _learn_call_cost(self, now: float) -> None:
-        """Once a window, if the same calls were live throughout it: their CPU each."""
+        """Once a window, if the same calls were live throughout it and at least half of them
+        were in turns on average (:data:`IN_TURN_SHARE`): their CPU each. Calls sitting in
+        silence between turns cost little, and a cost learned from them would let in more
+        calls than fit once they all talk."""
         if self._costed_at is not None and now - self._costed_at < self.settings.window_s:
             return
         window = self._full_window()
@@ -149,6 +162,9 @@ class LoadGauge:
             return
         calls = {sample.calls for sample in self.samples}
         if len(calls) != 1 or not (count := calls.pop()):
+            return
+        in_turn = sum(sample.calls_in_turn for sample in self.samples) / len(self.samples)
+        if in_turn < count * IN_TURN_SHARE:
             return
         first, last = window
         cost = (last.cpu_s - first.cpu_s) / (last.at - first.at) / count

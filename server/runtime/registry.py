@@ -103,6 +103,7 @@ class CallRegistry:
             lambda: decode_backlog(engines.transcriber) or 0,
             synthesis_backlog=lambda: synthesis_backlog(engines.synthesizer) or 0,
             calls=lambda: len(self.calls),
+            calls_in_turn=lambda: sum(call.session.in_turn for call in self.calls.values()),
             cores=limit.cores,
             cores_busy_time=limit.usage if limit.quota else busy_time_reader(),
             others_share_the_limit=limit.quota,
