@@ -106,6 +106,7 @@ _MOVES: dict[Phase, frozenset[Phase]] = {
 }
 
 ANSWERING = frozenset({Phase.PREPARING, Phase.THINKING, Phase.SPEAKING, Phase.PAUSED})
+_PREPARING_ANSWERS = frozenset({Phase.PREPARING, Phase.THINKING})
 """Phases with an answer under way."""
 AUDIBLE = frozenset({Phase.THINKING, Phase.SPEAKING})
 """Phases with an answer under way that the caller hears (or is about to): not held, not
@@ -241,10 +242,11 @@ class Session:
 
     @property
     def in_turn(self) -> bool:
-        """Whether the call is doing a turn's work: the caller is speaking (decodes), or the
-        agent is answering (the LLM, synthesis, playout). Admission learns a call's cost while
-        calls are in turns, not from the silences between them."""
-        return self.vad.speaking or self._phase in ANSWERING
+        """Whether the call is doing a turn's heavy work: the caller is speaking (decodes), or
+        the agent prepares an answer (the LLM, the first words' synthesis); not while it only
+        plays an answer out, nor in the silences between turns. Admission learns a call's
+        cost while calls are in turns."""
+        return self.vad.speaking or self._phase in _PREPARING_ANSWERS
 
     def _enter(self, phase: Phase) -> None:
         """The one place the phase changes; a move the machine lacks is logged as a bug."""
