@@ -221,13 +221,22 @@ async def test_a_doubted_pause_is_scored_again_and_the_later_score_decides() -> 
         speculation.discard()
 
 
-async def test_a_pause_the_voice_calls_finished_is_not_scored_again() -> None:
-    settings = EndpointSettings()
-    speculation = await _speculation("Where is my order?")
+@pytest.mark.parametrize(
+    ("text", "first_score"),
+    [
+        ("Where is my order?", 0.97),  # the voice says it is over
+        ("Friday at eight for two", 0.2),  # unfinished words: the first doubt stands
+        ("My number is 555-0134.", 0.2),
+    ],
+)
+async def test_a_pause_is_scored_again_only_after_a_finished_sentence_in_doubt(
+    text: str, first_score: float
+) -> None:
+    speculation = await _speculation(text)
     try:
-        speculation.scoring = asyncio.create_task(_scored(0.97))
+        speculation.scoring = asyncio.create_task(_scored(first_score))
         await speculation.scoring
-        assert not speculation.recheck_due(2000, settings)
+        assert not speculation.recheck_due(2000, EndpointSettings())
         assert not speculation.recheck_due(2000, EndpointSettings(model_recheck_ms=0))
     finally:
         speculation.discard()

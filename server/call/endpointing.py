@@ -307,7 +307,8 @@ class EndpointSettings:
     """The silence at which a pause is scored by the audio model (it was trained with about
     this much at the end; with 60 ms, finished questions score ~0.2)."""
     model_recheck_ms: int = 500
-    """The silence at which a pause the model doubted is scored once more: its scores rise with
+    """The silence at which a pause the model doubted after a finished sentence is scored once
+    more (unfinished-looking words keep the first doubt): its scores rise with
     the silence after a finished turn (a long question: 0.31 at 200 ms, 0.91 at 500) and stay
     low after an unfinished one ("I'm calling ...": 0.01; "I want to move my booking ...":
     0.42). The later score decides. 0: score each pause once."""
@@ -373,15 +374,20 @@ class Speculation:
         return None
 
     def recheck_due(self, silent_ms: float, settings: EndpointSettings) -> bool:
-        """Whether the pause should be scored again now: the first score doubted the turn was
-        over, and ``model_recheck_ms`` of silence have passed (once per pause)."""
+        """Whether the pause should be scored again now: the words read as a finished
+        sentence, the first score doubted the turn was over, and ``model_recheck_ms`` of
+        silence have passed (once per pause). Words that read unfinished keep the first
+        doubt: a second look must not end "Friday at eight, for [two] ..." inside its pause."""
         first = None if self.scoring is None else _result(self.scoring)
+        transcript = self.transcript
         return (
             settings.model_recheck_ms > 0
             and self.rechecking is None
             and first is not None
             and first < settings.turn_threshold
             and silent_ms >= settings.model_recheck_ms
+            and transcript is not None
+            and words_end(transcript.text) in ("complete", "closing")
         )
 
     def covers(self, ended: SpeechEnded) -> bool:
