@@ -38,7 +38,7 @@ async def llm_client(args: argparse.Namespace) -> AsyncIterator[ChatClient]:
         try:
             yield client
         finally:
-            await client.client.close()
+            await client.aclose()
         return
     provider = LLMProvider(None, LocalLLMSettings(gguf=args.llm_gguf, search=False), announce=False)
     try:

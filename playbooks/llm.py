@@ -323,6 +323,10 @@ class ChatClient:
             prefills=prefills,
         )
 
+    async def aclose(self) -> None:
+        """Close the connections to the endpoint (idempotent)."""
+        await self.client.close()
+
     async def stream(self, request: ChatRequest) -> ChatStream:
         """Open a streamed round; retried per the policy until its first chunk arrives."""
 

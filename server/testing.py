@@ -177,4 +177,4 @@ async def _run_all(
             return list(await asyncio.gather(*(one(bench, s, n) for s, n in runs)))
     finally:
         if options.judge is not None:
-            await options.judge.client.close()
+            await options.judge.aclose()

@@ -207,4 +207,4 @@ async def voice_server(
     finally:
         await server.close()
         if llm is not None:
-            await llm.client.close()
+            await llm.aclose()

@@ -117,4 +117,4 @@ async def calls() -> AsyncIterator[list[VoiceCall]]:
     for call in started:
         await call.line.stop()
         if call.orchestrator.llm is not None:
-            await call.orchestrator.llm.client.close()
+            await call.orchestrator.llm.aclose()

@@ -40,7 +40,7 @@ async def calls() -> AsyncIterator[list[VoiceCall]]:
     yield made
     for call in made:
         await call.line.stop()
-        await call.orchestrator.client.client.close()
+        await call.orchestrator.client.aclose()
 
 
 def _start(

@@ -284,7 +284,7 @@ async def test_worker_tools_with_side_effects_wait_for_a_confirmed_turn(
             confirmed.set()
             await asyncio.wait_for(answer, 10)
     finally:
-        await client.client.close()
+        await client.aclose()
     assert turn.answer == ANSWER
     assert len(_requests_of(llm, "FLIGHTS PROMPT")) == 2
 
@@ -343,7 +343,7 @@ async def find_flight(city: str) -> str:
                 break
             await asyncio.sleep(0.05)
     finally:
-        await client.client.close()
+        await client.aclose()
     assert booked == ["Paris"]  # not cut in half
     (complete,) = [d for t, d in events if t == "tool_call_complete" and d.get("worker")]
     assert (complete["worker"], complete["result"], complete["error"]) == (

@@ -173,4 +173,4 @@ async def test_an_undone_handoff_announces_the_stage_it_goes_back_to(
         orchestrator.restore(snapshot)  # nothing changed: nothing to announce
         assert entered == [("billing", False), ("intake", True)]
     finally:
-        await client.client.close()
+        await client.aclose()

@@ -34,7 +34,7 @@ MESSAGES: list[dict[str, Any]] = [{"role": "user", "content": "hello"}]
 async def client(llm: ScriptedLLM, sleeps: FakeSleep) -> AsyncIterator[ChatClient]:
     chat = ChatClient.connect(llm.base_url, None, "scripted", retry=RetryPolicy(sleep=sleeps))
     yield chat
-    await chat.client.close()
+    await chat.aclose()
 
 
 def request(**kwargs: Any) -> ChatRequest:
@@ -210,7 +210,7 @@ async def test_retry_count_and_base_delay_are_configurable(
         with pytest.raises(LLMError) as raised:
             await client.stream(request())
     finally:
-        await client.client.close()
+        await client.aclose()
 
     assert raised.value.status == 500
     assert len(llm.requests) == 2
@@ -226,7 +226,7 @@ async def test_no_retries_means_one_attempt(llm: ScriptedLLM, sleeps: FakeSleep)
         with pytest.raises(LLMError) as raised:
             await client.stream(request())
     finally:
-        await client.client.close()
+        await client.aclose()
 
     assert raised.value.status == 429
     assert len(llm.requests) == 1
@@ -241,7 +241,7 @@ async def test_connection_refused_is_retried_then_raises(sleeps: FakeSleep) -> N
         with pytest.raises(LLMError) as raised:
             await client.stream(request())
     finally:
-        await client.client.close()
+        await client.aclose()
 
     assert raised.value.status is None
     assert sleeps.delays == [1.0, 2.0, 4.0]
@@ -265,7 +265,7 @@ async def test_connection_refused_then_recovering_server(
     try:
         assert await stream_text(client) == "back"
     finally:
-        await client.client.close()
+        await client.aclose()
 
     assert sleeps.delays == [1.0]
     assert len(llm.requests) == 1
@@ -279,7 +279,7 @@ async def test_request_timeout_is_retried(llm: ScriptedLLM, sleeps: FakeSleep) -
     try:
         assert await stream_text(client) == "awake"
     finally:
-        await client.client.close()
+        await client.aclose()
 
     assert sleeps.delays == [1.0]
     assert len(llm.requests) == 2

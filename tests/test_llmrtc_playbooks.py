@@ -113,7 +113,7 @@ async def tool_server() -> AsyncIterator[ToolServer]:
 async def client(llm: ScriptedLLM) -> AsyncIterator[ChatClient]:
     chat = ChatClient.connect(llm.base_url, None, "scripted", retry=RetryPolicy(retries=0))
     yield chat
-    await chat.client.close()
+    await chat.aclose()
 
 
 def support_bot(tmp_path: Path, url: str = NOWHERE, **changes: Any) -> Path:

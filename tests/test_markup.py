@@ -349,7 +349,7 @@ def chunks(text: str, size: int = 3) -> list[str]:
 async def client(llm: ScriptedLLM, sleeps: FakeSleep) -> AsyncIterator[ChatClient]:
     chat = ChatClient.connect(llm.base_url, None, "scripted", retry=RetryPolicy(sleep=sleeps))
     yield chat
-    await chat.client.close()
+    await chat.aclose()
 
 
 async def read(

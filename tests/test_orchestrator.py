@@ -164,7 +164,7 @@ transitions:
 async def client(llm: ScriptedLLM, sleeps: FakeSleep) -> AsyncIterator[ChatClient]:
     chat = ChatClient.connect(llm.base_url, None, "scripted", retry=RetryPolicy(sleep=sleeps))
     yield chat
-    await chat.client.close()
+    await chat.aclose()
 
 
 @pytest.fixture

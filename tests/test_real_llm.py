@@ -75,7 +75,7 @@ async def client(model: EmbeddedLLM) -> AsyncIterator[ChatClient]:
         model.base_url, model.api_key, model.model, constrain_forced_calls=True, prefills=True
     )
     yield llm
-    await llm.client.close()
+    await llm.aclose()
 
 
 async def slots(model: EmbeddedLLM) -> list[dict[str, Any]]:

@@ -359,7 +359,7 @@ async def lines(llm: ScriptedLLM) -> AsyncIterator[Callable[..., Line]]:
     for line in made:
         await line.session.close()
     for client in clients:
-        await client.client.close()
+        await client.aclose()
 
 
 def _phases(line: Line) -> list[Phase]:

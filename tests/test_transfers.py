@@ -122,7 +122,7 @@ async def conversation(
     try:
         yield lambda: PlaybookOrchestrator(playbook, client)
     finally:
-        await client.client.close()
+        await client.aclose()
 
 
 async def test_a_failed_transfer_comes_back_to_the_llm_and_the_turn_goes_on(
@@ -237,7 +237,7 @@ async def test_a_warm_transfer_needs_a_summary(
     try:
         assert await orchestrator.respond(PUT_ME_THROUGH) == SORRY
     finally:
-        await client.client.close()
+        await client.aclose()
     tool = next(t for t in llm.requests[0]["tools"] if t["function"]["name"] == TRANSFER_TOOL)
     assert tool["function"]["parameters"]["required"] == ["reason", "summary"]
     missing, no_answer = _tool_results(llm)

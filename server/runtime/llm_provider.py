@@ -165,7 +165,7 @@ class LLMProvider:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
         if self.client is not None:
-            await self.client.client.close()
+            await self.client.aclose()
             self.client = None
         if self.embedded is not None:
             embedded, self.embedded = self.embedded, None

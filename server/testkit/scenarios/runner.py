@@ -321,7 +321,7 @@ class ScenarioBench:
             if runner is not None:
                 await runner.cleanup()
             if client is not None:
-                await client.client.close()
+                await client.aclose()
             if llm is not None:
                 await llm.close()
 
@@ -588,7 +588,7 @@ class ScenarioBench:
             await orchestrator.aclose()
             if llm is not None:
                 assert client is not None
-                await client.client.close()
+                await client.aclose()
                 await llm.close()
 
     async def _typed(self, state: _Run, turn: Turn) -> str | None:
