@@ -140,6 +140,7 @@ async def barge_in(
     record: Record = {"kind": "barge_in", "utterance": interrupt.id}
     interrupted_before = len(caller.of_type("interrupted"))
     answers_before = len(caller.of_type("tts_end"))
+    events_before = len(caller.events)
     spoken = await _talk_over_long_answer(caller, ask, interrupt)
     if spoken is None:
         return {**record, "ok": False, "error": "the agent never started its long answer"}
@@ -159,8 +160,15 @@ async def barge_in(
     if not cut and over_already:
         return {**record, "ok": False, "error": "the answer was over before it was talked over"}
     if silent_at is None or not cut:
-        return {**record, "ok": False, "error": "the agent did not stop talking"}
+        events = [_brief(event) for event in caller.events[events_before:]]
+        return {**record, "ok": False, "error": "the agent did not stop talking", "events": events}
     return {**record, "ok": True, "silence_ms": round((silent_at - started) * 1000, 1)}
+
+
+def _brief(event: dict[str, Any]) -> dict[str, Any]:
+    """An event as a failed try's record keeps it: its type and its short fields."""
+    short = (str, int, float)
+    return {k: v for k, v in event.items() if isinstance(v, short) and len(str(v)) < 200}
 
 
 async def backchannel(
