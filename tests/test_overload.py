@@ -306,6 +306,35 @@ def test_a_burst_is_refused_by_the_calls_measured_cost_before_its_load_shows() -
     assert gauge.full(9) is not None
 
 
+def test_the_llm_in_the_process_is_counted_apart_from_the_calls() -> None:
+    settings = OverloadSettings(capacity_cpu_percent=100, assumed_call_cpu_percent=15)
+    clock = Clock()
+    model = [0.0]
+    gauge = LoadGauge(
+        settings,
+        lambda: 0,
+        clock=clock,
+        cpu_time=lambda: clock.cpu,
+        cores=2,
+        calls=lambda: 2,
+        model_cpu_time=lambda: model[0],
+    )
+    for _ in range(600):  # two calls at 15 % of a core each, the model generating at 80 %
+        clock.now += 0.1
+        clock.cpu += 0.1 * (0.3 + 0.8)
+        model[0] += 0.1 * 0.8
+        gauge.record(0.0)
+    assert gauge.call_cost == pytest.approx(0.15, abs=0.001)  # not 55 %
+    assert gauge.model_load() == pytest.approx(0.8)
+    assert gauge.capacity() == 8  # (2 cores - 0.8 of one) / 15 % a call
+    full = gauge.full(8)
+    assert full is not None
+    assert (
+        full.reason
+        == "8 calls fill it (about 8 fit, at 15 % of a core each, the LLM taking 80 % of one)"
+    )
+
+
 def _busy_neighbour(gauge: LoadGauge, clock: Clock, others: list[float]) -> None:
     for _ in range(30):  # 60 % of a core beside the server, for 3 s
         clock.now += 0.1

@@ -27,7 +27,7 @@ from playbooks import OrchestratorOptions, PlaybookOrchestrator, load_playbook
 from playbooks.llm import ChatClient
 from server.call.session import SessionSettings
 from server.runtime.gguf import read_gguf
-from server.runtime.llamacpp import EmbeddedLLM, EmbeddedSettings
+from server.runtime.llamacpp import EmbeddedLLM, EmbeddedSettings, model_cpu_time
 from server.testkit.caller import WebRTCCaller
 from tests.browser import Browser
 from tests.calls import (
@@ -348,3 +348,8 @@ def test_the_model_threads_run_below_speech_work(model: EmbeddedLLM) -> None:
     nicer = [tid for tid, value in niceness.items() if value >= own + model.settings.niceness]
     assert len(nicer) >= 3, niceness
     assert os.environ.get("OMP_WAIT_POLICY") is None  # set only while llama.cpp loaded
+    # and by that niceness admission tells the model's CPU from the calls' (the model loaded
+    # and warmed up here): some, and less than the whole process's
+    used = model_cpu_time()
+    assert used is not None
+    assert 0 < used < time.process_time()

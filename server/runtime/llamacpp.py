@@ -37,7 +37,14 @@ from media.priority import BACKGROUND_NICENESS, in_background_thread
 from .cgroup import usable_cores
 from .gguf import GgufInfo
 
-__all__ = ["LLM_NICENESS", "EmbeddedLLM", "EmbeddedSettings", "ModelLoadError", "embedded_counts"]
+__all__ = [
+    "LLM_NICENESS",
+    "EmbeddedLLM",
+    "EmbeddedSettings",
+    "ModelLoadError",
+    "embedded_counts",
+    "model_cpu_time",
+]
 
 log = logging.getLogger(__name__)
 
@@ -197,6 +204,31 @@ class EmbeddedLLM:
         with self._lock:
             server, self._server = self._server, None
         del server  # llama.cpp's destructor joins its threads
+
+
+def model_cpu_time(task_dir: Path = Path("/proc/self/task")) -> float | None:
+    """CPU seconds this process's model threads (those at ``LLM_NICENESS`` or nicer than the
+    process: llama.cpp's and OpenMP's, started by :meth:`EmbeddedLLM.start`) have used, while
+    they live; None where Linux's per-thread accounting cannot be read. Admission counts it
+    apart from the calls' CPU."""
+    try:
+        base = os.getpriority(os.PRIO_PROCESS, 0)
+        tasks = list(task_dir.iterdir())
+    except OSError:
+        return None
+    ticks = 0
+    for task in tasks:
+        try:
+            fields = (task / "stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue  # the thread ended
+        # after the name: state(3) ... utime(14) stime(15) ... nice(19), counted from pid(1)
+        if int(fields[16]) - base >= LLM_NICENESS:
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / _TICKS_PER_S
+
+
+_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
 def tool_template(info: GgufInfo) -> str | None:

@@ -18,6 +18,8 @@ be admitted before any of them loads the machine. Admission therefore also count
 **measured cost**: the process's CPU per live call over windows in which the number of calls held
 steady and most of them were in turns (speaking or being answered: a call is counted over its
 turns, not averaged over its silences), smoothed across windows and remembered between bursts.
+An LLM run in the process (llama.cpp) is counted apart: its threads' CPU (``server/runtime/
+llamacpp.py``: ``model_cpu_time``) is left out of the calls' cost and taken out of their room.
 While the live calls, at that cost each, fill ``capacity_cpu_percent`` of the CPU the process
 may use (its control group's quota, else its cores: ``server/runtime/cgroup.py``), the next one
 is refused. Under a quota,
@@ -72,6 +74,8 @@ class LoadSample:
     """Answers' first words waiting for a synthesis worker."""
     calls_in_turn: int = 0
     """Live calls doing a turn's work (the caller speaking, or the agent answering)."""
+    model_cpu_s: float | None = None
+    """The CPU time of the LLM run in the process so far (None: none runs here)."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,7 @@ class LoadGauge:
         cores: float | None = None,
         calls: Callable[[], int] = lambda: 0,
         calls_in_turn: Callable[[], int] | None = None,
+        model_cpu_time: Callable[[], float | None] = lambda: None,
         cores_busy_time: Callable[[], float | None] = lambda: None,
         others_share_the_limit: bool = False,
         synthesis_backlog: Callable[[], int] = lambda: 0,
@@ -105,6 +110,7 @@ class LoadGauge:
         self._synthesis_backlog = synthesis_backlog
         self._calls = calls
         self._calls_in_turn = calls_in_turn or calls
+        self._model_cpu_time = model_cpu_time
         self.call_cost = settings.assumed_call_cpu_percent / 100
         """A live call's CPU, as a share of one core (measured; assumed until then)."""
         self._costed_at: float | None = None
@@ -144,6 +150,7 @@ class LoadGauge:
                 self._cores_busy_time(),
                 self._synthesis_backlog(),
                 self._calls_in_turn(),
+                self._model_cpu_time(),
             )
         )
         while len(self.samples) > 2 and now - self.samples[1].at >= self.settings.window_s:
@@ -167,7 +174,8 @@ class LoadGauge:
         if in_turn < count * IN_TURN_SHARE:
             return
         first, last = window
-        cost = (last.cpu_s - first.cpu_s) / (last.at - first.at) / count
+        cpu = last.cpu_s - first.cpu_s - self._model_seconds(first, last)
+        cost = cpu / (last.at - first.at) / count
         self.call_cost += COST_SMOOTHING * (cost - self.call_cost)
         self._costed_at = now
 
@@ -177,6 +185,22 @@ class LoadGauge:
         if len(samples) < 2 or samples[-1].at - samples[0].at < self.settings.window_s * 0.9:
             return None
         return samples[0], samples[-1]
+
+    @staticmethod
+    def _model_seconds(first: LoadSample, last: LoadSample) -> float:
+        if first.model_cpu_s is None or last.model_cpu_s is None:
+            return 0.0
+        return max(0.0, last.model_cpu_s - first.model_cpu_s)
+
+    def model_load(self) -> float:
+        """The CPU the LLM run in the process took over the window, as a share of one core
+        (0 without one, or until the window is full): counted apart from the calls' cost, and
+        taken out of their room."""
+        window = self._full_window()
+        if window is None:
+            return 0.0
+        first, last = window
+        return self._model_seconds(first, last) / (last.at - first.at)
 
     def others_load(self) -> float:
         """The CPU that other processes took over the window (on this process's cores, or in
@@ -199,7 +223,7 @@ class LoadGauge:
         share = self.settings.capacity_cpu_percent
         if not share or self.call_cost <= 0:
             return None
-        room = self.cores * share / 100
+        room = self.cores * share / 100 - self.model_load()
         if self.others_share_the_limit:
             room -= self.others_load()
         return max(1, math.floor(room / self.call_cost + 1e-9))
@@ -211,9 +235,11 @@ class LoadGauge:
         if capacity is None or live_calls < capacity:
             return None
         others = self.others_load() if self.others_share_the_limit else 0.0
+        model = self.model_load()
         reason = (
             f"{live_calls} calls fill it (about {capacity} fit, at "
             f"{self.call_cost * 100:.0f} % of a core each"
+            + (f", the LLM taking {model * 100:.0f} % of one" if model >= 0.01 else "")
             + (f", other processes taking {others * 100:.0f} % of one" if others >= 0.01 else "")
             + ")"
         )

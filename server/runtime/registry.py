@@ -31,6 +31,7 @@ from .call_directory import CallDirectory
 from .cgroup import cpu_limit
 from .cores import busy_time_reader
 from .engines import Engines
+from .llamacpp import model_cpu_time
 from .load import LoadGauge
 from .logs import bind_session
 from .memory import return_free_memory
@@ -104,6 +105,9 @@ class CallRegistry:
             synthesis_backlog=lambda: synthesis_backlog(engines.synthesizer) or 0,
             calls=lambda: len(self.calls),
             calls_in_turn=lambda: sum(call.session.in_turn for call in self.calls.values()),
+            model_cpu_time=lambda: (
+                model_cpu_time() if engines.llm_provider.embedded is not None else None
+            ),
             cores=limit.cores,
             cores_busy_time=limit.usage if limit.quota else busy_time_reader(),
             others_share_the_limit=limit.quota,
