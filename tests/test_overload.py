@@ -267,6 +267,7 @@ def _costed(
     *,
     quota: bool = False,
     in_turn: list[int] | None = None,
+    model: list[float] | None = None,
 ) -> tuple[LoadGauge, Clock]:
     """A gauge of 2 cores on a test clock; ``others``: CPU seconds other processes took so far
     (None: not measured here), in the same control group under its quota when ``quota``."""
@@ -279,6 +280,7 @@ def _costed(
         cores=2,
         calls=lambda: calls[0],
         calls_in_turn=None if in_turn is None else (lambda: in_turn[0]),
+        model_cpu_time=(lambda: None) if model is None else (lambda: model[0]),
         cores_busy_time=(lambda: None) if others is None else (lambda: clock.cpu + others[0]),
         others_share_the_limit=quota,
     )
@@ -308,17 +310,8 @@ def test_a_burst_is_refused_by_the_calls_measured_cost_before_its_load_shows() -
 
 def test_the_llm_in_the_process_is_counted_apart_from_the_calls() -> None:
     settings = OverloadSettings(capacity_cpu_percent=100, assumed_call_cpu_percent=15)
-    clock = Clock()
     model = [0.0]
-    gauge = LoadGauge(
-        settings,
-        lambda: 0,
-        clock=clock,
-        cpu_time=lambda: clock.cpu,
-        cores=2,
-        calls=lambda: 2,
-        model_cpu_time=lambda: model[0],
-    )
+    gauge, clock = _costed(settings, [2], model=model)
     for _ in range(600):  # two calls at 15 % of a core each, the model generating at 80 %
         clock.now += 0.1
         clock.cpu += 0.1 * (0.3 + 0.8)
