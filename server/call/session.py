@@ -106,8 +106,9 @@ _MOVES: dict[Phase, frozenset[Phase]] = {
 }
 
 ANSWERING = frozenset({Phase.PREPARING, Phase.THINKING, Phase.SPEAKING, Phase.PAUSED})
-_PREPARING_ANSWERS = frozenset({Phase.PREPARING, Phase.THINKING})
 """Phases with an answer under way."""
+_PREPARING_ANSWERS = frozenset({Phase.PREPARING, Phase.THINKING})
+"""Phases in which an answer is being prepared (not only played out)."""
 AUDIBLE = frozenset({Phase.THINKING, Phase.SPEAKING})
 """Phases with an answer under way that the caller hears (or is about to): not held, not
 paused."""
