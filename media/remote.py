@@ -151,6 +151,15 @@ class RemoteTranscriber:
             return False
         return True
 
+    @property
+    def backlog(self) -> None:
+        """Not told: the remote engine queues decodes its own way."""
+        return None
+
+    def has_idle_worker(self, *, besides: object = None) -> None:
+        """Not told, as :attr:`backlog`."""
+        return None
+
     async def aclose(self) -> None:
         await self._client.close()
 
@@ -254,6 +263,11 @@ class RemoteSynthesizer:
             log.warning("%s; calls will stay silent until it answers", exc)
             return False
         return True
+
+    @property
+    def backlog(self) -> None:
+        """Not told: the remote engine queues syntheses its own way."""
+        return None
 
     async def aclose(self) -> None:
         """Close the connections (a variant leaves them to the engine it came from)."""

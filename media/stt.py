@@ -31,7 +31,6 @@ __all__ = [
     "Transcriber",
     "TranscriberSettings",
     "Transcript",
-    "decode_backlog",
     "default_whisper_model",
     "repeats",
     "screen",
@@ -62,22 +61,6 @@ _NOISE_PHRASES = frozenset(
     }
 )
 _ANNOTATION = re.compile(r"^\s*[\[\(\*♪].*[\]\)\*♪]\s*$")
-
-
-def decode_backlog(stt: object) -> int | None:
-    """Decodes waiting for a worker of ``stt``'s pool (:attr:`Transcriber.backlog`); None for
-    an engine that does not tell (a remote one)."""
-    backlog = getattr(stt, "backlog", None)
-    return backlog if isinstance(backlog, int) else None
-
-
-def has_idle_worker(stt: object, *, besides: object = None) -> bool | None:
-    """Whether a decode submitted to ``stt`` now would start at once, ``besides``' own decodes
-    aside (:meth:`Transcriber.has_idle_worker`); None for an engine that does not tell (a
-    remote one)."""
-    check = getattr(stt, "has_idle_worker", None)
-    idle = check(besides=besides) if callable(check) else None
-    return idle if isinstance(idle, bool) else None
 
 
 def default_whisper_model() -> str:
@@ -139,6 +122,17 @@ class SpeechToText(Protocol):
         (a speculative decode's, until its answer could start); an engine that queues decodes
         runs the ones needed soonest first. ``owner``: whose decode it is (a call), for an
         engine that tells how busy it is besides one owner's decodes."""
+        ...
+
+    @property
+    def backlog(self) -> int | None:
+        """Decodes waiting for a worker (not the ones running): how far behind recognition is;
+        None for an engine that does not tell (a remote one)."""
+        ...
+
+    def has_idle_worker(self, *, besides: object = None) -> bool | None:
+        """Whether a decode submitted now would start at once, ``besides``' own decodes aside;
+        None for an engine that does not tell (a remote one)."""
         ...
 
     async def aclose(self) -> None:

@@ -38,7 +38,6 @@ __all__ = [
     "default_piper_voice",
     "onnx_session",
     "piper_voice",
-    "synthesis_backlog",
     "synthesis_threads",
 ]
 
@@ -61,13 +60,6 @@ CALIBRATION_TEXT = "This is how the first words of an answer are said, a window 
 (:meth:`.piper_stream.SplitVoiceSession.calibrate`)."""
 
 _DONE = object()
-
-
-def synthesis_backlog(tts: object) -> int | None:
-    """First words waiting for a worker of ``tts``'s pool (:attr:`Synthesizer.backlog`); None
-    for an engine that does not tell (a remote one)."""
-    backlog = getattr(tts, "backlog", None)
-    return backlog if isinstance(backlog, int) else None
 
 
 def default_piper_voice() -> tuple[Path, Path]:
@@ -116,6 +108,12 @@ class TextToSpeech(Protocol):
         silence for it (an answer's first words): an engine shared by calls does it first.
         Otherwise ``slack_s``: how long from now its audio is needed (the audio queued before it
         plays that long); an engine shared by calls does the one needed soonest first."""
+        ...
+
+    @property
+    def backlog(self) -> int | None:
+        """Answers' first words waiting for a worker: callers waiting in silence for a
+        synthesis to start; None for an engine that does not tell (a remote one)."""
         ...
 
     async def aclose(self) -> None:
@@ -471,6 +469,11 @@ class _Variant:
         )
         async for piece in owner._stream(chunks, self.sample_rate, urgent, slack_s):
             yield piece
+
+    @property
+    def backlog(self) -> int:
+        """The owner's: a variant shares its workers."""
+        return self._owner.backlog
 
     async def aclose(self) -> None:
         """Nothing of its own: the owner's workers and voices outlive it."""

@@ -25,7 +25,8 @@ import openai
 from openai import AsyncOpenAI
 
 from .forced_calls import forced_call_format
-from .markup import MarkupFilter, TextToolCall, schema_problem
+from .markup import MarkupFilter, TextToolCall
+from .schema import arguments_problem
 
 __all__ = [
     "ChatClient",
@@ -251,7 +252,7 @@ class ChatStream:
         elif call.name not in self._offered:
             problem = f"no tool {call.name!r} was offered"
         else:
-            problem = schema_problem(call.arguments, self._offered[call.name])
+            problem = arguments_problem(call.arguments, self._offered[call.name])
         if problem is not None:
             log.warning("dropped a tool call written as text (%s): %.160r", problem, call.markup)
             return

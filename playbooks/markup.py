@@ -15,7 +15,8 @@ releases the speakable text, holding nothing back but what could still open mark
 
 Whatever is dropped is logged (logger ``playbooks.markup``), one line, truncated. Unknown
 ``<tags>`` and a lone ``<``, ``{`` or backtick in prose are released as soon as they cannot open
-markup any more. :func:`schema_problem` tells whether a text tool call's arguments fit a tool.
+markup any more. Whether a text tool call's arguments fit a tool is
+:func:`playbooks.schema.arguments_problem`'s to say.
 """
 
 from __future__ import annotations
@@ -23,11 +24,10 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["MarkupFilter", "TextToolCall", "schema_problem"]
+__all__ = ["MarkupFilter", "TextToolCall"]
 
 log = logging.getLogger(__name__)
 
@@ -363,64 +363,3 @@ def _tool_calls(value: Any) -> list[tuple[str, dict[str, Any]]] | None:
     if arguments is None:
         arguments = {}
     return [(name, arguments)] if isinstance(arguments, dict) else None
-
-
-_JSON_TYPES: dict[str, Callable[[Any], bool]] = {
-    "string": lambda v: isinstance(v, str),
-    "integer": lambda v: (
-        (isinstance(v, int) and not isinstance(v, bool))
-        or (isinstance(v, float) and v.is_integer())
-    ),
-    "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
-    "boolean": lambda v: isinstance(v, bool),
-    "array": lambda v: isinstance(v, list),
-    "object": lambda v: isinstance(v, dict),
-    "null": lambda v: v is None,
-}
-
-
-def schema_problem(value: Any, schema: Any, where: str = "arguments") -> str | None:
-    """What keeps ``value`` from fitting the JSON schema ``schema``, or None when it fits.
-
-    Checks what tool parameters declare: ``type`` (one or a list), ``anyOf``/``oneOf``,
-    ``enum``, an object's ``required`` keys, ``properties`` and ``additionalProperties: false``,
-    an array's ``items``. Anything else (``$ref``, formats, bounds) is taken as satisfied.
-    """
-    if not isinstance(schema, dict):
-        return None
-    for key in ("anyOf", "oneOf"):
-        options = schema.get(key)
-        if (
-            isinstance(options, list)
-            and options
-            and all(schema_problem(value, option, where) for option in options)
-        ):
-            return f"{where} fits none of its allowed forms"
-    declared = schema.get("type")
-    types = [declared] if isinstance(declared, str) else declared
-    known = [t for t in types if t in _JSON_TYPES] if isinstance(types, list) else []
-    if known and not any(_JSON_TYPES[t](value) for t in known):
-        return f"{where} is not of type {'/'.join(known)}"
-    enum = schema.get("enum")
-    if isinstance(enum, list) and value not in enum:
-        return f"{where} is not one of {enum}"
-    if isinstance(value, dict):
-        properties = schema.get("properties")
-        properties = properties if isinstance(properties, dict) else {}
-        required = schema.get("required")
-        missing = [k for k in required if k not in value] if isinstance(required, list) else []
-        if missing:
-            return f"{where} lacks {', '.join(map(str, missing))}"
-        extra = sorted(set(value) - set(properties))
-        if schema.get("additionalProperties") is False and extra:
-            return f"{where} has unknown {', '.join(extra)}"
-        for key, item in value.items():
-            problem = schema_problem(item, properties.get(key), f"{where}.{key}")
-            if problem:
-                return problem
-    if isinstance(value, list):
-        for index, item in enumerate(value):
-            problem = schema_problem(item, schema.get("items"), f"{where}[{index}]")
-            if problem:
-                return problem
-    return None

@@ -8,11 +8,13 @@ and is not sent on. :func:`plain` turns validated values back into JSON data.
 
 from __future__ import annotations
 
+import functools
+import json
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
-__all__ = ["UNSET", "arguments_model", "plain"]
+__all__ = ["UNSET", "arguments_model", "arguments_problem", "plain"]
 
 
 class _Unset:
@@ -49,6 +51,33 @@ def arguments_model(name: str, schema: dict[str, Any]) -> tuple[type[BaseModel],
     model = _object_model(f"{name}_arguments", schema, defs, 0, extra=extra, top=True)
     aliases = {f"f{i}": key for i, key in enumerate(schema.get("properties", {}))}
     return model, aliases
+
+
+def arguments_problem(arguments: Any, schema: dict[str, Any]) -> str | None:
+    """What keeps ``arguments`` from being a valid call of a tool whose parameters are
+    ``schema``, validated as a tool whose schema is data validates them (:func:`arguments_model`);
+    None when they are. E.g. ``arguments.days: Input should be a valid integer``."""
+    if not isinstance(arguments, dict):
+        return "arguments: must be an object"
+    try:
+        model = _model_of(json.dumps(schema, sort_keys=True))
+        model.model_validate(arguments)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        where = "arguments" + "".join(
+            f"[{part}]" if isinstance(part, int) else f".{part}" for part in error["loc"]
+        )
+        return f"{where}: {error['msg']}"
+    except (TypeError, ValueError) as exc:  # a schema pydantic cannot express
+        return f"the tool's schema cannot be checked: {exc}"
+    return None
+
+
+@functools.lru_cache(maxsize=256)
+def _model_of(schema: str) -> type[BaseModel]:
+    """The arguments model of a schema (as sorted JSON), built once: a tool offered at every
+    turn is checked at every turn."""
+    return arguments_model("tool", json.loads(schema))[0]
 
 
 def _object_model(

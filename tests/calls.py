@@ -29,7 +29,7 @@ from server.config.server import ServerConfig
 from server.http.app import create_app
 from server.runtime.engines import Engines
 from server.runtime.llm_provider import LLMProvider
-from server.transports.loopback import LoopbackCall
+from tests.loopback_call import LoopbackCall
 from tests.speech import (
     espeak_wav,
     piper_speech,

@@ -10,11 +10,11 @@ import pytest
 
 from media import Speaker
 from playbooks import PlaybookOrchestrator, load_playbook
-from server.call.events import VoiceEvent
-from server.call.voice import MAX_ARGUMENTS_CHARS, VoicePlaybookOrchestrator, tool_arguments
+from server.call.events import MAX_ARGUMENTS_CHARS, VOICE_EVENT_TYPES, VoiceEvent, tool_arguments
+from server.call.voice import VoicePlaybookOrchestrator
 from server.transports.client_events import CLIENT_ERRORS, client_view
 from tests.calls import synthesizer, transcriber
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, REPO
 
 
 @pytest.mark.parametrize("source", sorted(CLIENT_ERRORS))
@@ -89,3 +89,9 @@ def test_long_arguments_are_cut_to_their_first_characters() -> None:
     exact = {"note": "x" * (MAX_ARGUMENTS_CHARS - len('{"note": ""}'))}
     assert tool_arguments(json.dumps(exact)) == exact  # at the limit: kept whole
     assert tool_arguments("y" * 2500) == "y" * 1997 + "..."
+
+
+def test_every_kind_of_voice_event_is_documented_for_clients() -> None:
+    voice_md = (REPO / "docs" / "voice.md").read_text()
+    section = voice_md.split("## Events and per-turn metrics", 1)[1].split("\n## ", 1)[0]
+    assert {kind for kind in VOICE_EVENT_TYPES if f"`{kind}`" not in section} == set()

@@ -192,6 +192,10 @@ class _HeldAfterFirstPiece:
             if pieces == 1:
                 await self.go.wait()
 
+    @property
+    def backlog(self) -> int:
+        return self.inner.backlog
+
     async def aclose(self) -> None:
         """The inner synthesizer is the module's."""
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from server.http.siblings import merge_metrics, worker_of
+from server.http.siblings import control_socket, merge_metrics, worker_of
 from server.runtime.logs import JsonFormatter, bind_session, configure_logging
 from server.runtime.ratelimit import RateLimited, RateLimiter, client_address
 from server.testkit.caller import WebRTCCaller
@@ -344,11 +344,15 @@ async def test_workers_share_the_port_and_route_hangups_and_metrics(
                         assert 'vocable_sessions_total{worker="0"}' in metrics
                         assert 'vocable_sessions_total{worker="1"}' in metrics
                         metrics_checked = True
+                    events = await _events_from_the_other_worker(server, caller.session_id)
                     url = f"{server.base}/sessions/{caller.session_id}"
                     async with http.delete(url) as response:
                         assert response.status == 200, await response.text()
                     hangup = await caller.wait_for("hangup", timeout_s=10)
                     assert hangup["reason"] == "hung up by the client"
+                    relayed = await asyncio.wait_for(events, timeout=10)
+                    assert relayed[-1]["type"] == "hangup", relayed  # and the stream ended
+                    assert relayed[-1]["reason"] == "hung up by the client"
                     async with http.delete(url) as response:
                         assert response.status == 404  # and it is gone
                 finally:
@@ -357,6 +361,32 @@ async def test_workers_share_the_port_and_route_hangups_and_metrics(
         err = await _stop(server, timeout_s=60)
     assert server.process.returncode == 0, err
     assert "Traceback" not in err
+
+
+async def _events_from_the_other_worker(
+    server: Served, call_id: str
+) -> asyncio.Task[list[dict[str, object]]]:
+    """``GET /calls/{id}/events`` sent to the worker that does not hold the call (over its
+    control socket), once its stream has started: a task giving the items until it ends."""
+    port = int(server.base.rsplit(":", 1)[1])
+    other = control_socket(port, 1 - (worker_of(call_id) or 0))
+    http = aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=str(other)))
+    response = await http.get(f"http://worker/calls/{call_id}/events")
+    assert response.status == 200, await response.text()
+    assert response.content_type == "text/event-stream"
+
+    async def read() -> list[dict[str, object]]:
+        items = []
+        try:
+            async for line in response.content:
+                if line.startswith(b"data: "):
+                    items.append(json.loads(line[6:]))
+        finally:
+            response.release()
+            await http.close()
+        return items
+
+    return asyncio.create_task(read())
 
 
 @pytest.mark.slow

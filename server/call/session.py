@@ -68,7 +68,6 @@ from media import (
     VadSegmenter,
     VadSettings,
 )
-from media.stt import decode_backlog, has_idle_worker
 from media.turn_model import TurnModel
 from playbooks import BargeInPolicy
 
@@ -430,13 +429,10 @@ class Session:
         configured = self.settings.vad.pause_ms
         if not quick or not configured or quick >= configured:
             return configured
-        idle = has_idle_worker(self.voice.transcriber, besides=self.id)
+        idle = self.voice.transcriber.has_idle_worker(besides=self.id)
         if idle is None:
-            idle = self._decode_backlog() == 0
+            idle = self.voice.transcriber.backlog == 0
         return quick if idle else configured
-
-    def _decode_backlog(self) -> int | None:
-        return decode_backlog(self.voice.transcriber)
 
     def _speculate(self, paused: SpeechPaused, *, again: bool = False) -> None:
         """Transcribe the utterance so far, unless it cannot become a turn (a short sound over
@@ -449,7 +445,7 @@ class Session:
             self._skipped_pause = None
             return
         skip = self.settings.endpoint.skip_backlog
-        backlog = self._decode_backlog()
+        backlog = self.voice.transcriber.backlog
         if skip and backlog is not None and backlog >= skip:
             if not again:
                 self._count("skipped")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -41,15 +40,13 @@ from media.tts import VoiceSettings, VoiceVariants
 from playbooks import BargeInPolicy, OrchestratorEvent, PlaybookOrchestrator, Retraction, Turn
 from playbooks.models import Voice
 
-from .events import VoiceEvent, VoiceEventHandler, VoiceEventType
+from .events import VoiceEvent, VoiceEventHandler, VoiceEventType, voice_event_of
 from .timeline import TurnTimeline
 
-__all__ = ["MAX_ARGUMENTS_CHARS", "SpokenVoice", "VoicePlaybookOrchestrator", "tool_arguments"]
+__all__ = ["SpokenVoice", "VoicePlaybookOrchestrator"]
 
 log = logging.getLogger(__name__)
 
-MAX_ARGUMENTS_CHARS = 2000
-"""The most of a tool call's arguments a ``tool_call_start`` event carries, as JSON text."""
 FIRST_PHRASE_MIN_WORDS = 3
 """An answer's first chunk may end before a phrase-opening word once it holds this many words
 (``SentenceChunker.first_phrase_min_words``): "It should arrive" is synthesized while "on Friday
@@ -232,49 +229,16 @@ class VoicePlaybookOrchestrator:
         self.emit("turn_metrics", **timeline.metrics_ms())
 
     def _forward(self, event: OrchestratorEvent) -> None:
-        """Orchestrator events clients care about, renamed to the voice vocabulary."""
-        data = event.data
-        match event.type:
-            case "tool_call_start":
-                call = data["call"]
-                self.emit(
-                    "tool_call_start",
-                    name=call["name"],
-                    id=call["id"],
-                    arguments=tool_arguments(call["arguments"]),
-                )
-            case "tool_call_complete":
-                self.emit(
-                    "tool_call_end",
-                    name=data["call"]["name"],
-                    id=data["call"]["id"],
-                    error=data["error"],
-                    result=tool_arguments(data["result"]),
-                    duration_ms=data["duration_ms"],
-                )
-            case "stage_entered":
-                voice = self._switch_voice()
-                stage = data["stage"]
-                self.emit("stage_change", stage=stage["id"], name=stage["name"], voice=voice.id)
-            case "language_changed":
-                voice = self._switch_voice()
-                self.emit("language_change", language=data["language"], voice=voice.id)
-            case "delegation_start":
-                if data.get("say") and self._speech is not None:
-                    self._speech.interject(data["say"])  # the workers run on meanwhile
-                self.emit("delegation_start", workers=data["workers"], mode=data["mode"])
-            case "delegation_end":
-                self.emit("delegation_end", workers=data["workers"], mode=data["mode"])
-            case (
-                "transfer_started" | "transfer_answered" | "transfer_requested" | "transfer_failed"
-            ):
-                self.emit(event.type, **data)
-            case "error":
-                tool = {"tool": data["tool"]} if "tool" in data else {}
-                source = data.get("source", "llm")
-                self.emit("error", source=source, message=data["message"], **tool)
-            case _:
-                pass
+        """The engine's events clients care about, as voice events (:func:`voice_event_of`);
+        a stage or language change switches the voice first, a delegation speaks its line."""
+        voice = None
+        if event.type in ("stage_entered", "language_changed"):
+            voice = self._switch_voice().id
+        elif event.type == "delegation_start" and event.data.get("say") and self._speech:
+            self._speech.interject(event.data["say"])  # the workers run on meanwhile
+        translated = voice_event_of(event, self.clock(), voice=voice)
+        if translated is not None:
+            self._emit_event(translated)
 
     def _switch_voice(self) -> SpokenVoice:
         """The voice after a stage or language change; the answer being spoken goes on in it
@@ -283,27 +247,6 @@ class VoicePlaybookOrchestrator:
         if self._speech is not None:
             self._speech.switch(voice)
         return voice
-
-
-def tool_arguments(raw: str) -> dict[str, Any] | str:
-    """A tool call's arguments (or result) as its ``tool_call_start`` (``tool_call_end``) event
-    carries them: the JSON object
-    the LLM wrote, else (not JSON, or JSON but not an object) its raw text. When the object's
-    JSON, or the text, is longer than MAX_ARGUMENTS_CHARS, it is cut to that many characters,
-    the last three ``...``: a string."""
-    try:
-        value = json.loads(raw, parse_constant=_no_constant)
-        text = json.dumps(value, ensure_ascii=False) if isinstance(value, dict) else raw
-    except (ValueError, RecursionError):
-        value = text = raw
-    if len(text) > MAX_ARGUMENTS_CHARS:
-        return text[: MAX_ARGUMENTS_CHARS - 3] + "..."
-    return value if isinstance(value, dict) else raw
-
-
-def _no_constant(name: str) -> Any:
-    """``NaN`` and ``Infinity`` are not JSON: clients could not parse them back."""
-    raise ValueError(f"{name} is not JSON")
 
 
 class _Speech:

@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import os
 from collections.abc import AsyncIterator, Callable
 
@@ -40,9 +39,10 @@ from server.transports.sip_outbound import OutboundCall
 from server.transports.webrtc import BadOffer, open_webrtc_call
 
 from .auth import require_token
+from .bodies import BadBody, OfferBody, PlaceCallBody, read_body
 from .middleware import cors, errors_as_json, json_error, remember_prepared
-from .replicas import relay_to_holder
-from .siblings import Siblings, merge_metrics, worker_of
+from .relay import Relay
+from .siblings import Siblings, merge_metrics
 
 __all__ = ["AUDIOSOCKET", "CALLS", "CONFIG", "ENGINES", "METRICS", "create_app"]
 
@@ -55,6 +55,7 @@ METRICS = web.AppKey("metrics", ServerMetrics)
 AUDIOSOCKET = web.AppKey("audiosocket", AudioSocketServer)
 SIP = web.AppKey("sip", SipServer)
 SIBLINGS = web.AppKey("siblings", Siblings)
+RELAY = web.AppKey("relay", Relay)
 
 MAX_SDP_BYTES = 64 * 1024
 
@@ -70,6 +71,7 @@ def create_app(config: ServerConfig, engines: Engines | None = None) -> web.Appl
     app[CONFIG] = config
     app[METRICS] = ServerMetrics()
     app[SIBLINGS] = Siblings(config)
+    app.cleanup_ctx.append(_siblings_context)
     app.cleanup_ctx.append(_engines_context(engines))
     app.cleanup_ctx.append(_calls_context)
     app.router.add_get("/", _index)
@@ -101,6 +103,12 @@ def _engines_context(
     return context
 
 
+async def _siblings_context(app: web.Application) -> AsyncIterator[None]:
+    await app[SIBLINGS].start()
+    yield
+    await app[SIBLINGS].aclose()
+
+
 async def _calls_context(app: web.Application) -> AsyncIterator[None]:
     metrics = app[METRICS]
     config = app[CONFIG]
@@ -112,7 +120,8 @@ async def _calls_context(app: web.Application) -> AsyncIterator[None]:
         if tracer is not None:
             tracer.observe(event)
 
-    calls = CallRegistry(config, app[ENGINES], observe)
+    http = aiohttp.ClientSession()  # the calls' own requests: one session for the application
+    calls = CallRegistry(config, app[ENGINES], observe, http)
     app[CALLS] = calls
     metrics.active_sessions.set_function(lambda: len(calls))
     audiosocket = None
@@ -131,6 +140,7 @@ async def _calls_context(app: web.Application) -> AsyncIterator[None]:
         await directory.start()  # raises DirectoryUnavailable: the server does not start
         calls.directory = directory
         directory_renewal = asyncio.create_task(directory.run(), name="call-directory")
+    app[RELAY] = Relay(app[SIBLINGS], calls.directory, http)
     async with calls.load.running(), calls.recordings.running():
         yield
     if directory_renewal is not None:
@@ -142,6 +152,7 @@ async def _calls_context(app: web.Application) -> AsyncIterator[None]:
     if audiosocket is not None:
         await audiosocket.close()
     await calls.close_all()
+    await http.close()
     if calls.directory is not None:
         await calls.directory.aclose()
     if provider is not None:
@@ -195,28 +206,15 @@ async def _offer(request: web.Request) -> web.Response:
     if request.content_length is not None and request.content_length > MAX_SDP_BYTES:
         return json_error(413, f"offer too large (at most {MAX_SDP_BYTES} bytes)")
     try:
-        body = await request.json()
-    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
-        return json_error(400, 'the body must be JSON: {"sdp": ..., "type": "offer"}')
-    if not isinstance(body, dict):
-        return json_error(400, "the body must be a JSON object")
-    sdp, kind, playbook = body.get("sdp"), body.get("type"), body.get("playbook")
-    if kind != "offer":
-        return json_error(400, 'type must be "offer"')
-    if not isinstance(sdp, str) or not sdp.strip():
-        return json_error(400, "sdp must be a non-empty string")
-    try:
-        size = len(sdp.encode())
-    except UnicodeEncodeError:  # a lone surrogate escape such as "\ud800"
-        return json_error(400, "sdp must be valid Unicode text")
-    if size > MAX_SDP_BYTES:
+        offer = await read_body(request, OfferBody)
+    except BadBody as exc:
+        return json_error(400, str(exc))
+    if len(offer.sdp.encode()) > MAX_SDP_BYTES:
         return json_error(413, f"offer too large (at most {MAX_SDP_BYTES} bytes)")
-    if playbook is not None and not isinstance(playbook, str):
-        return json_error(400, "playbook must be a string id")
     calls = request.app[CALLS]
     try:
         call = await open_webrtc_call(
-            calls, sdp, playbook, _client_address(request), record=_recorded(request)
+            calls, offer.sdp, offer.playbook, _client_address(request), record=_recorded(request)
         )
     except BadOffer as exc:
         return json_error(400, str(exc))
@@ -264,20 +262,9 @@ async def _media_stream(request: web.Request) -> web.StreamResponse:
 async def _hangup(request: web.Request) -> web.StreamResponse:
     _require_token(request)
     session_id = request.match_info["session_id"]
-    siblings = request.app[SIBLINGS]
-    worker = worker_of(session_id)
-    if worker is not None and worker in siblings.sockets:  # another worker holds this call
-        headers = {k: v for k, v in request.headers.items() if k == "Authorization"}
-        try:
-            status, body, kind = await siblings.request(
-                worker, "DELETE", f"/sessions/{session_id}", headers
-            )
-        except (OSError, aiohttp.ClientError, TimeoutError):
-            return json_error(404, "no such session")  # that worker is gone, and its calls with it
-        return web.Response(status=status, body=body, content_type=kind)
     calls = request.app[CALLS]
     if session_id not in calls.calls:
-        relayed = await relay_to_holder(request, calls.directory, session_id)
+        relayed = await request.app[RELAY].answer(request, session_id, gone="no such session")
         if relayed is not None:
             return relayed
     if not await calls.hangup(session_id):
@@ -294,25 +281,16 @@ async def _place_call(request: web.Request) -> web.Response:
     if sip is None:
         return json_error(409, "outbound calls need the SIP endpoint: start the server with --sip")
     try:
-        body = await request.json()
-    except (ValueError, RecursionError):
-        return json_error(400, 'the body must be JSON: {"to": "sip:user@host", "playbook": ...}')
-    if not isinstance(body, dict):
-        return json_error(400, "the body must be a JSON object")
-    to, playbook, ring = body.get("to"), body.get("playbook"), body.get("ring_timeout_s")
-    if not isinstance(to, str):
-        return json_error(400, "to must be a SIP URI string, e.g. sip:alice@192.0.2.7:5060")
-    if playbook is not None and not isinstance(playbook, str):
-        return json_error(400, "playbook must be a string id")
-    if ring is not None and (
-        isinstance(ring, bool)
-        or not isinstance(ring, int | float)
-        or not math.isfinite(ring)
-        or not 0 < ring <= 600
-    ):
-        return json_error(400, "ring_timeout_s must be a number of seconds in (0, 600]")
+        body = await read_body(request, PlaceCallBody)
+    except BadBody as exc:
+        return json_error(400, str(exc))
     try:
-        call = sip.place_call(to, playbook, ring_timeout_s=ring, address=_client_address(request))
+        call = sip.place_call(
+            body.to,
+            body.playbook,
+            ring_timeout_s=body.ring_timeout_s,
+            address=_client_address(request),
+        )
     except ValueError as exc:
         return json_error(400, str(exc))
     except (UnknownPlaybook, OverCapacity, RateLimited) as exc:
@@ -329,7 +307,7 @@ def _outbound(request: web.Request) -> OutboundCall | None:
 
 
 def _followed(request: web.Request) -> TransportCall | None:
-    """The call the request names that this replica holds, of any transport (an outbound
+    """The call the request names that this process holds, of any transport (an outbound
     call also once ended, while it is kept); None if unknown."""
     call = request.app[CALLS].get(request.match_info["session_id"])
     if isinstance(call, TransportCall):
@@ -338,10 +316,10 @@ def _followed(request: web.Request) -> TransportCall | None:
 
 
 async def _held_elsewhere(request: web.Request, what: str) -> web.StreamResponse:
-    """The answer of the replica holding the call the request names (none here); raises 404
-    ``{"error": what}`` when no replica does."""
+    """The answer of the process (worker or replica) holding the call the request names
+    (none here); raises 404 ``{"error": what}`` when no process does."""
     session_id = request.match_info["session_id"]
-    relayed = await relay_to_holder(request, request.app[CALLS].directory, session_id)
+    relayed = await request.app[RELAY].answer(request, session_id, gone=what)
     if relayed is None:
         raise web.HTTPNotFound(text=json.dumps({"error": what}), content_type="application/json")
     return relayed
@@ -360,7 +338,7 @@ async def _call_events(request: web.Request) -> web.StreamResponse:
     """Any call's events as server-sent events (``data: {json}``), from its first (the last
     500 kept): its voice events as its caller sees them, a ``hangup`` item with the reason and,
     for an outbound call, a ``call`` item at each state. The stream ends when the call has
-    ended; 404 for a call no replica holds (a WebRTC or inbound call is forgotten once it
+    ended; 404 for a call no process holds (a WebRTC or inbound call is forgotten once it
     ended; an outbound one is kept a while)."""
     _require_token(request)
     call = _followed(request)

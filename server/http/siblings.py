@@ -1,5 +1,6 @@
 """The other worker processes of a ``--workers N`` server, reached over their control sockets:
-hang-ups routed to the worker that holds the call, metrics gathered from all of them."""
+requests about a call passed to the worker that holds it (:mod:`server.http.relay`), metrics
+gathered from all of them."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from server.config.server import ServerConfig
 __all__ = ["Siblings", "control_socket", "merge_metrics", "worker_of"]
 
 _WORKER_PREFIX = re.compile(r"^w(\d{1,3})\.")
-_TIMEOUT = aiohttp.ClientTimeout(total=5.0)
+_METRICS_TIMEOUT = aiohttp.ClientTimeout(total=5.0)
 
 
 def control_socket(port: int, worker: int) -> Path:
@@ -36,7 +37,8 @@ def worker_of(call_id: str) -> int | None:
 
 
 class Siblings:
-    """This worker's view of the others (none when the server runs one process)."""
+    """This worker's view of the others (none when the server runs one process): one client
+    session per sibling, open between :meth:`start` and :meth:`aclose`."""
 
     def __init__(self, config: ServerConfig) -> None:
         self.me = config.worker_index
@@ -45,31 +47,37 @@ class Siblings:
             for index in range(config.workers)
             if config.workers > 1 and index != config.worker_index
         }
+        self._sessions: dict[int, aiohttp.ClientSession] = {}
 
-    async def request(
-        self, worker: int, method: str, path: str, headers: Mapping[str, str]
-    ) -> tuple[int, bytes, str]:
-        """Pass a request to ``worker``; (status, body, content type). Raises OSError or
-        aiohttp.ClientError when it cannot be reached."""
-        socket = self.sockets[worker]
-        connector = aiohttp.UnixConnector(path=str(socket))
-        async with (
-            aiohttp.ClientSession(connector=connector, timeout=_TIMEOUT) as session,
-            session.request(method, f"http://worker{path}", headers=dict(headers)) as response,
-        ):
-            return response.status, await response.read(), response.content_type
+    async def start(self) -> None:
+        """Open a session per sibling (inside the running loop, as aiohttp requires)."""
+        self._sessions = {
+            index: aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=str(path)))
+            for index, path in self.sockets.items()
+        }
+
+    async def aclose(self) -> None:
+        sessions, self._sessions = self._sessions, {}
+        await asyncio.gather(*(session.close() for session in sessions.values()))
+
+    def session(self, worker: int) -> aiohttp.ClientSession | None:
+        """The session reaching sibling ``worker`` (base URL ``http://worker``); None for this
+        worker itself or one the server does not have."""
+        return self._sessions.get(worker)
 
     async def metrics(self) -> dict[int, str]:
         """Every reachable sibling's own metrics text, by worker index."""
 
-        async def one(worker: int) -> tuple[int, str] | None:
+        async def one(worker: int, http: aiohttp.ClientSession) -> tuple[int, str] | None:
             with contextlib.suppress(OSError, aiohttp.ClientError, TimeoutError):
-                status, body, _ = await self.request(worker, "GET", "/metrics?local=1", {})
-                if status == 200:
-                    return worker, body.decode()
+                async with http.get(
+                    "http://worker/metrics?local=1", timeout=_METRICS_TIMEOUT
+                ) as response:
+                    if response.status == 200:
+                        return worker, await response.text()
             return None
 
-        found = await asyncio.gather(*(one(worker) for worker in self.sockets))
+        found = await asyncio.gather(*(one(w, http) for w, http in self._sessions.items()))
         return dict(item for item in found if item is not None)
 
 

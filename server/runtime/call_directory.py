@@ -4,7 +4,7 @@ Every replica writes ``vocable:call:ID`` -> its internal URL (``--internal-url``
 it holds, with an expiry of TTL_S that it renews every RENEW_S, and deletes the entry when the
 call ends. A replica that dies takes its entries with it within TTL_S. A replica asked about a
 call it does not hold looks the holder up here and passes the request on
-(``server/http/replicas.py``); the internal URLs never reach a client.
+(``server/http/relay.py``); the internal URLs never reach a client.
 
 Redis lost while serving: calls go on, entries are written again once it is back (redis-py
 reconnects on the next command), and a lookup raises :class:`DirectoryUnavailable` meanwhile.

@@ -101,6 +101,8 @@ class EmbeddedLLM:
         """The endpoint's base URL, for the ``openai`` client."""
         self.origin: str = server.listening_address
         self._lock = threading.Lock()
+        self._http: tuple[asyncio.AbstractEventLoop, aiohttp.ClientSession] | None = None
+        """The session of this model's own reads (metrics, slots), and the loop it is in."""
 
     @property
     def model(self) -> str:
@@ -176,16 +178,23 @@ class EmbeddedLLM:
 
     async def _get(self, path: str) -> str | None:
         """The body of llama.cpp's answer to ``GET path``; None unless 200 within 1 s."""
-        timeout = aiohttp.ClientTimeout(total=1.0)
-        headers = {"Authorization": f"Bearer {self.api_key}"}
         try:
-            async with (
-                aiohttp.ClientSession(timeout=timeout) as http,
-                http.get(f"{self.origin}{path}", headers=headers) as response,
-            ):
+            async with self._session().get(f"{self.origin}{path}") as response:
                 return await response.text() if response.status == 200 else None
         except (aiohttp.ClientError, TimeoutError):
             return None
+
+    def _session(self) -> aiohttp.ClientSession:
+        """One session for this model's reads, made in the running loop (a model loaded by a
+        supervisor outlives the loop that loaded it) and closed by :meth:`aclose`."""
+        loop = asyncio.get_running_loop()
+        if self._http is None or self._http[0] is not loop:
+            session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=1.0),
+                headers={"Authorization": f"Bearer {self.api_key}"},
+            )
+            self._http = (loop, session)
+        return self._http[1]
 
     async def aclose(self, settle_s: float = 5.0) -> None:
         """Free the model once no request is in flight (waiting up to ``settle_s``).
@@ -196,6 +205,11 @@ class EmbeddedLLM:
         deadline = time.monotonic() + settle_s
         while await self.generating() > 0 and time.monotonic() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.05)  # (llama.cpp tells no one when a slot is done)
+        if self._http is not None:
+            loop, session = self._http
+            self._http = None
+            if loop is asyncio.get_running_loop():
+                await session.close()
         await asyncio.to_thread(self.close)
 
     def close(self) -> None:

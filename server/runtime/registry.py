@@ -15,9 +15,9 @@ from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from typing import Any, Protocol, TypeVar
 
+import aiohttp
+
 from media import Speaker, Synthesizer
-from media.stt import decode_backlog
-from media.tts import synthesis_backlog
 from playbooks import OrchestratorOptions, PlaybookOrchestrator
 from server.call.events import VoiceEvent
 from server.call.recorder import CallRecorder
@@ -87,10 +87,17 @@ class CallRegistry:
     """Live calls by id, built from shared engines; ``on_event`` sees every call's events."""
 
     def __init__(
-        self, config: ServerConfig, engines: Engines, on_event: Callable[[VoiceEvent], None]
+        self,
+        config: ServerConfig,
+        engines: Engines,
+        on_event: Callable[[VoiceEvent], None],
+        http: aiohttp.ClientSession | None = None,
     ) -> None:
         self.config = config
         self.engines = engines
+        self.http = http
+        """The application's HTTP client, for the calls' own requests (a provider's transfer
+        API); None: they make none."""
         self.calls: dict[str, Call] = {}
         self.on_event = on_event
         self.draining = False
@@ -101,8 +108,8 @@ class CallRegistry:
         limit = self.cpu_limit
         self.load = LoadGauge(
             config.overload,
-            lambda: decode_backlog(engines.transcriber) or 0,
-            synthesis_backlog=lambda: synthesis_backlog(engines.synthesizer) or 0,
+            lambda: engines.transcriber.backlog or 0,
+            synthesis_backlog=lambda: engines.synthesizer.backlog or 0,
             calls=lambda: len(self.calls),
             calls_in_turn=lambda: sum(call.session.in_turn for call in self.calls.values()),
             model_cpu_time=lambda: (

@@ -194,10 +194,10 @@ class TwilioCall(PhoneCall):
         twiml = dial_twiml(request)
         details = {"to": request.destination, "mode": request.mode, "twiml": twiml}
         await self._send({"event": "transfer", "streamSid": self.stream_sid, "transfer": details})
-        api = self.registry.config.transfer_api
-        if api is None:  # only a platform that acts on the event moves the call
+        api, http = self.registry.config.transfer_api, self.registry.http
+        if api is None or http is None:  # only a platform that acts on the event moves the call
             return TransferOutcome.requested("stream event")
-        outcome = await transfer_by_api(api, self.account_sid, self.call_sid, request)
+        outcome = await transfer_by_api(http, api, self.account_sid, self.call_sid, request)
         if outcome.ok:
             self.spawn(self.hangup(f"transferred to {request.destination}"), "transferred")
         return outcome

@@ -48,10 +48,14 @@ def call_update_url(base_url: str, account_sid: str, call_sid: str) -> str:
 
 
 async def transfer_by_api(
-    api: TransferApiSettings, account_sid: str, call_sid: str, request: TransferRequest
+    http: aiohttp.ClientSession,
+    api: TransferApiSettings,
+    account_sid: str,
+    call_sid: str,
+    request: TransferRequest,
 ) -> TransferOutcome:
-    """Ask the provider to dial the destination in place of the stream; never raises but for
-    cancellation."""
+    """Ask the provider, through ``http``, to dial the destination in place of the stream;
+    never raises but for cancellation."""
     if not account_sid or not call_sid:
         return TransferOutcome.failed(
             "not_supported", "the stream's start named no accountSid and callSid"
@@ -61,10 +65,9 @@ async def transfer_by_api(
     url = call_update_url(api.base_url, account_sid, call_sid)
     timeout = aiohttp.ClientTimeout(total=api.timeout_s)
     try:
-        async with (
-            aiohttp.ClientSession(timeout=timeout) as http,
-            http.post(url, data={"Twiml": dial_twiml(request)}, headers=headers) as response,
-        ):
+        async with http.post(
+            url, data={"Twiml": dial_twiml(request)}, headers=headers, timeout=timeout
+        ) as response:
             body = await response.text()
     except (aiohttp.ClientError, TimeoutError) as exc:
         log.warning("transfer API %s failed: %r", api.base_url, exc)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 import wave
@@ -31,6 +30,7 @@ from playbooks import (
     PlaybookOrchestrator,
     Retraction,
 )
+from server.call.events import voice_event_of
 from server.config.llm import LLMSettings
 from server.config.server import LocalLLMSettings, ServerConfig, SipSettings
 from server.http.app import SIP, create_app
@@ -741,29 +741,9 @@ def _action(turn: Turn) -> str:
 
 
 def _as_voice_events(event: OrchestratorEvent) -> list[dict[str, Any]]:
-    """An orchestrator event in the voice vocabulary the checks read (text mode)."""
-    data, now = event.data, _now_ms()
-    if event.type in ("tool_call_start", "tool_call_complete"):
-        call = data["call"]
-        fact = {"name": call["name"], "id": call["id"], "t_ms": now}
-        if event.type == "tool_call_start":
-            return [{"type": "tool_call_start", **fact, "arguments": _parsed(call["arguments"])}]
-        result = _parsed(data["result"])
-        return [{"type": "tool_call_end", **fact, "error": data["error"], "result": result}]
-    if event.type == "stage_entered":
-        return [{"type": "stage_change", "stage": data["stage"]["id"], "t_ms": now}]
-    if event.type.startswith("transfer_") or event.type == "error":
-        return [{"type": event.type, **data, "t_ms": now}]
-    return []
-
-
-def _parsed(arguments: Any) -> Any:
-    if isinstance(arguments, str):
-        try:
-            return json.loads(arguments)
-        except ValueError:
-            return arguments
-    return arguments
+    """An orchestrator event as the voice event a call would emit (text mode has no voice)."""
+    translated = voice_event_of(event, time.monotonic())
+    return [translated.to_dict()] if translated is not None else []
 
 
 async def _settle(line: CallLine, since: float, *, expect_answer: bool, timeout_s: float) -> None:

@@ -3,7 +3,7 @@
 It keeps one 20 ms clock for both directions, like a real transport: every tick feeds one caller
 frame (silence when the script is empty) and pulls one agent frame from the speaker. ``speed``
 above 1 runs faster than real time. ``echo=(gain_db, delay_ms)`` simulates a phone line that
-returns the agent's own voice into the caller's audio. Used by tests, demos and the benchmarks.
+returns the agent's own voice into the caller's audio. The tests' own transport.
 """
 
 from __future__ import annotations
