@@ -77,8 +77,8 @@ async def _measure(config: str, gguf: Path, repeats: int) -> dict[str, Any]:
     from media.audio import SAMPLE_RATE, Resampler, silence
     from media.stt import Transcriber
     from media.tts import Synthesizer
-    from server.runtime.gguf import read_gguf
-    from server.runtime.llamacpp import EmbeddedLLM, EmbeddedSettings
+    from server.llm.gguf import read_gguf
+    from server.llm.llamacpp import EmbeddedLLM, EmbeddedSettings
 
     transcriber = await asyncio.to_thread(Transcriber.load)
     synthesizer = await asyncio.to_thread(Synthesizer.load)

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 from playbooks import ChatClient
 from server.config.server import LocalLLMSettings
-from server.runtime.llm_provider import LLMProvider
+from server.llm.provider import LLMProvider
 
 from .models import model_path
 

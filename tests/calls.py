@@ -27,8 +27,8 @@ from server.call.session import Session, SessionSettings
 from server.call.voice import VoicePlaybookOrchestrator
 from server.config.server import ServerConfig
 from server.http.app import create_app
+from server.llm.provider import LLMProvider
 from server.runtime.engines import Engines
-from server.runtime.llm_provider import LLMProvider
 from tests.loopback_call import LoopbackCall
 from tests.speech import (
     espeak_wav,

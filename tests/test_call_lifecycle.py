@@ -27,15 +27,21 @@ from media import Speaker
 from playbooks import load_playbooks
 from server.call.events import VoiceEvent
 from server.config.server import ServerConfig, SipSettings
+from server.llm.provider import LLMProvider
 from server.runtime.engines import Engines
-from server.runtime.llm_provider import LLMProvider
 from server.runtime.registry import CallRegistry
 from server.testkit.sip_phone import SipPhone
-from server.transports.audiosocket import HANGUP, SLIN_8K, UUID, AudioSocketServer, frame_message
 from server.transports.base import TransportCall
-from server.transports.media_streams import serve_media_stream
-from server.transports.sip import SipServer
-from server.transports.webrtc import open_webrtc_call
+from server.transports.phone.audiosocket import (
+    HANGUP,
+    SLIN_8K,
+    UUID,
+    AudioSocketServer,
+    frame_message,
+)
+from server.transports.phone.media_streams import serve_media_stream
+from server.transports.sip.endpoint import SipServer
+from server.transports.webrtc.call import open_webrtc_call
 from tests.calls import synthesizer, transcriber
 from tests.conftest import EXAMPLES
 

@@ -25,14 +25,14 @@ from aiortc.mediastreams import AudioStreamTrack
 
 from media import Speaker
 from media.audio import silence
+from server.admission.ratelimit import RateLimited, RateLimiter
 from server.call.session import Session
 from server.config.server import ServerConfig, SipSettings
 from server.http.app import AUDIOSOCKET, CALLS, SIP
-from server.runtime.ratelimit import RateLimited, RateLimiter
 from server.runtime.registry import CallRegistry, OverCapacity, UnknownPlaybook
 from server.testkit.sip_phone import SipPhone
-from server.transports.audiosocket import HANGUP, SLIN_8K, UUID, frame_message, read_message
 from server.transports.base import TransportCall
+from server.transports.phone.audiosocket import HANGUP, SLIN_8K, UUID, frame_message, read_message
 from tests.calls import voice_server
 from tests.processes import free_port
 from tests.test_telephony import TwilioPhone

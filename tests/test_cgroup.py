@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from media.tts import SynthesizerSettings, synthesis_threads
-from server.config.overload import OverloadSettings
-from server.runtime.cgroup import cpu_limit, usable_cores
-from server.runtime.llamacpp import EmbeddedSettings, embedded_counts
-from server.runtime.load import LoadGauge
-from server.runtime.model_download import QWEN2_5_0_5B_INSTRUCT, default_model
+from server.admission.cgroup import cpu_limit, usable_cores
+from server.admission.load import LoadGauge
+from server.admission.overload import OverloadSettings
+from server.llm.download import QWEN2_5_0_5B_INSTRUCT, default_model
+from server.llm.llamacpp import EmbeddedSettings, embedded_counts
 
 
 def _tree(root: Path, files: dict[str, str]) -> Path:

@@ -1,4 +1,4 @@
-"""How busy the process's cores are, whoever keeps them busy (``server/runtime/cores.py``)."""
+"""How busy the process's cores are, whoever keeps them busy (``server/admission/cores.py``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from server.runtime.cores import busy_cores_time, busy_time_reader
+from server.admission.cores import busy_cores_time, busy_time_reader
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -8,8 +8,8 @@ from typing import Any
 from media import Speaker
 from playbooks import load_playbooks
 from server.config.server import ServerConfig
+from server.llm.provider import LLMProvider
 from server.runtime.engines import Engines
-from server.runtime.llm_provider import LLMProvider
 from server.runtime.registry import CallRegistry
 from server.transports.base import TransportCall
 from server.transports.client_events import CLIENT_ERRORS

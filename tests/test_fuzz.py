@@ -57,12 +57,12 @@ from server import cli
 from server.call.session import SessionSettings
 from server.config.server import ServerConfig, SipSettings
 from server.http.app import CALLS, SIP, create_app
+from server.llm.provider import LLMProvider
 from server.runtime.engines import Engines
-from server.runtime.llm_provider import LLMProvider
 from server.testkit.caller import WebRTCCaller
 from server.testkit.scripted_llm import ScriptedLLM, answers_by_words
 from server.testkit.sip_phone import SipPhone, offer_sdp
-from server.transports.media_streams import TwilioCall
+from server.transports.phone.media_streams import TwilioCall
 from tests.calls import synthesizer, transcriber, voice_server
 from tests.conftest import EXAMPLES
 from tests.raw_http import raw_request

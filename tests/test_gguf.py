@@ -1,4 +1,4 @@
-"""``server.runtime.gguf``: a model file's header read (and its faults named) before llama.cpp
+"""``server.llm.gguf``: a model file's header read (and its faults named) before llama.cpp
 loads it; and what llama.cpp says of a file whose header reads well but names an architecture it
 does not know."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from server.runtime.gguf import GgufError, read_gguf
-from server.runtime.llamacpp import EmbeddedLLM, EmbeddedSettings, ModelLoadError
+from server.llm.gguf import GgufError, read_gguf
+from server.llm.llamacpp import EmbeddedLLM, EmbeddedSettings, ModelLoadError
 from tests.conftest import EXAMPLES
 from tests.models import smollm2_copy, smollm2_gguf, with_architecture
 

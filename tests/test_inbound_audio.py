@@ -21,8 +21,8 @@ from aiortc.rtcrtpparameters import RTCRtpCodecParameters
 from aiortc.rtp import RtpPacket
 
 from media.audio import pcm_rms_dbfs
-from server.transports import libopus
-from server.transports.inbound import LoopDecoder, PromptAudioBuffer, hear_promptly
+from server.transports.webrtc import libopus
+from server.transports.webrtc.inbound import LoopDecoder, PromptAudioBuffer, hear_promptly
 from tests.speech import peak_frequency, tone
 
 pytestmark = pytest.mark.timeout(30)

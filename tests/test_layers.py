@@ -1,9 +1,9 @@
 """Imports point one way: the tree says where a change goes, and nothing reaches back up.
 
 Top-level layers: ``server -> playbooks``, ``server -> media``; ``playbooks`` and ``media`` never
-import ``server`` or each other. Inside ``server``, from the top: the command (``cli``, ``chat``,
-``serve``) -> ``testkit`` -> ``http`` -> ``transports`` -> ``runtime`` -> ``config`` -> ``call``. A
-package may import any package below it, never one above it.
+import ``server`` or each other. Inside ``server``, from the top: the commands (``cli`` and
+``commands/``) -> ``testkit`` -> ``http`` -> ``transports`` -> ``runtime`` -> ``llm`` -> ``config``
+-> ``admission`` -> ``call``. A package may import any package below it, never one above it.
 
 Outside the product: ``tests`` may import anything, ``benchmarks`` anything but ``tests``; the
 product (``server``, ``media``, ``playbooks``) imports neither. What both need (the scripted LLM,
@@ -19,8 +19,19 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
-SERVER_LAYERS = ["command", "testkit", "http", "transports", "runtime", "config", "call"]
-"""Sub-packages of ``server`` from the top; ``command`` is the modules directly in ``server/``."""
+SERVER_LAYERS = [
+    "commands",
+    "testkit",
+    "http",
+    "transports",
+    "runtime",
+    "llm",
+    "config",
+    "admission",
+    "call",
+]
+"""Sub-packages of ``server`` from the top; ``commands`` also holds the modules directly in
+``server/`` (``cli``)."""
 
 CALL_FORBIDDEN = ("aiohttp", "aiortc", "aiosipua", "aiortp", "av")
 """What ``server/call`` must not import: it is the same for every transport."""
@@ -49,7 +60,7 @@ def _layer(module: str) -> str | None:
         return None
     if len(parts) > 1 and parts[1] in SERVER_LAYERS:
         return parts[1]
-    return "command"
+    return "commands"  # server.cli, server.__main__
 
 
 def _server_modules() -> list[Path]:
@@ -173,5 +184,5 @@ def test_the_check_reads_imports_as_they_resolve() -> None:
     module = REPO / "server" / "call" / "session.py"
     assert "server.call.voice" in _imports(module)
     assert _layer("server.http.app") == "http"
-    assert _layer("server.cli") == "command"
+    assert _layer("server.cli") == "commands"
     assert SERVER_LAYERS.index("http") < SERVER_LAYERS.index("call")

@@ -32,9 +32,9 @@ from server.config.llm import (
     add_llm_arguments,
 )
 from server.config.server import LocalLLMSettings, ServerConfig, add_serve_arguments
-from server.runtime.discovery import FoundServer, LocalServer, find_local_server
-from server.runtime.llm_provider import LLMProvider, LLMStatus
-from server.runtime.model_download import DownloadableModel
+from server.llm.discovery import FoundServer, LocalServer, find_local_server
+from server.llm.download import DownloadableModel
+from server.llm.provider import LLMProvider, LLMStatus
 from server.testkit.loopback import start_on_loopback
 from server.testkit.scripted_llm import Reply, ScriptedLLM
 from tests.conftest import EXAMPLES, REPO

@@ -1,4 +1,4 @@
-"""``server.runtime.model_download``: the default LLM fetched from a stand-in of the hub."""
+"""``server.llm.download``: the default LLM fetched from a stand-in of the hub."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from server.runtime.cgroup import usable_cores
-from server.runtime.model_download import (
+from server.admission.cgroup import usable_cores
+from server.llm.download import (
     DEFAULT_MODELS,
     QWEN2_5_0_5B_INSTRUCT,
     QWEN2_5_1_5B_INSTRUCT,

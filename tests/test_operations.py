@@ -22,9 +22,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from server.admission.ratelimit import RateLimited, RateLimiter, client_address
 from server.http.siblings import control_socket, merge_metrics, worker_of
 from server.runtime.logs import JsonFormatter, bind_session, configure_logging
-from server.runtime.ratelimit import RateLimited, RateLimiter, client_address
 from server.testkit.caller import WebRTCCaller
 from server.testkit.scripted_llm import ScriptedLLM, answers_by_words
 from tests.conftest import REPO

@@ -26,7 +26,7 @@ from playbooks import PlaybookError, load_playbooks
 from server.config.server import ServerConfig, SipSettings
 from server.http.app import CALLS, SIP
 from server.testkit.scripted_llm import ScriptedLLM, answers_by_words
-from server.transports.sip_dialer import parse_target
+from server.transports.sip.dialer import parse_target
 from tests.baresip import RATE, Baresip, loud_frames, start_baresip, until
 from tests.calls import transcriber, voice_server, word_error_rate
 from tests.phone import ANSWER, phone_audio

@@ -1,4 +1,4 @@
-"""Overload is refused, not spread over everyone (``server/runtime/load.py``).
+"""Overload is refused, not spread over everyone (``server/admission/load.py``).
 
 The gauge is judged on samples fed with a test clock; then for real: a server whose event loop
 is kept late refuses new WebRTC offers, media streams and SIP INVITEs with 503 and a
@@ -19,10 +19,10 @@ from aiortc import RTCPeerConnection
 from aiortc.mediastreams import AudioStreamTrack
 
 from media.audio import silence
-from server.config.overload import OverloadSettings
+from server.admission.load import LoadGauge
+from server.admission.overload import OverloadSettings
 from server.config.server import ServerConfig, SipSettings
 from server.http.app import CALLS, SIP
-from server.runtime.load import LoadGauge
 from server.runtime.memory import return_free_memory
 from server.testkit.sip_phone import SipPhone
 from tests.calls import synthesizer, transcriber, voice_server

@@ -104,7 +104,7 @@ def test_the_wheel_carries_the_web_client_and_the_examples(fresh_install: Path) 
     assert "playbooks/examples/support.yaml" in names
     assert "playbooks/examples/support_tools.py" in names
     assert "playbooks/examples/markdown/support.md" in names
-    assert "server/runtime/templates/chatml-tools.jinja" in names
+    assert "server/llm/templates/chatml-tools.jinja" in names
     assert "media/models/smart-turn-v3.2-cpu.onnx" in names  # the end-of-turn model
     assert "media/models/LICENSE-smart-turn" in names  # and its licence
     assert any(n.endswith(".dist-info/licenses/media/models/LICENSE-smart-turn") for n in names)

@@ -26,8 +26,8 @@ from media.audio import SAMPLE_RATE, silence
 from playbooks import OrchestratorOptions, PlaybookOrchestrator, load_playbook
 from playbooks.llm import ChatClient
 from server.call.session import SessionSettings
-from server.runtime.gguf import read_gguf
-from server.runtime.llamacpp import EmbeddedLLM, EmbeddedSettings, model_cpu_time
+from server.llm.gguf import read_gguf
+from server.llm.llamacpp import EmbeddedLLM, EmbeddedSettings, model_cpu_time
 from server.testkit.caller import WebRTCCaller
 from tests.browser import Browser
 from tests.calls import (

@@ -1,4 +1,4 @@
-"""RTP port pairs for SIP calls, leased and given back (``server/transports/rtp_ports.py``)."""
+"""RTP port pairs for SIP calls, leased and given back (``server/transports/sip/rtp_ports.py``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from server.transports.rtp_ports import NoFreePort, RtpPorts
+from server.transports.sip.rtp_ports import NoFreePort, RtpPorts
 
 
 def _free_pair_base() -> int:

@@ -18,7 +18,7 @@ import pytest
 
 from playbooks import OrchestratorOptions, RetryPolicy
 from server.call.recordings import RecordingSettings
-from server.cli import CHAT_TURN_FLAGS, add_chat_arguments
+from server.commands.chat import CHAT_TURN_FLAGS, add_chat_arguments
 from server.config.flags import add_serve_arguments, parse_serve_options
 from server.config.llm import ConfigError
 from server.config.options import OPTIONS, ServeOptions

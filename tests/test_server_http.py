@@ -14,14 +14,14 @@ from aiohttp.test_utils import TestClient, TestServer
 from aiortc import RTCPeerConnection
 
 from playbooks import ChatClient, load_playbooks
-from server.config.overload import OverloadSettings
+from server.admission.cgroup import cpu_limit
+from server.admission.overload import OverloadSettings
 from server.config.server import ServerConfig
 from server.http.app import MAX_SDP_BYTES, create_app
 from server.http.auth import bearer_matches
 from server.http.middleware import errors_as_json, remember_prepared
-from server.runtime.cgroup import cpu_limit
+from server.llm.provider import LLMProvider
 from server.runtime.engines import Engines
-from server.runtime.llm_provider import LLMProvider
 from server.testkit.scripted_llm import ScriptedLLM
 from tests.calls import synthesizer, transcriber
 from tests.conftest import EXAMPLES

@@ -1,4 +1,4 @@
-"""aiosipua beyond its public API, checked at start-up (``server/transports/sip_compat.py``)."""
+"""aiosipua beyond its public API, checked at start-up (``server/transports/sip/compat.py``)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 from aiosipua import IncomingCall
 
 from server import cli
-from server.transports import sip_compat
-from server.transports.sip_compat import SipStackMismatch, check_sip_stack
+from server.transports.sip import compat as sip_compat
+from server.transports.sip.compat import SipStackMismatch, check_sip_stack
 
 
 def test_the_installed_aiosipua_is_a_tested_one() -> None:

@@ -25,7 +25,7 @@ from media import FRAME_BYTES, Speaker
 from media.audio import SAMPLE_RATE
 from server.testkit.caller import SILENCE_DBFS, ReceivedFrame, WebRTCCaller
 from server.testkit.loopback import start_on_loopback
-from server.transports.tracks import OUTPUT_RATE, SpeakerTrack
+from server.transports.webrtc.tracks import OUTPUT_RATE, SpeakerTrack
 from tests.speech import tone
 
 PERIOD_S = 0.02

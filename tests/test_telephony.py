@@ -25,8 +25,15 @@ from server.call.session import SessionSettings
 from server.config.server import ServerConfig
 from server.http.app import AUDIOSOCKET, CALLS
 from server.testkit.scripted_llm import ScriptedLLM, answers_by_words
-from server.transports.audiosocket import DTMF, HANGUP, SLIN_8K, UUID, frame_message, read_message
-from server.transports.media_streams import MAX_MESSAGE_BYTES, TwilioCall
+from server.transports.phone.audiosocket import (
+    DTMF,
+    HANGUP,
+    SLIN_8K,
+    UUID,
+    frame_message,
+    read_message,
+)
+from server.transports.phone.media_streams import MAX_MESSAGE_BYTES, TwilioCall
 from tests.calls import transcriber, voice_server, word_error_rate
 from tests.phone import ANSWER, INTERRUPTION, LONG_ANSWER, PARCEL, phone_audio
 
@@ -329,7 +336,7 @@ async def test_an_audiosocket_call_is_hung_up_at_the_call_limits(
     after_s: float,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="server.transports.audiosocket")
+    caplog.set_level(logging.INFO, logger="server.transports.phone.audiosocket")
     llm.script(_replies)
     config = replace(config, audiosocket=("127.0.0.1", 0))
     async with voice_server(llm.base_url, config) as server:

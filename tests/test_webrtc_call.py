@@ -22,7 +22,7 @@ from server.runtime.registry import NO_LLM_LINE
 from server.testkit.caller import ReplayedOpusPackets, WebRTCCaller
 from server.testkit.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall, answers_by_words
 from server.transports.client_events import CLIENT_ERRORS
-from server.transports.tracks import (
+from server.transports.webrtc.tracks import (
     OUTPUT_RATE,
     SILENCE_TAIL_FRAMES,
     OpusPackets,

@@ -1,12 +1,13 @@
-"""Argument types for numeric flags of ``vocable chat`` (``serve``'s are checked by its model):
-each parses its text or raises ``ArgumentTypeError`` with a message saying what is wanted
-(argparse prints it as ``argument --flag: MESSAGE``)."""
+"""Flags the commands share, and argument types for numeric flags of ``vocable chat``
+(``serve``'s are checked by its model): each parses its text or raises ``ArgumentTypeError``
+with a message saying what is wanted (argparse prints it as ``argument --flag: MESSAGE``)."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-__all__ = ["non_negative_int", "positive_int"]
+__all__ = ["add_tools_module_argument", "non_negative_int", "positive_int"]
 
 
 def _integer(text: str) -> int:
@@ -28,3 +29,13 @@ def non_negative_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be at least 0, not {value}")
     return value
+
+
+def add_tools_module_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--tools-module",
+        type=Path,
+        metavar="PATH",
+        help="Python tools module for a playbook file that names none (like llmrtc's JSON "
+        "playbooks): its tools and hook functions, by name",
+    )

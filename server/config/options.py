@@ -21,12 +21,12 @@ from media.remote import RemoteSynthesizerSettings, RemoteTranscriberSettings
 from media.tts import SynthesizerSettings
 from media.turn_model import BUNDLED_TURN_MODEL
 from playbooks import BargeInPolicy, OrchestratorOptions, RetryPolicy
+from server.admission.overload import OverloadSettings
 from server.call.endpointing import EndpointSettings
 from server.call.session import SessionSettings
 
 from .bundled import EXAMPLES
 from .llm import LLM_GROUP, ConfigError
-from .overload import OverloadSettings
 from .values import (
     DEFAULT_HOST,
     Address,

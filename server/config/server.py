@@ -20,6 +20,7 @@ from media import HearingSettings, TranscriberSettings
 from media.remote import RemoteSynthesizerSettings, RemoteTranscriberSettings
 from media.tts import SynthesizerSettings
 from media.turn_model import TurnModelSettings
+from server.admission.overload import OverloadSettings
 from server.call.recordings import RecordingSettings
 from server.call.session import SessionSettings
 
@@ -27,7 +28,6 @@ from .bundled import EXAMPLES, WEB_CLIENT
 from .flags import add_serve_arguments, serve_options
 from .llm import LLMChoice, LLMSettings
 from .options import Cleanup, Line, ServeOptions
-from .overload import OverloadSettings
 from .values import DEFAULT_HOST, parse_address, parse_port_range
 
 __all__ = [

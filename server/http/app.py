@@ -17,26 +17,26 @@ from collections.abc import AsyncIterator, Callable
 import aiohttp
 from aiohttp import WSCloseCode, web
 
+from server.admission.ratelimit import RateLimited, client_address
 from server.call.events import VoiceEvent
 from server.call.recordings import OPT_OUT_HEADER, wants_recording
 from server.config.server import ServerConfig
 from server.runtime.call_directory import CallDirectory
 from server.runtime.engines import Engines
 from server.runtime.observability import ServerMetrics, process_snapshot
-from server.runtime.ratelimit import RateLimited, client_address
 from server.runtime.registry import CallRegistry, OverCapacity, UnknownPlaybook
 from server.runtime.tracing import TurnTracer, otlp_provider
-from server.transports.audiosocket import AudioSocketServer
 from server.transports.base import TransportCall
-from server.transports.media_streams import (
+from server.transports.phone.audiosocket import AudioSocketServer
+from server.transports.phone.media_streams import (
     MAX_MESSAGE_BYTES,
     BadStart,
     close_reason,
     serve_media_stream,
 )
-from server.transports.sip import SipServer
-from server.transports.sip_outbound import OutboundCall
-from server.transports.webrtc import BadOffer, open_webrtc_call
+from server.transports.sip.endpoint import SipServer
+from server.transports.sip.outbound import OutboundCall
+from server.transports.webrtc.call import BadOffer, open_webrtc_call
 
 from .auth import require_token
 from .bodies import BadBody, OfferBody, PlaceCallBody, read_body

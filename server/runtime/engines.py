@@ -12,11 +12,11 @@ from media.remote import RemoteSynthesizer, RemoteTranscriber
 from media.turn_model import TurnModel, TurnModelError
 from playbooks import ChatClient, LoadedPlaybook, load_playbooks
 from playbooks.identity import voice_models
+from server.admission.cgroup import usable_cores
 from server.config.llm import ConfigError
 from server.config.server import ServerConfig
+from server.llm.provider import LLMProvider
 
-from .cgroup import usable_cores
-from .llm_provider import LLMProvider
 from .memory import return_free_memory
 
 __all__ = ["Engines"]

@@ -19,6 +19,10 @@ import aiohttp
 
 from media import Speaker, Synthesizer
 from playbooks import OrchestratorOptions, PlaybookOrchestrator
+from server.admission.cgroup import cpu_limit
+from server.admission.cores import busy_time_reader
+from server.admission.load import LoadGauge
+from server.admission.ratelimit import RateLimiter
 from server.call.events import VoiceEvent
 from server.call.recorder import CallRecorder
 from server.call.recordings import Recordings
@@ -26,16 +30,12 @@ from server.call.session import Session
 from server.call.voice import VoicePlaybookOrchestrator
 from server.config.options import Line
 from server.config.server import ServerConfig
+from server.llm.llamacpp import model_cpu_time
 
 from .call_directory import CallDirectory
-from .cgroup import cpu_limit
-from .cores import busy_time_reader
 from .engines import Engines
-from .llamacpp import model_cpu_time
-from .load import LoadGauge
 from .logs import bind_session
 from .memory import return_free_memory
-from .ratelimit import RateLimiter
 
 __all__ = ["NO_LLM_LINE", "Call", "CallRegistry", "OverCapacity", "UnknownPlaybook"]
 

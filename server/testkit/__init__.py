@@ -11,6 +11,6 @@
 - :mod:`server.testkit.scenarios`: spoken scenario tests of playbooks (``vocable test``).
 
 Vocable's own tests and its benchmark harness use them; so can a project testing its playbooks.
-Only the ``vocable test`` command (``server/testing.py``) imports this package; nothing the
+Only the ``vocable test`` command (``server/commands/test.py``) imports this package; nothing the
 server runs on does.
 """

@@ -28,8 +28,8 @@ from aiortc.rtp import RtpPacket
 from media import FRAME_BYTES, FRAME_MS, Speaker, VadSegmenter
 from media.audio import SAMPLE_RATE, pcm_rms_dbfs
 from media.speaker import Playback
-from server.transports.inbound import decode_on_loop
-from server.transports.tracks import (
+from server.transports.webrtc.inbound import decode_on_loop
+from server.transports.webrtc.tracks import (
     OPUS_APPLICATION,
     OPUS_BITRATE,
     OUTPUT_RATE,

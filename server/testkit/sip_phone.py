@@ -21,7 +21,7 @@ from aiortp import RTPSession
 from aiosipua import SipMessage, SipRequest, SipResponse, parse_sdp
 
 from media.audio import pcm_rms_dbfs
-from server.transports.sip_outbound import SESSION_HEADER
+from server.transports.sip.outbound import SESSION_HEADER
 
 from .echo_path import EchoPath, ReturnedEcho
 

@@ -30,13 +30,13 @@ from playbooks import (
     PlaybookOrchestrator,
     Retraction,
 )
+from server.admission.cgroup import usable_cores
 from server.call.events import voice_event_of
 from server.config.llm import LLMSettings
 from server.config.server import LocalLLMSettings, ServerConfig, SipSettings
 from server.http.app import SIP, create_app
-from server.runtime.cgroup import usable_cores
+from server.llm.provider import LLMProvider
 from server.runtime.engines import Engines
-from server.runtime.llm_provider import LLMProvider
 from server.testkit.echo_path import ReturnedEcho
 
 from ..loopback import start_on_loopback

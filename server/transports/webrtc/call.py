@@ -32,9 +32,9 @@ from media import Speaker
 from server.call.events import VoiceEvent
 from server.call.session import DTMF_DIGITS
 from server.runtime.registry import CallRegistry
+from server.transports.base import TransportCall
+from server.transports.client_events import client_view
 
-from .base import TransportCall
-from .client_events import client_view
 from .inbound import hear_promptly
 from .tracks import (
     OUTPUT_RATE,

@@ -19,7 +19,7 @@ import uuid
 from media import Speaker
 from server.runtime.registry import CallRegistry, OverCapacity
 
-from .phone import PhoneCall
+from .line import PhoneCall
 
 __all__ = ["AudioSocketCall", "AudioSocketServer", "frame_message", "read_message"]
 

@@ -15,7 +15,7 @@ in the container) used. Linux gives both:
 
 Without a quota (or where nothing can be read: another OS, a restricted /sys) the limit is the
 affinity mask's cores, and the host's ``/proc/stat`` tells how busy they are
-(``server/runtime/cores.py``).
+(``server/admission/cores.py``).
 
 Every count of the CPUs the process may use comes from here: admission's capacity
 (:attr:`CpuLimit.cores`), and the threads and slots of the engines (:attr:`CpuLimit.whole_cores`,

@@ -9,7 +9,7 @@ stays with the agent after a failure.
 
 A peer that does not take REFER (a 4xx-6xx answer such as 405, 501, 403, or none within
 :data:`REFER_TIMEOUT_S`) gets a bridged transfer when the destination is a SIP URI: Vocable dials
-it (:mod:`.sip_dialer`), and once the person answers, relays audio both ways until either side
+it (:mod:`.dialer`), and once the person answers, relays audio both ways until either side
 hangs up (which ends both), or the person's side sends no audio for the call's media timeout.
 In a ``warm`` transfer the person first hears the agent's summary in the agent's voice, then the
 caller is joined (a person who hangs up during the summary is a ``rejected`` transfer). A dial
@@ -41,8 +41,8 @@ from server.call.session import Session
 from server.call.transfer import synthesize
 from server.config.server import SipSettings
 
-from .sip_compat import MessageHandler
-from .sip_dialer import DialFailed, DialStack, dial
+from .compat import MessageHandler
+from .dialer import DialFailed, DialStack, dial
 
 __all__ = ["REFER_TIMEOUT_S", "SipTransfers", "TransferredCall", "refer_target"]
 
@@ -62,7 +62,7 @@ _NON_DIGITS = re.compile(r"[^0-9+]")
 
 
 class TransferredCall(Protocol):
-    """What a transfer needs of a SIP call (``server.transports.sip.SipCall``)."""
+    """What a transfer needs of a SIP call (``server.transports.sip.endpoint.SipCall``)."""
 
     invite: IncomingCall
     clock: CallClock

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .cgroup import usable_cores
+from server.admission.cgroup import usable_cores
 
 __all__ = [
     "DEFAULT_MODELS",

@@ -1,7 +1,7 @@
 """WebRTC media for one call: the caller's track into the session, the speaker out as a track.
 
 The caller's audio arrives as decoded frames (s16 mono 48 kHz for Opus, decoded on the event loop:
-:mod:`server.transports.inbound`; other codecs at their own rate) and is resampled to the
+:mod:`server.transports.webrtc.inbound`; other codecs at their own rate) and is resampled to the
 pipeline's 16 kHz mono 20 ms frames. :class:`SpeakerTrack` is a pull-based
 track: aiortc calls ``recv()``, which paces itself to 20 ms and returns the speaker's next frame,
 silence when the agent is quiet.

@@ -1,7 +1,7 @@
 """How busy the cores this process may run on are, whoever keeps them busy.
 
 A server shares its cores with whatever else runs there: a sibling server, a media gateway, a
-benchmark's callers. Admission (``server/runtime/load.py``) counts that work too, since a call
+benchmark's callers. Admission (``server/admission/load.py``) counts that work too, since a call
 admitted onto cores that others keep half busy gets half the room.
 
 Read from Linux's ``/proc/stat``: the busy time (everything but idle and I/O wait; ``steal``,

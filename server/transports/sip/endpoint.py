@@ -50,14 +50,14 @@ from aiosipua.transport import SipTransport, TcpSipTransport
 
 from media import Speaker
 from playbooks.transfer import TransferOutcome, TransferRequest
+from server.admission.ratelimit import RateLimited
 from server.call.recordings import OPT_OUT_HEADER, wants_recording
 from server.config.server import SipSettings
-from server.runtime.ratelimit import RateLimited
 from server.runtime.registry import CallRegistry, OverCapacity
+from server.transports.phone.audio import Encoding, encode
+from server.transports.phone.line import PhoneCall
 
-from .phone import PhoneCall
-from .rtp_ports import NoFreePort, RtpPortLease, RtpPorts
-from .sip_compat import (
+from .compat import (
     MessageHandler,
     UdpTransport,
     check_sip_stack,
@@ -66,10 +66,10 @@ from .sip_compat import (
     record_route_in_answers,
     respond_and_end,
 )
-from .sip_dialer import DialStack, parse_target
-from .sip_outbound import SESSION_HEADER, OutboundCall
-from .sip_transfer import SipTransfers
-from .telephony import Encoding, encode
+from .dialer import DialStack, parse_target
+from .outbound import SESSION_HEADER, OutboundCall
+from .rtp_ports import NoFreePort, RtpPortLease, RtpPorts
+from .transfer import SipTransfers
 
 __all__ = ["SipCall", "SipServer"]
 
@@ -195,7 +195,7 @@ class SipCall(PhoneCall):
         return None if self.transfers is not None else "the SIP endpoint has no transfers"
 
     async def transfer(self, request: TransferRequest) -> TransferOutcome:
-        """REFER, else a bridge (``sip_transfer``)."""
+        """REFER, else a bridge (``transfer``)."""
         assert self.transfers is not None
         return await self.transfers.transfer(self, request)
 
@@ -236,7 +236,7 @@ class SipServer:
         self._refused: set[str] = set()
         self.transfers = SipTransfers(lambda: self.dialer)
         self.dialer: DialStack | None = None
-        """Outgoing legs (``sip_dialer.dial``) over the UDP socket, once started."""
+        """Outgoing legs (``dialer.dial``) over the UDP socket, once started."""
         self.outbound: dict[str, OutboundCall] = {}
         """Calls placed by ``POST /calls`` by session id: live ones and the latest ended."""
 

@@ -34,9 +34,9 @@ from server.call.events import VoiceEvent
 from server.call.recordings import wants_recording
 from server.runtime.registry import CallRegistry
 
-from .phone import PhoneCall
+from .audio import Encoding, encode
+from .line import PhoneCall
 from .provider_transfer import dial_twiml, transfer_by_api
-from .telephony import Encoding, encode
 
 __all__ = ["MAX_MESSAGE_BYTES", "BadStart", "TwilioCall", "close_reason", "serve_media_stream"]
 

@@ -21,7 +21,7 @@ turns, not averaged over its silences), smoothed across windows and remembered b
 An LLM run in the process (llama.cpp) is counted apart: its threads' CPU (``server/runtime/
 llamacpp.py``: ``model_cpu_time``) is left out of the calls' cost and taken out of their room.
 While the live calls, at that cost each, fill ``capacity_cpu_percent`` of the CPU the process
-may use (its control group's quota, else its cores: ``server/runtime/cgroup.py``), the next one
+may use (its control group's quota, else its cores: ``server/admission/cgroup.py``), the next one
 is refused. Under a quota,
 what the group's other processes took over the window (a sibling worker) is set aside first.
 A neighbour outside it (another container, callers on the same machine: ``server/runtime/
@@ -42,9 +42,8 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from server.config.overload import OverloadSettings
-
 from .cgroup import cpu_limit
+from .overload import OverloadSettings
 
 __all__ = ["LoadGauge", "LoadSample", "Overload"]
 

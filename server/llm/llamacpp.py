@@ -33,8 +33,8 @@ from typing import Any
 import aiohttp
 
 from media.priority import BACKGROUND_NICENESS, in_background_thread
+from server.admission.cgroup import usable_cores
 
-from .cgroup import usable_cores
 from .gguf import GgufInfo
 
 __all__ = [

@@ -1,5 +1,5 @@
 """Outgoing SIP legs: Vocable as the caller (UAC). Independent of sessions and playbooks, so a leg
-can carry an agent's call (``sip_outbound.py``) or one side of a bridge.
+can carry an agent's call (``outbound.py``) or one side of a bridge.
 
 Contract::
 
@@ -51,8 +51,9 @@ from aiosipua import (
 from aiosipua.rtp_bridge import CallSession
 from aiosipua.transport import SipTransport
 
+from server.transports.phone.audio import Encoding, encode
+
 from .rtp_ports import NoFreePort, RtpPortLease, RtpPorts
-from .telephony import Encoding, encode
 
 __all__ = [
     "CODECS",

@@ -18,6 +18,7 @@ next start finds the port free.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import dataclasses
@@ -33,14 +34,15 @@ from multiprocessing.process import BaseProcess
 
 from aiohttp import web
 
+from playbooks import load_playbooks
 from server.config.llm import ConfigError
 from server.config.server import ServerConfig
 from server.http.app import CALLS, create_app
 from server.http.siblings import control_socket
-from server.runtime.llm_provider import load_shared_model, shared_settings
+from server.llm.provider import load_shared_model, shared_settings
 from server.runtime.logs import configure_logging
 
-__all__ = ["run_server", "serve"]
+__all__ = ["run_server", "serve", "serve_command"]
 
 log = logging.getLogger(__name__)
 
@@ -242,3 +244,52 @@ def _run_workers(config: ServerConfig, announce: Callable[[str], None]) -> int:
     for process in workers.values():
         process.join()
     return status
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    """``vocable serve``: the settings of ``args`` checked (a bad one raises ConfigError before
+    any model loads), then the server run until it is stopped."""
+
+    config = ServerConfig.from_args(args)
+    if config.otel:
+        try:
+            import opentelemetry.exporter.otlp.proto.http
+            import opentelemetry.sdk  # noqa: F401
+        except ImportError:
+            raise ConfigError("--otel needs the otel extra: pip install 'vocable[otel]'") from None
+    if config.sip is not None:
+        from server.transports.sip.compat import check_sip_stack
+
+        check_sip_stack()  # an untested aiosipua stops here, before the models load
+    # an invalid playbook stops here, with its one line
+    load_playbooks(config.playbook, config.tools_module)
+    if config.redis_url is not None:
+        from server.runtime.call_directory import DirectoryUnavailable, check_reachable
+
+        try:  # an unreachable call directory stops here, before the models load
+            check_reachable(config.redis_url)
+        except DirectoryUnavailable as exc:
+            raise ConfigError(str(exc)) from None
+    if config.local_llm is not None and config.local_llm.gguf is not None:
+        from server.llm.gguf import GgufError, read_gguf
+
+        try:  # a missing, truncated or foreign file stops here, before the models load
+            read_gguf(config.local_llm.gguf)
+        except GgufError as exc:
+            raise ConfigError(str(exc)) from None
+    if config.turn_model is not None:
+        from media.turn_model import TurnModelError, check_turn_model
+
+        try:  # a missing or damaged file stops here, before the other models load
+            check_turn_model(config.turn_model.path)
+        except TurnModelError as exc:
+            raise ConfigError(str(exc)) from None
+    if config.llm is None and config.local_llm is None:
+        print(
+            "vocable: no LLM (--llm none): calls will connect, but the agent can only say so",
+            file=sys.stderr,
+        )
+    if config.sip is not None:
+        print(f"vocable: SIP on {config.sip.host}:{config.sip.port} (UDP and TCP)", flush=True)
+    print(f"vocable: loading models and playbooks from {config.playbook} ...", flush=True)
+    return run_server(config, lambda message: print(f"vocable: {message}", flush=True))

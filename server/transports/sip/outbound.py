@@ -1,4 +1,4 @@
-"""An outbound agent call: :func:`~.sip_dialer.dial` the callee, then run the playbook's session
+"""An outbound agent call: :func:`~.dialer.dial` the callee, then run the playbook's session
 on the leg (``POST /calls``).
 
 The call is admitted (a session slot, the rate limit) before the INVITE goes out, and holds its
@@ -21,9 +21,9 @@ from playbooks.models import Voicemail
 from server.call.pickup import Pickup, PickupSettings
 from server.config.server import SipSettings
 from server.runtime.registry import CallRegistry
+from server.transports.phone.line import PhoneCall
 
-from .phone import PhoneCall
-from .sip_dialer import DialFailed, DialOutcome, DialStack, OutboundLeg, dial
+from .dialer import DialFailed, DialOutcome, DialStack, OutboundLeg, dial
 
 __all__ = ["SESSION_HEADER", "CallState", "OutboundCall"]
 

@@ -22,9 +22,9 @@ from server.config.llm import ConfigError, LLMSettings
 from server.config.server import LocalLLMSettings, ServerConfig, SharedLLM
 
 from .discovery import LOCAL_SERVERS, LocalServer, find_local_server
+from .download import DownloadableModel, ModelUnavailable, default_model, fetch_model
 from .gguf import GgufError, read_gguf
 from .llamacpp import EmbeddedLLM, EmbeddedSettings, ModelLoadError
-from .model_download import DownloadableModel, ModelUnavailable, default_model, fetch_model
 
 __all__ = [
     "WAYS_OUT",

@@ -1,5 +1,5 @@
 """When a server process refuses new calls because it is past its capacity (see
-``server/runtime/load.py``, which measures it)."""
+``server/admission/load.py``, which measures it)."""
 
 from __future__ import annotations
 

@@ -8,9 +8,9 @@ from collections.abc import Awaitable, Callable
 from typing import ClassVar, Literal
 
 from server.runtime.registry import CallRegistry
+from server.transports.base import TransportCall
 
-from .base import TransportCall
-from .telephony import CallerAudio, CallerGap, Encoding, FramePacer
+from .audio import CallerAudio, CallerGap, Encoding, FramePacer
 
 __all__ = ["PhoneCall"]
 

@@ -1,0 +1,1 @@
+"""The ``vocable`` subcommands: ``serve``, ``chat``, ``call``, ``test`` and ``playbook``."""

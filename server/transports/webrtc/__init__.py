@@ -1,0 +1,1 @@
+"""Browser calls: WebRTC peers (aiortc), their tracks and the caller's Opus audio."""
