@@ -45,7 +45,8 @@ class CallStyle:
 
     @classmethod
     def of(cls, index: int) -> CallStyle:
-        return cls(index % 2 == 0, HANG_UPS[index % 3], index % 8 in (3, 4))
+        """Call ``index``'s style: any 12 calls in a row take each of the 12 styles once."""
+        return cls(index % 2 == 0, HANG_UPS[index % 3], index % 12 >= 6)
 
 
 async def soak_call(target: BenchTarget, index: int, question: Utterance) -> Record:

@@ -12,8 +12,8 @@ from benchmarks.soak_calls import CallStyle
 
 BASELINE = {"rss_mb": 400.0, "open_files": 14, "threads": 15, "asyncio_tasks": 3}
 
-SHORT_PLAN = SoakPlan(sequential=20, concurrent=4, rounds=2, warmup=4, rss_limit_percent=15.0)
-"""20 calls one after another and 2 rounds of 4 at once (about two minutes). RSS gets 15 %,
+SHORT_PLAN = SoakPlan(sequential=12, concurrent=4, rounds=1, warmup=4, rss_limit_percent=15.0)
+"""12 calls one after another, each of the 12 styles once, and a round of 4 at once (about 80 s). RSS gets 15 %,
 not 10 %: after a warm-up this short the allocator's one-off growth (arenas of threads first
 used, buffers for utterance lengths not seen yet) is still a large share of what follows, and a
 run this short cannot tell a slow leak from it anyway (the full soak's 200 calls and RSS trend
@@ -33,14 +33,14 @@ def test_the_verdict_names_every_missed_goal() -> None:
     ]
 
 
-def test_every_way_of_calling_and_hanging_up_comes_round_within_24_calls() -> None:
-    styles = {CallStyle.of(index) for index in range(24)}
-    assert len(styles) == 12  # spoken or typed x 3 hang-ups x whole answer or cut short
-    assert {CallStyle.of(index) for index in range(24, 48)} == styles
+def test_every_way_of_calling_and_hanging_up_comes_round_in_any_12_calls() -> None:
+    for first in range(12):
+        styles = {CallStyle.of(index) for index in range(first, first + 12)}
+        assert len(styles) == 12  # spoken or typed x 3 hang-ups x whole answer or cut short
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)  # ~115 s here: 42 calls, most of them spoken
+@pytest.mark.timeout(600)  # ~80 s here: 26 calls, half of them spoken
 def test_calls_leave_no_memory_files_threads_or_tasks_behind(tmp_path: Path) -> None:
     result = run_soak(SHORT_PLAN, tmp_path)
 
@@ -49,7 +49,7 @@ def test_calls_leave_no_memory_files_threads_or_tasks_behind(tmp_path: Path) -> 
     assert result["misses"] == [], footprints
     assert result["final_active_sessions"] == 0
     calls = result["calls"]
-    assert len(calls) == 4 + 4 + 20 + 2 * 4 + 2
+    assert len(calls) == 4 + 4 + 12 + 4 + 2
     spoken = [call for call in calls if call["spoken"]]
     assert len(spoken) == len(calls) // 2
     assert all(call["transcript"] for call in spoken)
