@@ -321,16 +321,16 @@ async def _scenarios(
             )
             bar.update()
             await asyncio.sleep(1.0)
-        bar.set_postfix_str("backchannels")
-        for _ in range(args.backchannels):
-            for noise in ("synthetic_cough", "piper_mhm"):
-                results["backchannel"].append(
-                    await backchannel(caller, corpus["piper_everything"], corpus[noise], target)
-                )
-                bar.update()
-                await asyncio.sleep(1.0)
     finally:
         await caller.close()
+    bar.set_postfix_str("backchannels")
+    first = dataclasses.replace(target, listener=listeners[0])
+    for _ in range(args.backchannels):
+        for noise in ("synthetic_cough", "piper_mhm"):
+            results["backchannel"].append(
+                await backchannel(first, corpus["piper_everything"], corpus[noise])
+            )
+            bar.update()
     for calls in levels[1:]:
         await level(calls)
     return results
