@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import tempfile
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -26,9 +27,10 @@ from server.call.events import VoiceEvent
 from server.call.session import Session, SessionSettings
 from server.call.voice import VoicePlaybookOrchestrator
 from server.config.server import ServerConfig
-from server.http.app import create_app
+from server.http.app import CALLS, create_app
 from server.llm.provider import LLMProvider
 from server.runtime.engines import Engines
+from server.transports.base import TransportCall
 from tests.loopback_call import LoopbackCall
 from tests.speech import (
     espeak_wav,
@@ -43,6 +45,7 @@ from tests.speech import (
 
 __all__ = [
     "VoiceCall",
+    "answers_spoken",
     "base_url",
     "espeak_speech",
     "loudest",
@@ -164,6 +167,26 @@ def start_call(
     orchestrator.on(lambda event: call.llm_events.append((voice.clock(), event)))
     call.line.start()
     return call
+
+
+async def answers_spoken(server: TestServer, count: int, timeout_s: float = 30) -> None:
+    """Return once the agent of the server's one call has finished ``count`` answers, its
+    greeting included (the ``count``-th ``tts_end``: the audio has left the speaker). A wait on
+    the event, where a test would otherwise sleep for as long as the audio might last."""
+    (call,) = server.app[CALLS].calls.values()
+    assert isinstance(call, TransportCall)
+    queue = call.events.listen()  # from the call's first event
+    kinds: list[str] = []
+    try:
+        async with asyncio.timeout(timeout_s):
+            while kinds.count("tts_end") < count:
+                item = await queue.get()
+                assert item is not None, f"the call ended after the events {kinds}"
+                kinds.append(item["type"])
+    except TimeoutError:
+        raise AssertionError(f"{count} answer(s) not spoken in {timeout_s} s: {kinds}") from None
+    finally:
+        call.events.unlisten(queue)
 
 
 def base_url(server: TestServer) -> str:

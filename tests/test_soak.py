@@ -13,12 +13,12 @@ from benchmarks.soak_calls import CallStyle
 BASELINE = {"rss_mb": 400.0, "open_files": 14, "threads": 15, "asyncio_tasks": 3}
 
 SHORT_PLAN = SoakPlan(sequential=12, concurrent=4, rounds=1, warmup=4, rss_limit_percent=15.0)
-"""12 calls one after another, each of the 12 styles once, and a round of 4 at once (about 80 s). RSS gets 15 %,
-not 10 %: after a warm-up this short the allocator's one-off growth (arenas of threads first
-used, buffers for utterance lengths not seen yet) is still a large share of what follows, and a
-run this short cannot tell a slow leak from it anyway (the full soak's 200 calls and RSS trend
-do). The counts, which is where a call that does not free what it holds shows first, are held
-to the same tolerance as the full soak."""
+"""12 calls one after another, each of the 12 styles once, and a round of 4 at once (about 80 s).
+RSS gets 15 %, not 10 %: after a warm-up this short the allocator's one-off growth (arenas of
+threads first used, buffers for utterance lengths not seen yet) is still a large share of what
+follows, and a run this short cannot tell a slow leak from it anyway (the full soak's 200 calls
+and RSS trend do). The counts, which is where a call that does not free what it holds shows
+first, are held to the same tolerance as the full soak."""
 
 
 def test_the_verdict_names_every_missed_goal() -> None:

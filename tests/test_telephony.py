@@ -34,7 +34,7 @@ from server.transports.phone.audiosocket import (
     read_message,
 )
 from server.transports.phone.media_streams import MAX_MESSAGE_BYTES, TwilioCall
-from tests.calls import transcriber, voice_server, word_error_rate
+from tests.calls import answers_spoken, transcriber, voice_server, word_error_rate
 from tests.phone import ANSWER, INTERRUPTION, LONG_ANSWER, PARCEL, phone_audio
 
 pytestmark = pytest.mark.slow
@@ -206,11 +206,12 @@ async def test_a_twilio_stream_hears_the_answer_with_marks(
     llm.script(_replies)
     await twilio.start("support")
     await _wait(lambda: len(_events(twilio, "mark")) >= 2, 20)  # the greeting's sentences
-    await asyncio.sleep(3.0)
+    await answers_spoken(server, 1)
     greeting_end = len(twilio.heard.pcm)
     await twilio.say(phone_audio(QUESTION) + silence(600, 8000))
     await _wait(lambda: len(_events(twilio, "mark")) >= 4, 20)  # the answer's two sentences
-    await asyncio.sleep(3.0)
+    await answers_spoken(server, 2)
+    await asyncio.sleep(0.1)  # the last frames on their way over the socket
     said = await Received(pcm=twilio.heard.pcm[greeting_end:]).said()
     assert word_error_rate(said, ANSWER) <= 0.25
     names = [d["mark"]["name"] for _, d in _events(twilio, "mark")]
@@ -229,7 +230,7 @@ async def test_barge_in_on_a_twilio_stream_sends_clear_and_stops_the_audio(
     llm.script(_replies)
     await twilio.start("support")
     await _wait(lambda: len(_events(twilio, "mark")) >= 2, 20)
-    await asyncio.sleep(3.0)
+    await answers_spoken(server, 1)  # the greeting
     await twilio.say(phone_audio(PARCEL) + silence(600, 8000))
     await _wait(lambda: len(_events(twilio, "mark")) >= 4, 20)  # well into the long answer
     await asyncio.sleep(0.5)

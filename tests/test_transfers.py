@@ -37,7 +37,7 @@ from server.testkit.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
 from server.transports.sip.endpoint import SipCall
 from server.transports.sip.transfer import MAX_BACKLOG_MS, _Playout
 from tests.baresip import FRAME_BYTES, RATE, Baresip, start_baresip, until, utterances
-from tests.calls import transcriber, voice_server, word_error_rate
+from tests.calls import answers_spoken, transcriber, voice_server, word_error_rate
 from tests.phone import phone_audio
 from tests.processes import free_port, stop_group
 from tests.sipp import run_sipp, sipp_result, start_sipp
@@ -361,7 +361,7 @@ async def test_a_refused_api_call_is_told_to_the_caller_and_the_call_goes_on(
     api = TransferApiSettings(twilio_api.base_url, username="SK0001", password="secret")
     async with _media_stream_asks(llm, folder, api) as (server, phone):
         await _wait(lambda: any(r["messages"][-1]["role"] == "tool" for r in llm.requests), 30)
-        await asyncio.sleep(6)  # the apology plays
+        await answers_spoken(server, 1)  # "put you through" and the apology: one answer
         (_, authorization, form), *_ = twilio_api.requests
         assert authorization == "Basic " + base64.b64encode(b"SK0001:secret").decode()
         assert "<Sip>sip:desk@pbx.example.com</Sip>" in form["Twiml"]
@@ -397,7 +397,7 @@ async def test_without_a_provider_api_a_media_stream_transfer_is_requested_not_c
         assert result["how"] == "stream event"
         assert "may still be on the line" in result["note"]
         assert "Do not say goodbye" in result["next"]
-        await asyncio.sleep(6)  # the answer to the result plays
+        await answers_spoken(server, 1)  # "put you through" and the answer to the result
         said = (await phone.heard.said()).lower()
         assert "put you through" in said
         assert "please hold" in said
