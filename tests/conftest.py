@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING
 import pytest
 
 from server.testkit.scripted_llm import ScriptedLLM
-from tests import processes
+from tests.support import processes
 
 if TYPE_CHECKING:
     from server.testkit.caller import WebRTCCaller
-    from tests.calls import VoiceCall
+    from tests.support.calls import VoiceCall
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "playbooks" / "examples"

@@ -19,7 +19,7 @@ from media.audio import (
     trim_leading_silence,
     trim_trailing_silence,
 )
-from tests.speech import peak_frequency, tone, white_noise
+from tests.support.speech import peak_frequency, tone, white_noise
 
 TONE_DBFS = 20 * math.log10(0.5 / math.sqrt(2))  # a sine at half of full scale
 

@@ -14,9 +14,9 @@ from media.audio import pcm_rms_dbfs, silence
 from playbooks import LoadedPlaybook, load_playbook
 from server.call.session import SessionSettings
 from server.testkit.scripted_llm import ScriptedLLM, answers_by_words
-from tests.calls import VoiceCall, start_call, transcriber, word_error_rate
 from tests.conftest import EXAMPLES
-from tests.speech import piper_speech, tone
+from tests.support.calls import VoiceCall, start_call, transcriber, word_error_rate
+from tests.support.speech import piper_speech, tone
 
 pytestmark = pytest.mark.slow
 

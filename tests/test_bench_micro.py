@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from benchmarks.micro import MicroSettings, p90, run_micro
-from tests import speech
+from tests.support import speech
 
 SMALL = MicroSettings(
     repeats=1,

@@ -13,7 +13,7 @@ import pytest
 
 from benchmarks.report import finite_numbers
 from tests.conftest import REPO
-from tests.processes import spawn
+from tests.support.processes import spawn
 
 pytestmark = pytest.mark.slow
 

@@ -11,8 +11,8 @@ from aiohttp.test_utils import TestServer
 
 from media.audio import SAMPLE_RATE, silence
 from server.testkit.scripted_llm import ScriptedLLM, answers_by_words
-from tests.browser import Browser
-from tests.calls import piper_speech, voice_server
+from tests.support.browser import Browser
+from tests.support.calls import piper_speech, voice_server
 
 pytestmark = pytest.mark.slow
 

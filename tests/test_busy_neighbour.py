@@ -18,8 +18,8 @@ from server.config.server import ServerConfig
 from server.http.app import CALLS
 from server.testkit.caller import WebRTCCaller
 from server.testkit.scripted_llm import ScriptedLLM, answers_by_words
-from tests.calls import base_url, piper_speech, synthesize_ahead, voice_server
-from tests.processes import kill_group, popen
+from tests.support.calls import base_url, piper_speech, synthesize_ahead, voice_server
+from tests.support.processes import kill_group, popen
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 

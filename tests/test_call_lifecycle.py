@@ -42,8 +42,8 @@ from server.transports.phone.audiosocket import (
 from server.transports.phone.media_streams import serve_media_stream
 from server.transports.sip.endpoint import SipServer
 from server.transports.webrtc.call import open_webrtc_call
-from tests.calls import synthesizer, transcriber
 from tests.conftest import EXAMPLES
+from tests.support.calls import synthesizer, transcriber
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -33,8 +33,8 @@ from server.runtime.registry import CallRegistry, OverCapacity, UnknownPlaybook
 from server.testkit.sip_phone import SipPhone
 from server.transports.base import TransportCall
 from server.transports.phone.audiosocket import HANGUP, SLIN_8K, UUID, frame_message, read_message
-from tests.calls import voice_server
-from tests.processes import free_port
+from tests.support.calls import voice_server
+from tests.support.processes import free_port
 from tests.test_telephony import TwilioPhone
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]

@@ -15,7 +15,7 @@ import pytest
 
 from server.testkit.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
 from tests.conftest import EXAMPLES, REPO
-from tests.processes import run_vocable, spawn, until_ready
+from tests.support.processes import run_vocable, spawn, until_ready
 
 
 def _json_lines(text: str) -> list[dict[str, Any]]:

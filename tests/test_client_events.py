@@ -13,8 +13,8 @@ from playbooks import PlaybookOrchestrator, load_playbook
 from server.call.events import MAX_ARGUMENTS_CHARS, VOICE_EVENT_TYPES, VoiceEvent, tool_arguments
 from server.call.voice import VoicePlaybookOrchestrator
 from server.transports.client_events import CLIENT_ERRORS, client_view
-from tests.calls import synthesizer, transcriber
 from tests.conftest import EXAMPLES, REPO
+from tests.support.calls import synthesizer, transcriber
 
 
 @pytest.mark.parametrize("source", sorted(CLIENT_ERRORS))

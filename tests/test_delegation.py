@@ -16,7 +16,7 @@ from playbooks import ChatClient, PlaybookError, PlaybookOrchestrator, load_play
 from playbooks.delegation import WORKER_NOTE
 from playbooks.loader import check_playbook
 from server.testkit.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
-from tests.processes import run_vocable
+from tests.support.processes import run_vocable
 from tests.test_cli import _json_lines
 
 PLAYBOOK = """

@@ -10,7 +10,7 @@ import pytest
 
 from playbooks import load_playbook
 from server.testkit.scripted_llm import Reply, ScriptedLLM
-from tests.calls import piper_speech, start_call, synthesize_ahead, transcriber, words
+from tests.support.calls import piper_speech, start_call, synthesize_ahead, transcriber, words
 from tests.test_delegation import PLAYBOOK, TOOLS_PY, team_llm
 
 pytestmark = pytest.mark.slow

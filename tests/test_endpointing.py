@@ -26,10 +26,10 @@ from server.call.endpointing import (
 )
 from server.call.session import SessionSettings
 from server.testkit.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
-from tests.calls import VoiceCall, piper_speech, start_call, synthesize_ahead, words
 from tests.conftest import EXAMPLES
-from tests.speech import whole_frames
-from tests.timed_stt import DECODE_TIMES, primed
+from tests.support.calls import VoiceCall, piper_speech, start_call, synthesize_ahead, words
+from tests.support.speech import whole_frames
+from tests.support.timed_stt import DECODE_TIMES, primed
 
 QUESTION = "Where is my order?"
 TRAILING_AND = "I would like to order a large pizza and"

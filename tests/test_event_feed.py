@@ -14,8 +14,8 @@ from server.runtime.registry import CallRegistry
 from server.transports.base import TransportCall
 from server.transports.client_events import CLIENT_ERRORS
 from server.transports.event_feed import EventFeed, FeedQueue
-from tests.calls import synthesizer, transcriber
 from tests.conftest import EXAMPLES
+from tests.support.calls import synthesizer, transcriber
 
 
 def _drain(queue: FeedQueue) -> list[dict[str, Any] | None]:

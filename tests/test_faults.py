@@ -34,7 +34,7 @@ from server.http.app import CALLS
 from server.runtime.observability import ServerMetrics
 from server.testkit.caller import WebRTCCaller
 from server.testkit.scripted_llm import NO_INTENT, Reply, ScriptedLLM, ScriptedToolCall
-from tests.calls import (
+from tests.support.calls import (
     VoiceCall,
     piper_speech,
     sentences_of,
@@ -46,7 +46,7 @@ from tests.calls import (
     word_error_rate,
     words,
 )
-from tests.timed_stt import TimedTranscriber
+from tests.support.timed_stt import TimedTranscriber
 
 pytestmark = pytest.mark.slow
 

@@ -28,9 +28,9 @@ from media.tts import (
 from playbooks import load_playbook
 from server.call.session import SessionSettings
 from server.testkit.scripted_llm import ScriptedLLM, answers_by_words
-from tests.calls import VoiceCall, start_call, transcriber, word_error_rate
 from tests.conftest import EXAMPLES
-from tests.speech import piper_speech
+from tests.support.calls import VoiceCall, start_call, transcriber, word_error_rate
+from tests.support.speech import piper_speech
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -63,9 +63,9 @@ from server.testkit.caller import WebRTCCaller
 from server.testkit.scripted_llm import ScriptedLLM, answers_by_words
 from server.testkit.sip_phone import SipPhone, offer_sdp
 from server.transports.phone.media_streams import TwilioCall
-from tests.calls import synthesizer, transcriber, voice_server
 from tests.conftest import EXAMPLES
-from tests.raw_http import raw_request
+from tests.support.calls import synthesizer, transcriber, voice_server
+from tests.support.raw_http import raw_request
 
 T = TypeVar("T")
 Client = TestClient[web.Request, web.Application]

@@ -14,7 +14,7 @@ import pytest
 from server.llm.gguf import GgufError, read_gguf
 from server.llm.llamacpp import EmbeddedLLM, EmbeddedSettings, ModelLoadError
 from tests.conftest import EXAMPLES
-from tests.models import smollm2_copy, smollm2_gguf, with_architecture
+from tests.support.models import smollm2_copy, smollm2_gguf, with_architecture
 
 pytestmark = pytest.mark.timeout(30)
 

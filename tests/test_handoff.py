@@ -10,7 +10,7 @@ from typing import Any
 
 from playbooks import ChatClient, PlaybookOrchestrator, load_playbook
 from server.testkit.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
-from tests.processes import run_vocable
+from tests.support.processes import run_vocable
 from tests.test_cli import _json_lines
 
 PLAYBOOK = """

@@ -16,9 +16,16 @@ from playbooks.loader import LoadedPlaybook
 from server.call.endpointing import EndpointSettings
 from server.call.session import SessionSettings
 from server.testkit.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
-from tests.calls import VoiceCall, piper_speech, start_call, synthesize_ahead, transcriber, words
+from tests.support.calls import (
+    VoiceCall,
+    piper_speech,
+    start_call,
+    synthesize_ahead,
+    transcriber,
+    words,
+)
+from tests.support.timed_stt import primed
 from tests.test_handoff import NOTE, PLAYBOOK, SUMMARY
-from tests.timed_stt import primed
 
 pytestmark = pytest.mark.slow
 

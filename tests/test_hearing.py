@@ -12,8 +12,8 @@ from media.audio import SAMPLE_RATE, silence
 from media.vad import VadSegmenter, VadSettings
 from server.testkit.echo_path import EchoPath, ReturnedEcho
 from server.testkit.impairments import at_level, mix_at_snr, noise
-from tests.calls import transcriber, word_error_rate
-from tests.speech import piper_speech
+from tests.support.calls import transcriber, word_error_rate
+from tests.support.speech import piper_speech
 
 pytestmark = pytest.mark.timeout(120)
 

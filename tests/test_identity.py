@@ -13,7 +13,7 @@ import pytest
 from playbooks import PlaybookError, load_playbook
 from playbooks.identity import LANGUAGE_TOOL
 from server.testkit.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
-from tests.processes import run_vocable
+from tests.support.processes import run_vocable
 from tests.test_cli import _json_lines
 
 DESK = """\

@@ -12,7 +12,7 @@ import pytest
 from benchmarks.llm import LONG_ANSWER
 from media.piper_graph import noiseless_inputs
 from media.tts import LoadAwareSession
-from tests.speech import synthesizer
+from tests.support.speech import synthesizer
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -23,7 +23,7 @@ from aiortc.rtp import RtpPacket
 from media.audio import pcm_rms_dbfs
 from server.transports.webrtc import libopus
 from server.transports.webrtc.inbound import LoopDecoder, PromptAudioBuffer, hear_promptly
-from tests.speech import peak_frequency, tone
+from tests.support.speech import peak_frequency, tone
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -25,9 +25,9 @@ from playbooks.transfer import TransferRequest
 from server.config.server import ServerConfig, SipSettings
 from server.http.app import CALLS, SIP
 from server.testkit.sip_phone import SipPhone
-from tests.calls import voice_server
 from tests.conftest import REPO
-from tests.processes import free_port, kill_group, popen, udp_free
+from tests.support.calls import voice_server
+from tests.support.processes import free_port, kill_group, popen, udp_free
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 

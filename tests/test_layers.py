@@ -113,11 +113,11 @@ def test_the_direction_check_sees_forbidden_imports(tmp_path: Path) -> None:
     (tmp_path / "server" / "http" / "probe.py").write_text("from benchmarks.report import x\n")
     (tmp_path / "benchmarks").mkdir()
     (tmp_path / "benchmarks" / "probe.py").write_text(
-        "import tests.calls\nfrom tests import speech\n"
+        "import tests.support.calls\nfrom tests import speech\n"
     )
     assert _wrong_imports(tmp_path, "server") == {"server/http/probe.py imports benchmarks.report"}
     assert _wrong_imports(tmp_path, "benchmarks") == {
-        "benchmarks/probe.py imports tests.calls",
+        "benchmarks/probe.py imports tests.support.calls",
         "benchmarks/probe.py imports tests",
     }
 

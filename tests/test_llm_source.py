@@ -38,9 +38,9 @@ from server.llm.provider import LLMProvider, LLMStatus
 from server.testkit.loopback import start_on_loopback
 from server.testkit.scripted_llm import Reply, ScriptedLLM
 from tests.conftest import EXAMPLES, REPO
-from tests.hub_standin import HubStandin
-from tests.models import SMOLLM2_FILENAME, smollm2_copy, smollm2_gguf, with_architecture
-from tests.processes import run_vocable, spawn, stop_group, until_ready
+from tests.support.hub_standin import HubStandin
+from tests.support.models import SMOLLM2_FILENAME, smollm2_copy, smollm2_gguf, with_architecture
+from tests.support.processes import run_vocable, spawn, stop_group, until_ready
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -36,7 +36,7 @@ from playbooks.models import CustomCondition, NamedToolChoice, Playbook
 from server.testkit.loopback import start_on_loopback
 from server.testkit.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
 from tests.conftest import REPO
-from tests.processes import run_vocable
+from tests.support.processes import run_vocable
 
 LLMRTC = REPO / "tests" / "playbooks" / "llmrtc"
 SUPPORT_BOT = LLMRTC / "support-bot.json"

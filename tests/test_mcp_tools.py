@@ -1,4 +1,4 @@
-"""MCP servers' tools in playbooks: a FastMCP server (tests/mcp_server.py) over stdio and
+"""MCP servers' tools in playbooks: a FastMCP server (tests/support/mcp_server.py) over stdio and
 streamable HTTP, driven through ``vocable chat --json`` with the scripted LLM."""
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ from playbooks.mcp import close_mcp_sessions
 from playbooks.tools import InvalidToolCall
 from server.testkit.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
 from tests.conftest import REPO
-from tests.processes import popen, run_vocable
+from tests.support.processes import popen, run_vocable
 from tests.test_cli import _json_lines
 
 ALL_TOOLS = {"lookup_order", "refund", "explode", "slow", "echo", "crash", "pid"}
 STDIO: dict[str, Any] = {
     "name": "orders",
     "command": sys.executable,
-    "args": ["-m", "tests.mcp_server"],
+    "args": ["-m", "tests.support.mcp_server"],
     "env": {"PYTHONPATH": str(REPO)},
 }
 
@@ -44,7 +44,7 @@ def http_server() -> Iterator[dict[str, Any]]:
     """The test server on streamable HTTP, as an ``mcp_servers`` entry."""
     port = _free_port()
     process = popen(
-        [sys.executable, "-m", "tests.mcp_server", "--http", str(port)],
+        [sys.executable, "-m", "tests.support.mcp_server", "--http", str(port)],
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -22,7 +22,7 @@ from server.llm.download import (
     default_model,
     fetch_model,
 )
-from tests.hub_standin import HubStandin
+from tests.support.hub_standin import HubStandin
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 CHUNK = 10 * 1024 * 1024

@@ -14,7 +14,7 @@ import pytest
 from playbooks.orchestrator import ITERATIVE_NOTE
 from server.testkit.scripted_llm import NO_INTENT, Reply, ScriptedLLM, ScriptedToolCall
 from tests.conftest import EXAMPLES
-from tests.processes import run_vocable
+from tests.support.processes import run_vocable
 from tests.test_cli import _json_lines
 
 TOOLS_PY = '''

@@ -28,8 +28,8 @@ from server.runtime.logs import JsonFormatter, bind_session, configure_logging
 from server.testkit.caller import WebRTCCaller
 from server.testkit.scripted_llm import ScriptedLLM, answers_by_words
 from tests.conftest import REPO
-from tests.models import smollm2_gguf
-from tests.processes import spawn, stop_group
+from tests.support.models import smollm2_gguf
+from tests.support.processes import spawn, stop_group
 
 # -- rate limits -------------------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
 """``--otel``: per-turn traces exported over OTLP/HTTP, end to end, to a small OTLP/HTTP
-collector in the test (``tests.otlp_collector``) that decodes what it receives.
+collector in the test (``tests.support.otlp_collector``) that decodes what it receives.
 
 - ``vocable serve --otel`` runs in a child process, its exporter pointed at the collector by
   ``OTEL_EXPORTER_OTLP_ENDPOINT``; a real aiortc caller speaks a question that Whisper
@@ -29,10 +29,10 @@ from server.config.server import ServerConfig
 from server.runtime.tracing import STAGES
 from server.testkit.caller import WebRTCCaller
 from server.testkit.scripted_llm import ScriptedLLM, answers_by_words
-from tests.calls import piper_speech, synthesize_ahead, voice_server
 from tests.conftest import REPO
-from tests.otlp_collector import OtlpCollector, collector_in_thread
-from tests.processes import spawn
+from tests.support.calls import piper_speech, synthesize_ahead, voice_server
+from tests.support.otlp_collector import OtlpCollector, collector_in_thread
+from tests.support.processes import spawn
 from tests.test_operations import start_serve
 
 QUESTION = "Hello, where is my parcel?"

@@ -27,11 +27,11 @@ from server.config.server import ServerConfig, SipSettings
 from server.http.app import CALLS, SIP
 from server.testkit.scripted_llm import ScriptedLLM, answers_by_words
 from server.transports.sip.dialer import parse_target
-from tests.baresip import RATE, Baresip, loud_frames, start_baresip, until
-from tests.calls import transcriber, voice_server, word_error_rate
-from tests.phone import ANSWER, phone_audio
-from tests.processes import run_vocable
-from tests.sipp import sipp_callee
+from tests.support.baresip import RATE, Baresip, loud_frames, start_baresip, until
+from tests.support.calls import transcriber, voice_server, word_error_rate
+from tests.support.phone import ANSWER, phone_audio
+from tests.support.processes import run_vocable
+from tests.support.sipp import sipp_callee
 
 pytestmark = pytest.mark.slow
 

@@ -25,7 +25,7 @@ from server.config.server import ServerConfig, SipSettings
 from server.http.app import CALLS, SIP
 from server.runtime.memory import return_free_memory
 from server.testkit.sip_phone import SipPhone
-from tests.calls import synthesizer, transcriber, voice_server
+from tests.support.calls import synthesizer, transcriber, voice_server
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -24,7 +24,7 @@ import aiohttp
 import pytest
 
 from tests.conftest import REPO
-from tests.processes import free_port, spawn, until_ready
+from tests.support.processes import free_port, spawn, until_ready
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

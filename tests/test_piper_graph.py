@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from media.piper_graph import UnsupportedGraph, decoder_as_2d, noiseless_inputs, voice_graph
 from media.tts import Synthesizer, SynthesizerSettings, default_piper_voice, onnx_session
-from tests import speech
+from tests.support import speech
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -11,7 +11,7 @@ from playbooks import load_playbook
 from playbooks.models import IntentCondition, LLMDecisionCondition
 from playbooks.outline import mermaid, outline
 from tests.conftest import REPO
-from tests.processes import run_vocable
+from tests.support.processes import run_vocable
 
 README_SERVER = (
     "{name: orders, command: python, args: [-m, acme_orders_mcp], tools: [lookup_order]}"
@@ -34,7 +34,7 @@ def test_the_readme_markdown_playbook_has_steps_triggers_persona_voice_mcp_and_h
     test_server = {  # the same tool, from the MCP server the tests run
         "name": "orders",
         "command": sys.executable,
-        "args": ["-m", "tests.mcp_server"],
+        "args": ["-m", "tests.support.mcp_server"],
         "env": {"PYTHONPATH": str(REPO)},
         "tools": ["lookup_order"],
     }

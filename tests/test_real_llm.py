@@ -29,8 +29,9 @@ from server.call.session import SessionSettings
 from server.llm.gguf import read_gguf
 from server.llm.llamacpp import EmbeddedLLM, EmbeddedSettings, model_cpu_time
 from server.testkit.caller import WebRTCCaller
-from tests.browser import Browser
-from tests.calls import (
+from tests.conftest import REPO
+from tests.support.browser import Browser
+from tests.support.calls import (
     base_url,
     piper_speech,
     start_call,
@@ -39,8 +40,7 @@ from tests.calls import (
     voice_server,
     words,
 )
-from tests.conftest import REPO
-from tests.models import smollm2_gguf
+from tests.support.models import smollm2_gguf
 
 pytestmark = pytest.mark.slow
 

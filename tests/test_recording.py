@@ -29,7 +29,7 @@ from server.http.app import CALLS, METRICS, SIP
 from server.testkit.caller import WebRTCCaller
 from server.testkit.scripted_llm import NO_INTENT, Reply, ScriptedLLM, ScriptedToolCall
 from server.testkit.sip_phone import SipPhone
-from tests.calls import (
+from tests.support.calls import (
     base_url,
     piper_speech,
     synthesize_ahead,
@@ -37,7 +37,7 @@ from tests.calls import (
     voice_server,
     word_error_rate,
 )
-from tests.phone import ANSWER, INTERRUPTION, LONG_ANSWER, PARCEL, phone_audio
+from tests.support.phone import ANSWER, INTERRUPTION, LONG_ANSWER, PARCEL, phone_audio
 
 pytestmark = pytest.mark.slow
 

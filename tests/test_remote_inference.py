@@ -1,5 +1,5 @@
 """Remote STT and TTS through OpenAI-compatible audio APIs, against a stand-in GPU box on
-127.0.0.1 that runs the real Whisper and Piper (``tests.audio_api_server``): transcription,
+127.0.0.1 that runs the real Whisper and Piper (``tests.support.audio_api_server``): transcription,
 streamed synthesis in both formats, a whole voice call on remote engines, dead endpoints, and the
 flags and variables that choose them."""
 
@@ -32,8 +32,9 @@ from server.config.llm import ConfigError
 from server.config.server import ServerConfig, add_serve_arguments
 from server.runtime.engines import Engines
 from server.testkit.scripted_llm import ScriptedLLM, answers_by_words
-from tests.audio_api_server import AudioApiServer
-from tests.calls import (
+from tests.conftest import EXAMPLES
+from tests.support.audio_api_server import AudioApiServer
+from tests.support.calls import (
     VoiceCall,
     piper_speech,
     start_call,
@@ -42,8 +43,7 @@ from tests.calls import (
     word_error_rate,
     words,
 )
-from tests.conftest import EXAMPLES
-from tests.speech import to_16k
+from tests.support.speech import to_16k
 
 pytestmark = pytest.mark.slow
 

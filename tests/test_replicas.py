@@ -23,11 +23,11 @@ from aiohttp.test_utils import TestServer
 
 from server.config.server import ServerConfig
 from server.runtime.call_directory import KEY_PREFIX, TTL_S
-from tests.calls import base_url, voice_server
 from tests.conftest import REPO
-from tests.processes import free_port, kill_group, run_vocable, spawn, until_ready
-from tests.redis_server import RedisServer, running_redis, start_redis
-from tests.sipp import sipp_callee
+from tests.support.calls import base_url, voice_server
+from tests.support.processes import free_port, kill_group, run_vocable, spawn, until_ready
+from tests.support.redis_server import RedisServer, running_redis, start_redis
+from tests.support.sipp import sipp_callee
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 

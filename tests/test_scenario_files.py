@@ -19,7 +19,7 @@ from server.testkit.scenarios.report import pass_rates, write_json, write_junit,
 from server.testkit.scenarios.result import CheckResult, ScenarioResult, TurnResult
 from server.testkit.scenarios.script import TurnScript
 from tests.conftest import EXAMPLES
-from tests.processes import run_vocable
+from tests.support.processes import run_vocable
 
 pytestmark = pytest.mark.timeout(60)
 

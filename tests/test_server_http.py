@@ -23,9 +23,9 @@ from server.http.middleware import errors_as_json, remember_prepared
 from server.llm.provider import LLMProvider
 from server.runtime.engines import Engines
 from server.testkit.scripted_llm import ScriptedLLM
-from tests.calls import synthesizer, transcriber
 from tests.conftest import EXAMPLES
-from tests.raw_http import raw_request
+from tests.support.calls import synthesizer, transcriber
+from tests.support.raw_http import raw_request
 
 Client = TestClient[web.Request, web.Application]
 MakeClient = Callable[..., Awaitable[Client]]

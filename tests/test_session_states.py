@@ -30,9 +30,9 @@ from server.call.session import _MOVES, Phase, Session, SessionSettings
 from server.call.timeline import TurnTimeline
 from server.call.voice import VoicePlaybookOrchestrator
 from server.testkit.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall, answers_by_words
-from tests.calls import piper_speech, synthesize_ahead, synthesizer, transcriber, words
 from tests.conftest import EXAMPLES
-from tests.timed_stt import primed
+from tests.support.calls import piper_speech, synthesize_ahead, synthesizer, transcriber, words
+from tests.support.timed_stt import primed
 
 QUESTION = "Where is my order?"
 FOLLOW_UP = "It was due on Monday."

@@ -26,9 +26,9 @@ from server.http.app import CALLS, SIP
 from server.testkit.echo_path import ReturnedEcho
 from server.testkit.scripted_llm import ScriptedLLM, answers_by_words
 from server.testkit.sip_phone import SipPhone, offer_sdp
-from tests.calls import base_url, transcriber, voice_server, word_error_rate
-from tests.phone import ANSWER, INTERRUPTION, LONG_ANSWER, phone_audio
-from tests.sipp import run_sipp
+from tests.support.calls import base_url, transcriber, voice_server, word_error_rate
+from tests.support.phone import ANSWER, INTERRUPTION, LONG_ANSWER, phone_audio
+from tests.support.sipp import run_sipp
 
 pytestmark = pytest.mark.slow
 

@@ -3,7 +3,7 @@
 
 baresip dials over UDP on 127.0.0.1, speaks a WAV file as the caller (``aufile``; it hangs up
 when the file ends) and records what it sends and what it hears (``sndfile``); it is started by
-``tests/baresip.py``. Real Whisper, Piper and webrtcvad on the server; the LLM is scripted.
+``tests/support/baresip.py``. Real Whisper, Piper and webrtcvad on the server; the LLM is scripted.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from server.config.server import ServerConfig, SipSettings
 from server.http.app import CALLS, SIP
 from server.testkit.scripted_llm import ScriptedLLM, answers_by_words
 from server.transports.sip.endpoint import SipCall
-from tests.baresip import RATE, loud_frames, start_baresip, until, utterances
-from tests.calls import transcriber, voice_server, word_error_rate, words
-from tests.phone import ANSWER, INTERRUPTION, LONG_ANSWER, PARCEL, phone_audio
+from tests.support.baresip import RATE, loud_frames, start_baresip, until, utterances
+from tests.support.calls import transcriber, voice_server, word_error_rate, words
+from tests.support.phone import ANSWER, INTERRUPTION, LONG_ANSWER, PARCEL, phone_audio
 
 pytestmark = pytest.mark.slow
 

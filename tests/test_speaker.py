@@ -11,7 +11,7 @@ import pytest
 
 from media import Playback, PlaybackResult, Speaker
 from media.audio import frame_bytes, pcm_rms_dbfs
-from tests.speech import peak_frequency, tone
+from tests.support.speech import peak_frequency, tone
 
 FRAME = 640  # 20 ms at 16 kHz
 

@@ -19,7 +19,7 @@ from playbooks import load_playbook
 from playbooks.identity import LANGUAGE_TOOL
 from playbooks.loader import LoadedPlaybook
 from server.testkit.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
-from tests.calls import VoiceCall, start_call, synthesizer, transcriber, words
+from tests.support.calls import VoiceCall, start_call, synthesizer, transcriber, words
 
 pytestmark = pytest.mark.slow
 

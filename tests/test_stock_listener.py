@@ -26,7 +26,7 @@ from media.audio import SAMPLE_RATE
 from server.testkit.caller import SILENCE_DBFS, ReceivedFrame, WebRTCCaller
 from server.testkit.loopback import start_on_loopback
 from server.transports.webrtc.tracks import OUTPUT_RATE, SpeakerTrack
-from tests.speech import tone
+from tests.support.speech import tone
 
 PERIOD_S = 0.02
 SAMPLES = OUTPUT_RATE // 50

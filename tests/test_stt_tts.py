@@ -20,8 +20,8 @@ from media.audio import duration_ms, silence
 from media.priority_pool import URGENT
 from media.stt import repeats
 from media.tts import PIECE_MS, LoadAwareSession
-from tests import speech
-from tests.speech import espeak_wav, to_16k, white_noise, word_error_rate, words
+from tests.support import speech
+from tests.support.speech import espeak_wav, to_16k, white_noise, word_error_rate, words
 
 pytestmark = pytest.mark.slow
 

@@ -34,8 +34,8 @@ from server.transports.phone.audiosocket import (
     read_message,
 )
 from server.transports.phone.media_streams import MAX_MESSAGE_BYTES, TwilioCall
-from tests.calls import answers_spoken, transcriber, voice_server, word_error_rate
-from tests.phone import ANSWER, INTERRUPTION, LONG_ANSWER, PARCEL, phone_audio
+from tests.support.calls import answers_spoken, transcriber, voice_server, word_error_rate
+from tests.support.phone import ANSWER, INTERRUPTION, LONG_ANSWER, PARCEL, phone_audio
 
 pytestmark = pytest.mark.slow
 

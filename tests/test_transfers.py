@@ -36,12 +36,12 @@ from server.testkit.loopback import start_on_loopback
 from server.testkit.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
 from server.transports.sip.endpoint import SipCall
 from server.transports.sip.transfer import MAX_BACKLOG_MS, _Playout
-from tests.baresip import FRAME_BYTES, RATE, Baresip, start_baresip, until, utterances
-from tests.calls import answers_spoken, transcriber, voice_server, word_error_rate
-from tests.phone import phone_audio
-from tests.processes import free_port, stop_group
-from tests.sipp import run_sipp, sipp_result, start_sipp
-from tests.speech import to_16k, tone
+from tests.support.baresip import FRAME_BYTES, RATE, Baresip, start_baresip, until, utterances
+from tests.support.calls import answers_spoken, transcriber, voice_server, word_error_rate
+from tests.support.phone import phone_audio
+from tests.support.processes import free_port, stop_group
+from tests.support.sipp import run_sipp, sipp_result, start_sipp
+from tests.support.speech import to_16k, tone
 from tests.test_telephony import TwilioPhone
 
 PUT_ME_THROUGH = "Please put me through to a person."

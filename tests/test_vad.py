@@ -22,7 +22,7 @@ from media import (
 from media import VadSettings as Settings
 from media.audio import pcm_rms_dbfs, silence
 from server.testkit.impairments import at_level, noise, speech_level_dbfs
-from tests.speech import piper_speech, tone, white_noise
+from tests.support.speech import piper_speech, tone, white_noise
 
 PHRASE = "I would like to book a table for two people tonight."
 T0 = 1000.0  # the arrival time of frame 0

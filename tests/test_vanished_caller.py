@@ -19,9 +19,9 @@ import pytest
 
 from server.config.server import ServerConfig
 from server.http.app import CALLS
-from tests.calls import voice_server
 from tests.conftest import REPO
-from tests.processes import kill_group, spawn
+from tests.support.calls import voice_server
+from tests.support.processes import kill_group, spawn
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 

@@ -17,12 +17,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from server.testkit.scenarios import BenchOptions, ScenarioBench, load_scenario
+from server.testkit.scenarios import RigOptions, ScenarioRig, load_scenario
 from server.testkit.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
-from tests.calls import base_url, voice_server
 from tests.conftest import EXAMPLES
-from tests.processes import run_vocable
-from tests.speech import piper_speech
+from tests.support.calls import base_url, voice_server
+from tests.support.processes import run_vocable
+from tests.support.speech import piper_speech
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -196,8 +196,8 @@ async def test_the_python_api_runs_a_scenario_against_a_running_server(tmp_path:
         )
     )
     async with ScriptedLLM(_by_words) as llm, voice_server(llm.base_url) as server:
-        options = BenchOptions(url=base_url(server))
-        async with ScenarioBench(options) as bench:
+        options = RigOptions(url=base_url(server))
+        async with ScenarioRig(options) as bench:
             result = await bench.run(load_scenario(scenario))
     assert result.passed, result.failures
     assert result.agent_llm == "configured"  # the running server's own LLM answered

@@ -15,8 +15,8 @@ import pytest
 
 from server.testkit.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
 from tests.conftest import EXAMPLES
-from tests.models import smollm2_gguf
-from tests.processes import run_vocable
+from tests.support.models import smollm2_gguf
+from tests.support.processes import run_vocable
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

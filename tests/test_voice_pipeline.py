@@ -13,7 +13,8 @@ from playbooks import load_playbook
 from playbooks.loader import LoadedPlaybook
 from server.call.session import SessionSettings
 from server.testkit.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
-from tests.calls import (
+from tests.conftest import EXAMPLES
+from tests.support.calls import (
     VoiceCall,
     espeak_speech,
     loudest,
@@ -25,8 +26,7 @@ from tests.calls import (
     word_error_rate,
     words,
 )
-from tests.conftest import EXAMPLES
-from tests.timed_stt import DECODE_TIMES, primed
+from tests.support.timed_stt import DECODE_TIMES, primed
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from media.wavstream import StreamDecoder
-from tests.speech import tone
+from tests.support.speech import tone
 
 
 def _chunk(kind: bytes, body: bytes) -> bytes:

@@ -28,7 +28,7 @@ from server.transports.webrtc.tracks import (
     OpusPackets,
     negotiated_opus,
 )
-from tests.calls import (
+from tests.support.calls import (
     base_url,
     piper_speech,
     synthesize_ahead,
@@ -37,7 +37,7 @@ from tests.calls import (
     word_error_rate,
     words,
 )
-from tests.speech import tone
+from tests.support.speech import tone
 
 pytestmark = pytest.mark.slow
 

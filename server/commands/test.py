@@ -16,7 +16,7 @@ from server.config.llm import ConfigError, add_llm_arguments
 
 if TYPE_CHECKING:  # the test kit (aiortc callers, the scripted LLM) loads only to run tests
     from playbooks.errors import Problem
-    from server.testkit.scenarios import BenchOptions, LoadedScenario, ScenarioResult
+    from server.testkit.scenarios import LoadedScenario, RigOptions, ScenarioResult
 
 __all__ = ["add_test_arguments", "run_tests"]
 
@@ -131,18 +131,18 @@ def _load_all(paths: list[Path]) -> list[LoadedScenario]:
     return loaded
 
 
-def _options(args: argparse.Namespace) -> BenchOptions:
+def _options(args: argparse.Namespace) -> RigOptions:
     from playbooks import ChatClient
     from server.config.llm import LLMChoice
     from server.config.server import LocalLLMSettings
-    from server.testkit.scenarios import AgentLLM, BenchOptions
+    from server.testkit.scenarios import AgentLLM, RigOptions
 
     choice = LLMChoice.resolve(args)
     agent = AgentLLM(choice.endpoint, LocalLLMSettings.of(choice))
     judge = None
     if args.judge_base_url:
         judge = ChatClient.connect(args.judge_base_url, args.judge_api_key, args.judge_model)
-    return BenchOptions(
+    return RigOptions(
         transport=args.transport,
         url=args.url,
         token=args.token,
@@ -157,24 +157,24 @@ def _options(args: argparse.Namespace) -> BenchOptions:
 
 
 async def _run_all(
-    loaded: list[LoadedScenario], options: BenchOptions, args: argparse.Namespace
+    loaded: list[LoadedScenario], options: RigOptions, args: argparse.Namespace
 ) -> list[ScenarioResult]:
-    from server.testkit.scenarios import ScenarioBench
+    from server.testkit.scenarios import ScenarioRig
 
     runs = [(scenario, n + 1) for scenario in loaded for n in range(args.repeat)]
     print(f"vocable: {len(runs)} scenario run(s), {args.jobs} at once", file=sys.stderr, flush=True)
     gate = asyncio.Semaphore(args.jobs)
 
-    async def one(bench: ScenarioBench, scenario: LoadedScenario, n: int) -> ScenarioResult:
+    async def one(rig: ScenarioRig, scenario: LoadedScenario, n: int) -> ScenarioResult:
         async with gate:
-            result = await bench.run(scenario, n)
+            result = await rig.run(scenario, n)
         mark = "pass" if result.passed else "FAIL"
         print(f"vocable: {mark} {scenario.label} (run {n})", file=sys.stderr, flush=True)
         return result
 
     try:
-        async with ScenarioBench(options) as bench:
-            return list(await asyncio.gather(*(one(bench, s, n) for s, n in runs)))
+        async with ScenarioRig(options) as rig:
+            return list(await asyncio.gather(*(one(rig, s, n) for s, n in runs)))
     finally:
         if options.judge is not None:
             await options.judge.aclose()

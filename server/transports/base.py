@@ -23,7 +23,7 @@ from playbooks.transfer import TransferOutcome, TransferRequest
 from server.call.clock import CallClock
 from server.call.events import VoiceEvent
 from server.call.session import Session
-from server.call.transfer import CallTransferrer
+from server.call.transferrer import CallTransferrer
 from server.runtime.registry import CallRegistry
 
 from .client_events import client_view

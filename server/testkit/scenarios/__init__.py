@@ -2,25 +2,25 @@
 and check it through a real call (``vocable test``, or :func:`run_scenario` in a pytest suite).
 
 - :mod:`.model`: the scenario file format; :mod:`.files`: finding and loading files.
-- :mod:`.runner`: :class:`ScenarioBench` runs scenarios through a server (WebRTC or SIP) or
+- :mod:`.runner`: :class:`ScenarioRig` runs scenarios through a server (WebRTC or SIP) or
   typed to the playbook; :mod:`.report`: readable, JSON and JUnit reports of the results.
 """
 
 from .files import LoadedScenario, ScenarioError, find_scenarios, load_scenario
 from .model import Scenario
 from .result import CheckResult, Failure, ScenarioResult, TurnResult
-from .runner import AgentLLM, BenchOptions, ScenarioBench, run_scenario
+from .runner import AgentLLM, RigOptions, ScenarioRig, run_scenario
 
 __all__ = [
     "AgentLLM",
-    "BenchOptions",
     "CheckResult",
     "Failure",
     "LoadedScenario",
+    "RigOptions",
     "Scenario",
-    "ScenarioBench",
     "ScenarioError",
     "ScenarioResult",
+    "ScenarioRig",
     "TurnResult",
     "find_scenarios",
     "load_scenario",

@@ -1,7 +1,7 @@
 """Running scenarios: through a real call (a server started for the run, or a running one), or
 typed to the playbook alone (``mode: text``).
 
-:class:`ScenarioBench` holds what runs share (Whisper and Piper, the agent's LLM when it is the
+:class:`ScenarioRig` holds what runs share (Whisper and Piper, the agent's LLM when it is the
 configured one, the judge); each run gets its own server on loopback (its own scripted LLM when
 the scenario is scripted), so runs can go on at once without hearing each other's LLM script.
 """
@@ -59,7 +59,7 @@ from .result import ScenarioResult, TurnResult
 from .script import TurnScript
 from .speech import CallerSpeech, SpeechError, impaired, read_wav
 
-__all__ = ["AgentLLM", "BenchOptions", "ScenarioBench", "TurnTimeout", "run_scenario"]
+__all__ = ["AgentLLM", "RigOptions", "ScenarioRig", "TurnTimeout", "run_scenario"]
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ class AgentLLM:
 
 
 @dataclass(frozen=True)
-class BenchOptions:
+class RigOptions:
     """How scenarios run; every field has a default for a quick local run."""
 
     transport: Transport = "webrtc"
@@ -129,11 +129,11 @@ class _Run:
     """The caller's utterances with when they started leaving, for the kept audio."""
 
 
-class ScenarioBench:
-    """``async with ScenarioBench(options) as bench: result = await bench.run(loaded)``."""
+class ScenarioRig:
+    """``async with ScenarioRig(options) as rig: result = await rig.run(loaded)``."""
 
-    def __init__(self, options: BenchOptions | None = None) -> None:
-        self.options = options or BenchOptions()
+    def __init__(self, options: RigOptions | None = None) -> None:
+        self.options = options or RigOptions()
         self.speech = CallerSpeech()
         self._transcriber: SpeechToText | None = None
         self._synthesizer: TextToSpeech | None = None
@@ -141,7 +141,7 @@ class ScenarioBench:
         self._agent: LLMProvider | None = None
         self._loading = asyncio.Lock()
 
-    async def __aenter__(self) -> ScenarioBench:
+    async def __aenter__(self) -> ScenarioRig:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -199,7 +199,7 @@ class ScenarioBench:
             return self._agent
 
     async def judge_client(self, agent: str) -> ChatClient | None:
-        """The judge's LLM for a run whose agent LLM is ``agent`` (see ``BenchOptions``)."""
+        """The judge's LLM for a run whose agent LLM is ``agent`` (see ``RigOptions``)."""
         options = self.options
         if options.judge_configured is False:
             return None
@@ -787,14 +787,14 @@ async def _until_heard(line: CallLine, since: float, after_ms: int, timeout_s: f
 
 
 def run_scenario(
-    path: str | Path, options: BenchOptions | None = None, *, repeat: int = 1
+    path: str | Path, options: RigOptions | None = None, *, repeat: int = 1
 ) -> list[ScenarioResult]:
     """Load and run one scenario file ``repeat`` times (blocking; for a pytest test): each
     run's result. Raises :class:`~.files.ScenarioError` for an invalid file."""
     loaded = load_scenario(path)
 
     async def runs() -> list[ScenarioResult]:
-        async with ScenarioBench(options) as bench:
-            return [await bench.run(loaded, n + 1) for n in range(repeat)]
+        async with ScenarioRig(options) as rig:
+            return [await rig.run(loaded, n + 1) for n in range(repeat)]
 
     return asyncio.run(runs())

@@ -38,7 +38,7 @@ from media.audio import pcm_rms_dbfs
 from playbooks.transfer import FailureReason, TransferOutcome, TransferRequest
 from server.call.clock import CallClock
 from server.call.session import Session
-from server.call.transfer import synthesize
+from server.call.transferrer import synthesize
 from server.config.server import SipSettings
 
 from .compat import MessageHandler

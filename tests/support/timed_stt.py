@@ -20,7 +20,7 @@ import pytest
 from media import SpeechEnded, SpeechPaused, Transcript, VadSegmenter, VadSettings
 from media.audio import FRAME_BYTES, silence
 from server.call.endpointing import EndpointSettings
-from tests.speech import transcriber
+from tests.support.speech import transcriber
 
 __all__ = ["DECODE_TIMES", "TimedTranscriber", "primed"]
 

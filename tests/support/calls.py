@@ -31,8 +31,8 @@ from server.http.app import CALLS, create_app
 from server.llm.provider import LLMProvider
 from server.runtime.engines import Engines
 from server.transports.base import TransportCall
-from tests.loopback_call import LoopbackCall
-from tests.speech import (
+from tests.support.loopback_call import LoopbackCall
+from tests.support.speech import (
     espeak_wav,
     piper_speech,
     synthesizer,

@@ -1,6 +1,6 @@
 """sipp (the Debian ``sip-tester`` package) as a test's SIP peer: it runs an XML scenario
 (``tests/sip``) as a caller or a callee and exits 0 only if every call followed it. Each sipp
-runs in its own process group (``tests.processes``), so nothing outlives the test."""
+runs in its own process group (``tests.support.processes``), so nothing outlives the test."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.processes import free_port, spawn, stop_group
+from tests.support.processes import free_port, spawn, stop_group
 
 __all__ = ["SIP_FILES", "run_sipp", "sipp_callee", "sipp_result", "start_sipp"]
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import pytest
 import redis
 
-from tests.processes import free_port, kill_group, popen
+from tests.support.processes import free_port, kill_group, popen
 
 __all__ = ["RedisServer", "running_redis", "start_redis"]
 

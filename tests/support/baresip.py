@@ -2,7 +2,7 @@
 127.0.0.1: it speaks a WAV file (``aufile``; it hangs up when the file ends), records what it
 sends and what it hears (``sndfile``), and answers or dials as its account and command line
 say. Its configuration is the template ``tests/sip/baresip/config``; it runs in its own process
-group (``tests.processes``), so nothing outlives the test."""
+group (``tests.support.processes``), so nothing outlives the test."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from media.audio import pcm_rms_dbfs
-from tests.processes import free_port, spawn, stop_group
+from tests.support.processes import free_port, spawn, stop_group
 
 __all__ = [
     "FRAME_BYTES",

@@ -23,7 +23,7 @@ from aiohttp import web
 from media import Resampler, Synthesizer, Transcriber
 from media.tts import TextToSpeech, VoiceSettings
 from server.testkit.loopback import start_on_loopback
-from tests.speech import to_16k
+from tests.support.speech import to_16k
 
 __all__ = ["AudioApiServer", "RecordedRequest"]
 

@@ -1,6 +1,6 @@
 """A small MCP server for the tests, written with the official SDK's FastMCP.
 
-``python -m tests.mcp_server`` serves over stdio; ``--http PORT`` serves streamable HTTP on
+``python -m tests.support.mcp_server`` serves over stdio; ``--http PORT`` serves streamable HTTP on
 127.0.0.1:PORT at ``/mcp``.
 """
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import aiohttp
 
-from tests.processes import spawn, stop_group
+from tests.support.processes import spawn, stop_group
 
 __all__ = ["Browser", "chromium_path"]
 

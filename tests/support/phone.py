@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from media import Resampler
 from media.audio import SAMPLE_RATE
-from tests.speech import piper_speech
+from tests.support.speech import piper_speech
 
 __all__ = ["ANSWER", "INTERRUPTION", "LONG_ANSWER", "PARCEL", "phone_audio"]
 

@@ -1,0 +1,1 @@
+"""What the tests share: stand-in servers, real peers' wrappers, speech and calls."""
