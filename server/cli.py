@@ -14,7 +14,7 @@ from playbooks import PlaybookError
 from server.commands.call import add_call_arguments, run_call
 from server.commands.chat import add_chat_arguments, chat_command
 from server.commands.playbook import EXIT_USAGE, playbook_command
-from server.config.arguments import add_tools_module_argument
+from server.config.command_flags import add_tools_module_argument
 from server.config.llm import ConfigError
 from server.config.server import add_serve_arguments
 from server.runtime.logs import configure_logging

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from server.config.llm import ENV_NAMES as LLM_ENV_NAMES
-from server.config.options import OPTIONS
+from server.config.serve_options import OPTIONS
 from server.config.server import ServerConfig, add_serve_arguments
 from server.http.app import create_app
 from tests.conftest import REPO

@@ -19,9 +19,10 @@ import pytest
 from playbooks import OrchestratorOptions, RetryPolicy
 from server.call.recordings import RecordingSettings
 from server.commands.chat import CHAT_TURN_FLAGS, add_chat_arguments
-from server.config.flags import add_serve_arguments, parse_serve_options
 from server.config.llm import ConfigError
-from server.config.options import OPTIONS, ServeOptions
+from server.config.option_values import parse_port_range
+from server.config.serve_flags import add_serve_arguments, parse_serve_options
+from server.config.serve_options import OPTIONS, ServeOptions
 from server.config.server import (
     BUILT_ALIKE,
     OPTION_FIELDS,
@@ -30,7 +31,6 @@ from server.config.server import (
     ServerConfig,
     SipSettings,
 )
-from server.config.values import parse_port_range
 from tests.conftest import REPO
 
 BY_NAME = {option.name: option for option in OPTIONS}

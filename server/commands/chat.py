@@ -17,9 +17,9 @@ from playbooks import (
     Retraction,
     load_playbook,
 )
-from server.config.arguments import add_tools_module_argument, non_negative_int, positive_int
+from server.config.command_flags import add_tools_module_argument, non_negative_int, positive_int
 from server.config.llm import ConfigError, LLMChoice, add_llm_arguments
-from server.config.options import ServeOptions
+from server.config.serve_options import ServeOptions
 from server.config.server import LocalLLMSettings
 from server.llm.provider import WAYS_TO_AN_LLM, LLMProvider
 

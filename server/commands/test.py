@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from server.config.arguments import positive_int
+from server.config.command_flags import positive_int
 from server.config.llm import ConfigError, add_llm_arguments
 
 if TYPE_CHECKING:  # the test kit (aiortc callers, the scripted LLM) loads only to run tests

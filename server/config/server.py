@@ -1,5 +1,5 @@
 """``vocable serve``'s settings as the server uses them: :class:`ServerConfig`, built from the
-checked flat :class:`~server.config.options.ServeOptions` (whose defaults its fields take).
+checked flat :class:`~server.config.serve_options.ServeOptions` (whose defaults its fields take).
 
 A field that is an option (named alike, or in :data:`RENAMED`) is taken from the options as it is
 (:data:`OPTION_FIELDS`); only the settings built from options are written in
@@ -25,10 +25,10 @@ from server.call.recordings import RecordingSettings
 from server.call.session import SessionSettings
 
 from .bundled import EXAMPLES, WEB_CLIENT
-from .flags import add_serve_arguments, serve_options
 from .llm import LLMChoice, LLMSettings
-from .options import Cleanup, Line, ServeOptions
-from .values import DEFAULT_HOST, parse_address, parse_port_range
+from .option_values import DEFAULT_HOST, parse_address, parse_port_range
+from .serve_flags import add_serve_arguments, serve_options
+from .serve_options import Cleanup, Line, ServeOptions
 
 __all__ = [
     "BUILT_ALIKE",

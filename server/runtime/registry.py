@@ -28,7 +28,7 @@ from server.call.recorder import CallRecorder
 from server.call.recordings import Recordings
 from server.call.session import Session
 from server.call.voice import VoicePlaybookOrchestrator
-from server.config.options import Line
+from server.config.serve_options import Line
 from server.config.server import ServerConfig
 from server.llm.llamacpp import model_cpu_time
 

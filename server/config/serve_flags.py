@@ -1,4 +1,4 @@
-"""``vocable serve``'s flags, generated from :class:`~server.config.options.ServeOptions`.
+"""``vocable serve``'s flags, generated from :class:`~server.config.serve_options.ServeOptions`.
 
 Each flag's argparse default is its ``VOCABLE_*`` variable's text (else the model's default), so
 a given flag overrides the variable; no flag has a ``type`` or ``choices``: the raw values of
@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .llm import LLM_GROUP, add_llm_arguments
-from .options import OPTIONS, Option, ServeOptions, validate_options
-from .values import split_list
+from .option_values import split_list
+from .serve_options import OPTIONS, Option, ServeOptions, validate_options
 
 __all__ = ["add_serve_arguments", "env_values", "parse_serve_options", "serve_options"]
 

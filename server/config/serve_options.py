@@ -2,7 +2,8 @@
 are written here once, and flags and ``VOCABLE_*`` variables are both checked by it.
 
 A field is flag ``--`` + its name with dashes (unless :class:`Cli` names another) and variable
-``VOCABLE_`` + its name in capitals; :mod:`server.config.flags` builds the parser from them."""
+``VOCABLE_`` + its name in capitals; :mod:`server.config.serve_flags` builds the parser from
+them."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from server.call.session import SessionSettings
 
 from .bundled import EXAMPLES
 from .llm import LLM_GROUP, ConfigError
-from .values import (
+from .option_values import (
     DEFAULT_HOST,
     Address,
     BaseUrl,
