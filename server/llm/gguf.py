@@ -2,6 +2,12 @@
 
 llama.cpp answers a bad file with "failed to init server" and nothing more; this reader names
 what is wrong (missing, not GGUF, truncated) in one line before llama.cpp is asked to load it.
+
+Not the ``gguf`` package: its ``GGUFReader`` maps every tensor eagerly (1.8 s for SmolLM2-135M's
+272 tensors on 2 cores, against 0.17 s here) and answers a truncated or foreign file with
+numpy's ``ValueError`` ("cannot reshape array of size 399424 into shape (576,960)"), so the
+checks that name the fault would stay; it would also bring ``requests``, ``pyyaml`` and
+``tqdm`` into the server's install.
 """
 
 from __future__ import annotations
