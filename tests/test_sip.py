@@ -115,7 +115,7 @@ async def test_sipp_ten_simultaneous_calls(
     server: TestServer, llm: ScriptedLLM, tmp_path: Path
 ) -> None:
     started = time.monotonic()
-    status, output = await _run_sipp(tmp_path, server.app[SIP].port, 10, 30000)
+    status, output = await _run_sipp(tmp_path, server.app[SIP].port, 10, 20000)
     assert status == 0, output
     heard = llm.user_turns
     assert len(heard) == 10, heard
