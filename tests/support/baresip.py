@@ -37,7 +37,7 @@ FRAME_BYTES = RATE * 20 // 1000 * 2
 """One 20 ms frame of the phone's audio."""
 LOUD_DBFS = -45.0
 """A frame above this level is loud (speech), at or below it quiet."""
-TEMPLATE = Path(__file__).resolve().parent / "sip" / "baresip" / "config"
+TEMPLATE = Path(__file__).resolve().parent.parent / "sip" / "baresip" / "config"
 
 
 def loud_frames(pcm: bytes) -> list[float]:

@@ -60,7 +60,7 @@ async def spawn(program: str, *args: str, **kwargs: Any) -> asyncio.subprocess.P
     return process
 
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 async def run_vocable(

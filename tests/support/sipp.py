@@ -17,7 +17,7 @@ from tests.support.processes import free_port, spawn, stop_group
 
 __all__ = ["SIP_FILES", "run_sipp", "sipp_callee", "sipp_result", "start_sipp"]
 
-SIP_FILES = Path(__file__).resolve().parent / "sip"
+SIP_FILES = Path(__file__).resolve().parent.parent / "sip"
 """The scenarios."""
 
 
