@@ -71,6 +71,7 @@ class PlaybookOrchestrator:
         options: OrchestratorOptions | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
+        transferrer: Transferrer | None = None,
     ) -> None:
         self.options = options or OrchestratorOptions()
         self.llm = llm
@@ -91,9 +92,9 @@ class PlaybookOrchestrator:
         self._greeting_note: str | None = None
         """The greeting said (or due) in this turn, for the prompt."""
         self.engine.on_language = self._language_changed
-        self.transferrer: Transferrer | None = None
-        """Carries out ``transfer_call`` (set by a voice call's transport); None: transfers
-        fail as not supported (a text chat)."""
+        self.transferrer = transferrer
+        """Carries out ``transfer_call`` (a voice call's, given by the server that builds it);
+        None: transfers fail as not supported (a text chat)."""
 
     @property
     def client(self) -> ChatClient:

@@ -14,6 +14,7 @@ import json
 import logging
 import uuid
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Any
 
 import aiohttp
@@ -23,9 +24,9 @@ from aiohttp.test_utils import TestServer
 from aiortc import RTCPeerConnection
 from aiortc.mediastreams import AudioStreamTrack
 
-from media import Speaker
 from playbooks import load_playbooks
 from server.call.events import VoiceEvent
+from server.call.session import Session
 from server.config.server import ServerConfig, SipSettings
 from server.llm.provider import LLMProvider
 from server.runtime.engines import Engines
@@ -204,8 +205,8 @@ class RecordingCall(TransportCall):
 
     transport = "test"
 
-    def __init__(self, registry: CallRegistry, call_id: str) -> None:
-        super().__init__(registry, call_id)
+    def __init__(self, registry: CallRegistry, call_id: str, session: Session) -> None:
+        super().__init__(registry, call_id, session)
         self.steps: list[str] = []
 
     def ending(self, reason: str) -> None:
@@ -223,9 +224,7 @@ async def test_the_hang_up_runs_each_step_once_in_order_whatever_fails(
     registry: CallRegistry, listener: FailingListener, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger=__name__)  # a call logs as its transport module
-    call = registry.open(
-        lambda call_id: RecordingCall(registry, call_id), speaker=Speaker(16000), playbook="support"
-    )
+    call = registry.open(partial(RecordingCall, registry), rate=16000, playbook="support")
     waiting = call.spawn(asyncio.sleep(60), "waiting")
     await asyncio.gather(call.hangup("first"), call.hangup("second"))
     await call.hangup("third")

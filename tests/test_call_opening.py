@@ -15,6 +15,7 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import aiohttp
@@ -23,7 +24,6 @@ from aiohttp.test_utils import TestServer
 from aiortc import RTCPeerConnection
 from aiortc.mediastreams import AudioStreamTrack
 
-from media import Speaker
 from media.audio import silence
 from server.admission.ratelimit import RateLimited, RateLimiter
 from server.call.session import Session
@@ -89,7 +89,7 @@ def _footprint(server: TestServer, *, ignore_ports: tuple[int, ...] = ()) -> Foo
 
 
 def _hold(registry: CallRegistry) -> HeldCall:
-    return registry.open(lambda call_id: HeldCall(registry, call_id), speaker=Speaker(16000))
+    return registry.open(partial(HeldCall, registry), rate=16000)
 
 
 @asynccontextmanager
@@ -206,19 +206,19 @@ async def test_open_builds_nothing_for_a_call_it_refuses(full: TestServer) -> No
     registry = full.app[CALLS]
     built: list[str] = []
 
-    def build(call_id: str) -> HeldCall:
+    def build(call_id: str, session: Session) -> HeldCall:
         built.append(call_id)
-        return HeldCall(registry, call_id)
+        return HeldCall(registry, call_id, session)
 
     with pytest.raises(OverCapacity):
-        registry.open(build, speaker=Speaker(16000))
+        registry.open(build, rate=16000)
     await registry.close_all("make room")
     with pytest.raises(UnknownPlaybook):
-        registry.open(build, speaker=Speaker(16000), playbook="no-such-playbook")
+        registry.open(build, rate=16000, playbook="no-such-playbook")
     registry.admissions = RateLimiter(1.0, 1)
     registry.admissions.check("192.0.2.7")  # the address's one admission is spent
     with pytest.raises(RateLimited):
-        registry.open(build, speaker=Speaker(16000), address="192.0.2.7")
+        registry.open(build, rate=16000, address="192.0.2.7")
     assert built == []
     assert len(registry) == 0
 
@@ -228,11 +228,11 @@ async def test_a_build_that_fails_leaves_no_call_in_the_registry(full: TestServe
     await registry.close_all("make room")
     before = _footprint(full)
 
-    def build(call_id: str) -> HeldCall:
+    def build(call_id: str, session: Session) -> HeldCall:
         raise OSError("no socket for this call")
 
     with pytest.raises(OSError, match="no socket"):
-        registry.open(build, speaker=Speaker(16000))
+        registry.open(build, rate=16000)
     assert _footprint(full) == before
     call = _hold(registry)  # the slot is free
     await call.hangup("done")

@@ -3,9 +3,9 @@ streams, for every transport (``TransportCall.events``)."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
-from media import Speaker
 from playbooks import load_playbooks
 from server.config.server import ServerConfig
 from server.llm.provider import LLMProvider
@@ -60,9 +60,7 @@ async def test_every_call_feeds_its_events_as_clients_see_them_then_its_hangup()
         transcriber(), synthesizer(), load_playbooks(EXAMPLES), LLMProvider.serving(None)
     )
     registry = CallRegistry(ServerConfig(rate_limit_per_min=0), engines, lambda _event: None)
-    call = registry.open(
-        lambda call_id: TransportCall(registry, call_id), speaker=Speaker(16000), playbook="support"
-    )
+    call = registry.open(partial(TransportCall, registry), rate=16000, playbook="support")
     assert registry.get(call.id) is call
     following = call.events.listen()
     call.session.voice.emit("error", source="llm", message="http://10.0.0.5 refused")

@@ -59,6 +59,14 @@ class Recordings:
         self.settings = settings
         self._live: set[CallRecorder] = set()
 
+    def notice(self, playbook: Playbook, *, wanted: bool = True) -> str | None:
+        """What a call on ``playbook`` says first when it is recorded (``wanted``: the
+        caller's side did not opt out), "" for nothing; None when it is not recorded."""
+        settings = self.settings
+        if settings is None or not wanted or not playbook.recording.enabled:
+            return None
+        return playbook.recording.notice or settings.notice or ""
+
     def open(
         self,
         call_id: str,

@@ -49,7 +49,7 @@ import contextlib
 import enum
 import logging
 import time
-from collections.abc import AsyncIterable, Callable, Coroutine
+from collections.abc import AsyncIterable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -152,6 +152,7 @@ class Session:
         *,
         clock: Callable[[], float] = time.monotonic,
         turn_model: TurnModel | None = None,
+        taps: Sequence[Callable[[bytes], None]] = (),
     ) -> None:
         self.id = session_id
         self.turn_model = turn_model
@@ -209,7 +210,7 @@ class Session:
         self.barge_ins = 0
         self.muted = False
         """While muted, the caller's frames are heard as silence."""
-        self.taps: list[Callable[[bytes], None]] = []
+        self.taps: list[Callable[[bytes], None]] = list(taps)
         """Observers of each caller frame as it arrives (silence while muted), e.g. a call
         recorder. They run on the event loop: quick."""
         self._silence = bytes(FRAME_BYTES)

@@ -73,6 +73,7 @@ class VoicePlaybookOrchestrator:
         emit: VoiceEventHandler,
         *,
         clock: Callable[[], float] = time.monotonic,
+        notice: str = "",
     ) -> None:
         self.orchestrator = orchestrator
         self.transcriber = transcriber
@@ -86,9 +87,9 @@ class VoicePlaybookOrchestrator:
         """Whether the current turn has reached the LLM (so history holds its user message)."""
         self._voices: dict[Voice | None, SpokenVoice] = {}
         self._speech: _Speech | None = None
-        self.notice = ""
-        """Said before anything else when the call starts (a recording notice); set it before
-        :meth:`greet` runs."""
+        self.notice = notice
+        """Said before anything else when the call starts (a recording notice), by the first
+        :meth:`greet`."""
         orchestrator.on(self._forward)
 
     def barge_in(self, default: BargeInPolicy) -> BargeInPolicy:

@@ -13,12 +13,13 @@ import logging
 import secrets
 from collections.abc import Callable, Coroutine
 from dataclasses import replace
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import aiohttp
 
 from media import Speaker, Synthesizer
 from playbooks import OrchestratorOptions, PlaybookOrchestrator
+from playbooks.transfer import TransferOutcome, TransferRequest
 from server.admission.cgroup import cpu_limit
 from server.admission.cores import busy_time_reader
 from server.admission.load import LoadGauge
@@ -27,6 +28,7 @@ from server.call.events import VoiceEvent
 from server.call.recorder import CallRecorder
 from server.call.recordings import Recordings
 from server.call.session import Session
+from server.call.transferrer import CallTransferrer
 from server.call.voice import VoicePlaybookOrchestrator
 from server.config.serve_options import Line
 from server.config.server import ServerConfig
@@ -77,10 +79,47 @@ class Call(Protocol):
     def emit(self, event: VoiceEvent) -> None:
         """The session's event sink."""
 
+    def transfer_problem(self, request: TransferRequest) -> str | None:
+        """Why this call cannot be transferred as asked (None: it can be tried)."""
+
+    async def transfer(self, request: TransferRequest) -> TransferOutcome:
+        """Put the caller through (see ``server.call.transferrer.TransferLine``)."""
+        ...
+
     async def hangup(self, reason: str) -> None: ...
 
 
 CallT = TypeVar("CallT", bound=Call)
+
+
+class _CallPort(Generic[CallT]):
+    """How a session reaches what is made after it: the transport's call built around it (its
+    events, its conversation's transfers) and, for a recorded call, its recorder. The registry
+    builds the session first, speaking at ``rate``, then the call, then points the port at
+    them; the session never sees either before it exists."""
+
+    def __init__(self, rate: int, *, recorded: bool) -> None:
+        self.rate = rate
+        self.recorded = recorded
+        self.call: CallT | None = None
+        self.recorder: CallRecorder | None = None
+
+    def caller_said(self, pcm: bytes) -> None:
+        if self.recorder is not None:
+            self.recorder.caller(pcm)
+
+    def agent_said(self, pcm: bytes) -> None:
+        if self.recorder is not None:
+            self.recorder.agent(pcm, self.rate)
+
+    def emit(self, event: VoiceEvent) -> None:
+        if self.call is not None:  # a session emits nothing while it is being built
+            self.call.emit(event)
+
+    async def transfer(self, request: TransferRequest) -> TransferOutcome:
+        if self.call is None:
+            return TransferOutcome.failed("not_supported", "the call is not built yet")
+        return await CallTransferrer(self.call.session.voice, self.call)(request)
 
 
 class CallRegistry:
@@ -164,9 +203,9 @@ class CallRegistry:
 
     def open(
         self,
-        build: Callable[[str], CallT],
+        build: Callable[[str, Session], CallT],
         *,
-        speaker: Speaker,
+        rate: int,
         playbook: str | None = None,
         address: str | None = None,
         record: bool = True,
@@ -177,16 +216,20 @@ class CallRegistry:
         In order: refuse while draining, at the session limit or under measured load
         (OverCapacity), or when ``address`` (the caller's, for the rate limit) opened too many
         calls lately (RateLimited); pick ``playbook`` (default: the server's; UnknownPlaybook);
-        ``build(call_id)`` the transport's call under a new unguessable id; give it a session
-        on the shared models, speaking through ``speaker``; admit it, recorded with
-        ``--record`` unless ``record`` is False or its playbook opts out. ``line`` picks how
-        the caller's audio is cleaned (``ServerConfig.hearing``).
+        draw a new unguessable id; build the call's session on the shared models, speaking at
+        ``rate`` (the transport's output rate) and cleaning the caller's audio as ``line``
+        needs (``ServerConfig.hearing``); ``build(call_id, session)`` the transport's call
+        around it; admit it, recorded with ``--record`` unless ``record`` is False or its
+        playbook opts out.
 
-        Nothing here awaits, so no other call can take the slot between the check and the
-        admission: keep it so. When a step raises, nothing of the call stays in the registry
-        and no session is running (what ``build`` itself acquired, such as a port, is its
-        caller's to give back). Once the id is drawn, the calling task and every task it
-        starts log with it.
+        The call is built in that one direction: its session first, made whole (the
+        conversation's transfers and the session's events go to the call through
+        :class:`_CallPort`, which the registry points at the call once it is built), then the
+        transport's call. Nothing here awaits, so no other call can take the slot between the
+        check and the admission: keep it so. When a step raises, nothing of the call stays in
+        the registry and no session is running (what ``build`` itself acquired, such as a
+        port, is its caller's to give back). Once the id is drawn, the calling task and every
+        task it starts log with it.
         """
         self.check_capacity()
         if address is not None:
@@ -194,9 +237,12 @@ class CallRegistry:
         playbook_id = self.playbook_id(playbook)
         call_id = self.config.call_id_prefix + secrets.token_urlsafe(16)
         bind_session(call_id)
-        call = build(call_id)
-        call.session = self._new_session(call_id, playbook_id, speaker, call.emit, line)
-        self._admit(call, record=record)
+        playbook_spec = self.engines.playbooks[playbook_id].spec
+        notice = self.recordings.notice(playbook_spec, wanted=record)
+        port: _CallPort[CallT] = _CallPort(rate, recorded=notice is not None)
+        session = self._new_session(call_id, playbook_id, port, line, notice or "")
+        call = port.call = build(call_id, session)
+        self._admit(call, port)
         return call
 
     async def announced(self, call_id: str) -> None:
@@ -209,17 +255,21 @@ class CallRegistry:
         self,
         call_id: str,
         playbook_id: str,
-        speaker: Speaker,
-        emit: Callable[[VoiceEvent], None],
+        port: _CallPort[Any],
         line: Line,
+        notice: str,
     ) -> Session:
-        """A session on the shared models; its events go to ``emit`` and to ``on_event``, and
-        its ``error`` events, with their full text, to the log."""
+        """A session on the shared models, speaking at the port's rate and saying ``notice``
+        first; its events go to the call through ``port`` and to ``on_event``, and its
+        ``error`` events, with their full text, to the log; its conversation's transfers go to
+        the call through ``port``, and what the caller and the agent say to its recorder."""
         engines = self.engines
         options = OrchestratorOptions(llm_timeout_ms=round(self.config.llm_timeout_s * 1000))
         if engines.llm is None:
             options = replace(options, fallback_answer=NO_LLM_LINE)
-        orchestrator = PlaybookOrchestrator(engines.playbooks[playbook_id], engines.llm, options)
+        orchestrator = PlaybookOrchestrator(
+            engines.playbooks[playbook_id], engines.llm, options, transferrer=port.transfer
+        )
 
         def both(event: VoiceEvent) -> None:
             if event.type == "error":
@@ -228,46 +278,43 @@ class CallRegistry:
                     "call %s: %s error: %s", call_id, data.get("source"), data.get("message")
                 )
             self.on_event(event)
-            emit(event)
+            port.emit(event)
             recorder = self._recorders.get(call_id)
             if recorder is not None:
                 recorder.event(event)
 
+        speaker = Speaker(port.rate)
+        if port.recorded:
+            speaker.taps.append(port.agent_said)
         voice = VoicePlaybookOrchestrator(
-            orchestrator, engines.transcriber, engines.synthesizer, speaker, both
+            orchestrator, engines.transcriber, engines.synthesizer, speaker, both, notice=notice
         )
         settings = replace(self.config.session, hearing=self.config.hearing(line))
-        return Session(call_id, voice, settings, turn_model=engines.turn_model)
+        taps = [port.caller_said] if port.recorded else []
+        return Session(call_id, voice, settings, turn_model=engines.turn_model, taps=taps)
 
-    def _admit(self, call: Call, *, record: bool) -> None:
-        """Take ``call`` and, with ``--record``, start recording it unless ``record`` is False
-        (the caller's side opted out) or its playbook opts out; a recorded call says the
-        recording notice before its greeting."""
+    def _admit(self, call: Call, port: _CallPort[Any]) -> None:
+        """Take ``call`` and, when its port says it is recorded, start its recorder."""
         self.calls[call.id] = call
-        try:
-            self._record(call, record)
-        except BaseException:
-            self.calls.pop(call.id, None)
-            raise
+        if port.recorded:
+            try:
+                self._record(call, port)
+            except BaseException:
+                self.calls.pop(call.id, None)
+                raise
         if self.directory is not None:
             self.directory.added(call.id)
 
-    def _record(self, call: Call, wanted: bool) -> None:
-        session = call.session
-        voice = session.voice
+    def _record(self, call: Call, port: _CallPort[Any]) -> None:
+        voice = call.session.voice
 
         def failed(reason: str, message: str) -> None:
             voice.emit("recording_failed", reason=reason, message=message)
 
         playbook = voice.orchestrator.engine.playbook.spec
-        opened = self.recordings.open(call.id, playbook, failed, wanted=wanted)
+        opened = self.recordings.open(call.id, playbook, failed)
         if opened is not None:
-            recorder, notice = opened
-            self._recorders[call.id] = recorder
-            session.taps.append(recorder.caller)
-            rate = voice.speaker.sample_rate
-            voice.speaker.taps.append(lambda pcm: recorder.agent(pcm, rate))
-            voice.notice = notice or ""
+            port.recorder = self._recorders[call.id] = opened[0]
 
     def release(self, call: Call, reason: str) -> None:
         """Forget an ended call: its slot is free. A transport call's hang-up calls this once,

@@ -23,7 +23,6 @@ from playbooks.transfer import TransferOutcome, TransferRequest
 from server.call.clock import CallClock
 from server.call.events import VoiceEvent
 from server.call.session import Session
-from server.call.transferrer import CallTransferrer
 from server.runtime.registry import CallRegistry
 
 from .client_events import client_view
@@ -33,8 +32,8 @@ __all__ = ["TransportCall"]
 
 
 class TransportCall:
-    """One admitted call. Create it, set :attr:`session` (built with :meth:`emit` as its event
-    sink), then :meth:`CallRegistry.admit` it.
+    """One admitted call, built by :meth:`CallRegistry.open` around the session it made first
+    (whose events reach :meth:`emit` and whose transfers reach :meth:`transfer`).
 
     :meth:`hangup` ends the call exactly once, whoever asks (the peer, the watchdog, the HTTP
     API, a server shutdown), in this order:
@@ -53,21 +52,10 @@ class TransportCall:
     transport: ClassVar[str] = "call"
     """The transport's name in log lines (``WebRTC``, ``SIP``...)."""
 
-    _session: Session
-
-    @property
-    def session(self) -> Session:
-        return self._session
-
-    @session.setter
-    def session(self, session: Session) -> None:
-        """Set once the session is built; its conversation's transfers go through this call."""
-        self._session = session
-        session.voice.orchestrator.transferrer = CallTransferrer(session.voice, self)
-
-    def __init__(self, registry: CallRegistry, call_id: str) -> None:
+    def __init__(self, registry: CallRegistry, call_id: str, session: Session) -> None:
         self.registry = registry
         self.id = call_id
+        self.session = session
         config = registry.config
         self.clock = CallClock(config.max_call_s, config.idle_timeout_s)
         self.ended = asyncio.Event()

@@ -16,7 +16,7 @@ import contextlib
 import logging
 import uuid
 
-from media import Speaker
+from server.call.session import Session
 from server.runtime.registry import CallRegistry, OverCapacity
 
 from .line import PhoneCall
@@ -53,10 +53,11 @@ class AudioSocketCall(PhoneCall):
         registry: CallRegistry,
         writer: asyncio.StreamWriter,
         call_id: str,
+        session: Session,
         channel: uuid.UUID,
         kind: int,
     ) -> None:
-        super().__init__(registry, call_id, "slin", RATES[kind])
+        super().__init__(registry, call_id, session, "slin", RATES[kind])
         self.writer = writer
         self.channel = channel
         self.kind = kind
@@ -156,8 +157,10 @@ class AudioSocketServer:
             return None
         try:
             call = self.registry.open(
-                lambda call_id: AudioSocketCall(self.registry, writer, call_id, channel, kind),
-                speaker=Speaker(RATES[kind]),
+                lambda call_id, session: AudioSocketCall(
+                    self.registry, writer, call_id, session, channel, kind
+                ),
+                rate=RATES[kind],
             )
         except OverCapacity as exc:
             log.warning("AudioSocket call %s refused: %s", channel, exc)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import ClassVar, Literal
 
+from server.call.session import Session
 from server.runtime.registry import CallRegistry
 from server.transports.base import TransportCall
 
@@ -33,12 +34,13 @@ class PhoneCall(TransportCall):
         self,
         registry: CallRegistry,
         call_id: str,
+        session: Session,
         encoding: Encoding,
         rate: int,
         *,
         media_timeout_s: float | None = None,
     ) -> None:
-        super().__init__(registry, call_id)
+        super().__init__(registry, call_id, session)
         self.media_timeout_s = media_timeout_s
         self.gap = CallerGap(self.take_frame)
         """When the caller was last heard (audio, or a digit: :meth:`heard_signal`)."""

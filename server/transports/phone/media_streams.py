@@ -28,10 +28,10 @@ from typing import Annotated, Any
 from aiohttp import WSMsgType, web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from media import Speaker
 from playbooks.transfer import TransferOutcome, TransferRequest
 from server.call.events import VoiceEvent
 from server.call.recordings import wants_recording
+from server.call.session import Session
 from server.runtime.registry import CallRegistry
 
 from .audio import Encoding, encode
@@ -118,18 +118,17 @@ async def serve_media_stream(
     rate = media_format.sampleRate or PHONE_RATE
     asked = (parameters.model_extra or {}).get("record")
 
-    def build(call_id: str) -> TwilioCall:
-        call = TwilioCall(ws, registry, call_id, stream_sid, encoding, rate)
+    def build(call_id: str, session: Session) -> TwilioCall:
+        call = TwilioCall(ws, registry, call_id, session, stream_sid, encoding, rate)
         call.account_sid, call.call_sid = details.accountSid or "", details.callSid or ""
         return call
 
     call = registry.open(
         build,
-        speaker=Speaker(rate),
+        rate=rate,
         playbook=parameters.playbook or playbook,
         record=record and wants_recording(asked if isinstance(asked, str) else None),
     )
-    call.session.voice.speaker.on_clear.append(call.on_clear)
     await call.run()
 
 
@@ -143,11 +142,13 @@ class TwilioCall(PhoneCall):
         ws: web.WebSocketResponse,
         registry: CallRegistry,
         call_id: str,
+        session: Session,
         stream_sid: str,
         encoding: Encoding,
         rate: int,
     ) -> None:
-        super().__init__(registry, call_id, encoding, rate)
+        super().__init__(registry, call_id, session, encoding, rate)
+        session.voice.speaker.on_clear.append(self.on_clear)
         self.ws = ws
         self.stream_sid = stream_sid
         self.marks_sent: list[str] = []

@@ -48,10 +48,10 @@ from aiosipua.headers import parse_via, stringify_via
 from aiosipua.rtp_bridge import CallSession
 from aiosipua.transport import SipTransport, TcpSipTransport
 
-from media import Speaker
 from playbooks.transfer import TransferOutcome, TransferRequest
 from server.admission.ratelimit import RateLimited
 from server.call.recordings import OPT_OUT_HEADER, wants_recording
+from server.call.session import Session
 from server.config.server import SipSettings
 from server.runtime.registry import CallRegistry, OverCapacity
 from server.transports.phone.audio import Encoding, encode
@@ -101,12 +101,18 @@ class SipCall(PhoneCall):
         invite: IncomingCall,
         media: CallSession,
         call_id: str,
+        session: Session,
         settings: SipSettings,
         rtp_port: RtpPortLease,
         on_end: Callable[[SipCall], None],
     ) -> None:
         super().__init__(
-            registry, call_id, "slin", PHONE_RATE, media_timeout_s=settings.media_timeout_s
+            registry,
+            call_id,
+            session,
+            "slin",
+            PHONE_RATE,
+            media_timeout_s=settings.media_timeout_s,
         )
         self.invite = invite
         self.media = media
@@ -370,7 +376,7 @@ class SipServer:
         opt_out = invite.invite.headers.get_first(OPT_OUT_HEADER)
         with contextlib.ExitStack() as unless_admitted:
 
-            def build(call_id: str) -> SipCall:
+            def build(call_id: str, session: Session) -> SipCall:
                 rtp_port = self.rtp_ports.lease()
                 unless_admitted.callback(rtp_port.release)  # the call gives it back once admitted
                 media = CallSession(
@@ -383,7 +389,14 @@ class SipServer:
                     symmetric_rtp=True,
                 )
                 call = SipCall(
-                    registry, invite, media, call_id, self.settings, rtp_port, self._forget
+                    registry,
+                    invite,
+                    media,
+                    call_id,
+                    session,
+                    self.settings,
+                    rtp_port,
+                    self._forget,
                 )
                 call.transfers = self.transfers
                 call.playbook_id = playbook_id
@@ -392,7 +405,7 @@ class SipServer:
             try:
                 call = registry.open(
                     build,
-                    speaker=Speaker(PHONE_RATE),
+                    rate=PHONE_RATE,
                     playbook=playbook_id,
                     address=invite.source_addr[0],
                     record=wants_recording(opt_out),
@@ -433,10 +446,11 @@ class SipServer:
         dialer = self.dialer
         playbook_id = registry.playbook_id(playbook)
 
-        def build(call_id: str) -> OutboundCall:
+        def build(call_id: str, session: Session) -> OutboundCall:
             return OutboundCall(
                 registry,
                 call_id,
+                session,
                 dialer,
                 to_uri,
                 playbook_id,
@@ -445,9 +459,7 @@ class SipServer:
                 registry.engines.playbooks[playbook_id].spec.voicemail,
             )
 
-        call = registry.open(
-            build, speaker=Speaker(PHONE_RATE), playbook=playbook_id, address=address
-        )
+        call = registry.open(build, rate=PHONE_RATE, playbook=playbook_id, address=address)
         call_id = call.id
         self.outbound[call_id] = call
         while len(self.outbound) > MAX_KEPT_CALLS:  # forget the oldest ended calls

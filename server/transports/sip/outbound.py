@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from playbooks.models import Voicemail
 from server.call.pickup import Pickup, PickupSettings
+from server.call.session import Session
 from server.config.server import SipSettings
 from server.runtime.registry import CallRegistry
 from server.transports.phone.line import PhoneCall
@@ -44,6 +45,7 @@ class OutboundCall(PhoneCall):
         self,
         registry: CallRegistry,
         call_id: str,
+        session: Session,
         stack: DialStack,
         to_uri: str,
         playbook_id: str,
@@ -51,7 +53,9 @@ class OutboundCall(PhoneCall):
         settings: SipSettings,
         voicemail: Voicemail,
     ) -> None:
-        super().__init__(registry, call_id, "slin", 8000, media_timeout_s=settings.media_timeout_s)
+        super().__init__(
+            registry, call_id, session, "slin", 8000, media_timeout_s=settings.media_timeout_s
+        )
         self.stack = stack
         self.to_uri = to_uri
         self.playbook_id = playbook_id

@@ -28,9 +28,8 @@ from aiortc import (
     RTCSessionDescription,
 )
 
-from media import Speaker
 from server.call.events import VoiceEvent
-from server.call.session import DTMF_DIGITS
+from server.call.session import DTMF_DIGITS, Session
 from server.runtime.registry import CallRegistry
 from server.transports.base import TransportCall
 from server.transports.client_events import client_view
@@ -71,8 +70,10 @@ class WebRTCCall(TransportCall):
 
     transport = "WebRTC"
 
-    def __init__(self, registry: CallRegistry, call_id: str, pc: RTCPeerConnection) -> None:
-        super().__init__(registry, call_id)
+    def __init__(
+        self, registry: CallRegistry, call_id: str, session: Session, pc: RTCPeerConnection
+    ) -> None:
+        super().__init__(registry, call_id, session)
         self.pc = pc
         self._channel: RTCDataChannel | None = None
         self._outbox: list[str] = []
@@ -335,13 +336,14 @@ async def open_webrtc_call(
         raise BadOffer("the offer has no audio (no m=audio line)")
     ice = [RTCIceServer(s.urls, s.username, s.credential) for s in registry.config.ice_servers]
 
-    def build(call_id: str) -> WebRTCCall:
+    def build(call_id: str, session: Session) -> WebRTCCall:
         # a peer connection opens no socket before its descriptions are set
-        return WebRTCCall(registry, call_id, RTCPeerConnection(RTCConfiguration(iceServers=ice)))
+        pc = RTCPeerConnection(RTCConfiguration(iceServers=ice))
+        return WebRTCCall(registry, call_id, session, pc)
 
     call = registry.open(
         build,
-        speaker=Speaker(OUTPUT_RATE),
+        rate=OUTPUT_RATE,
         playbook=playbook,
         address=address,
         record=record,
