@@ -25,6 +25,7 @@ from aiortc import RTCPeerConnection
 from aiortc.mediastreams import AudioStreamTrack
 
 from media.audio import silence
+from playbooks.transfer import TransferRequest
 from server.admission.ratelimit import RateLimited, RateLimiter
 from server.call.session import Session
 from server.config.server import ServerConfig, SipSettings
@@ -221,6 +222,42 @@ async def test_open_builds_nothing_for_a_call_it_refuses(full: TestServer) -> No
         registry.open(build, rate=16000, address="192.0.2.7")
     assert built == []
     assert len(registry) == 0
+
+
+async def test_a_call_is_built_in_one_direction_around_a_whole_session(
+    full: TestServer,
+) -> None:
+    """The registry makes the session first, whole: speaking at the transport's rate, its
+    conversation's transfers already going to the call. Then the transport's call is built
+    around it, and nothing of the session's parts is set from outside afterwards."""
+    registry = full.app[CALLS]
+    await registry.close_all("make room")
+    parts_at_build: dict[str, dict[str, int]] = {}
+
+    def parts(session: Session) -> dict[str, dict[str, int]]:
+        voice = session.voice
+        named = {"session": session, "voice": voice, "speaker": voice.speaker}
+        named["orchestrator"] = voice.orchestrator
+        return {name: {k: id(v) for k, v in vars(part).items()} for name, part in named.items()}
+
+    def build(call_id: str, session: Session) -> HeldCall:
+        assert call_id not in registry.calls  # the session exists before the call
+        assert session.voice.orchestrator.transferrer is not None
+        assert session.voice.speaker.sample_rate == 8000
+        parts_at_build.update(parts(session))
+        return HeldCall(registry, call_id, session)
+
+    call = registry.open(build, rate=8000)
+    try:
+        assert parts(call.session) == parts_at_build
+        transferrer = call.session.voice.orchestrator.transferrer
+        assert transferrer is not None
+        request = TransferRequest("sip:desk@192.0.2.7", "blind", None, None, None, 10.0)
+        outcome = await transferrer(request)  # reaches the call
+        assert outcome.reason == "not_supported"
+        assert outcome.detail == "held calls cannot be transferred"
+    finally:
+        await call.hangup("done")
 
 
 async def test_a_build_that_fails_leaves_no_call_in_the_registry(full: TestServer) -> None:
