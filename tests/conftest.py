@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import textwrap
@@ -35,6 +36,41 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     slow file left for the end keeps one worker busy while the other has nothing left to take."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
     items.sort(key=lambda item: item.path not in slow_files)
+
+
+class _IllegalMoves(logging.Handler):
+    """Collects the errors a call's state machines log for a move they lack."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.moves: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if "illegal" in message and "move" in message:
+            self.moves.append(message)
+
+
+STATE_MACHINES = ("server.call.session", "server.call.answer")
+"""The loggers of a call's two state machines: its phase, and each answer's state."""
+
+
+@pytest.fixture(autouse=True)
+def _no_illegal_state_moves(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every test fails on an illegal move of a call's phase or of an answer's state made in
+    this process, whatever it tests (``@pytest.mark.illegal_move``: a test that makes one on
+    purpose)."""
+    handler = _IllegalMoves()
+    loggers = [logging.getLogger(name) for name in STATE_MACHINES]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
+    if handler.moves and request.node.get_closest_marker("illegal_move") is None:
+        pytest.fail(f"illegal state moves: {handler.moves}")
 
 
 @pytest.fixture(scope="session", autouse=True)

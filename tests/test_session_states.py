@@ -214,6 +214,7 @@ async def test_waiting_for_an_answer_can_be_cancelled_without_cancelling_it() ->
     assert not answer.task.cancelled()
 
 
+@pytest.mark.illegal_move
 async def test_an_illegal_answer_move_is_logged_as_an_error(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -605,6 +606,7 @@ async def test_speaking_on_undoes_a_preemptive_answer_without_a_barge_in(
 
 
 @pytest.mark.slow
+@pytest.mark.illegal_move
 async def test_an_illegal_phase_move_is_logged_as_an_error(
     llm: ScriptedLLM,
     lines: Callable[..., Line],

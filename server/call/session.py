@@ -73,15 +73,15 @@ from playbooks import BargeInPolicy
 
 from .answer import Answer, AnswerKind, AnswerState, Preemption
 from .endpointing import EndpointSettings, Speculation, TurnEnd, is_listener_noise
+from .keypad import Keypad, keypad_line
 from .timeline import TurnTimeline
 from .voice import VoicePlaybookOrchestrator
 
-__all__ = ["DTMF_DIGITS", "Phase", "Session", "SessionSettings", "SessionState"]
+__all__ = ["Phase", "Session", "SessionSettings", "SessionState"]
 
 log = logging.getLogger(__name__)
 
 SessionState = Literal["listening", "thinking", "speaking", "closed"]
-DTMF_DIGITS = "0123456789*#ABCD"
 
 
 class Phase(enum.StrEnum):
@@ -214,8 +214,7 @@ class Session:
         """Observers of each caller frame as it arrives (silence while muted), e.g. a call
         recorder. They run on the event loop: quick."""
         self._silence = bytes(FRAME_BYTES)
-        self._digits = ""
-        self._digit_timer: asyncio.TimerHandle | None = None
+        self.keypad = Keypad(self.settings.dtmf_pause_s, self._keyed)
         self._settling: asyncio.Task[None] | None = None
         """While PAUSED: deciding whether the sound that paused the agent was a backchannel."""
         self.resumes = 0
@@ -354,27 +353,17 @@ class Session:
         self._refresh()
 
     def dtmf(self, digit: str) -> None:
-        """A keypad digit (0-9, *, #, A-D). Digits are gathered until ``#`` or a pause of
-        ``dtmf_pause_s``, then answered like a spoken turn saying ``Keypad: 123#`` (which the LLM
-        sees and a keyword condition can match)."""
-        if self._closed or len(digit) != 1 or digit not in DTMF_DIGITS:
+        """A keypad digit (0-9, *, #, A-D). Digits are gathered (:class:`~.keypad.Keypad`) until
+        ``#`` or a pause of ``dtmf_pause_s``, then answered like a spoken turn saying
+        ``Keypad: 123#``; anything else is ignored."""
+        if self._closed or not Keypad.accepts(digit):
             return
         self.voice.emit("dtmf", digit=digit)
-        self._digits += digit
-        if self._digit_timer is not None:
-            self._digit_timer.cancel()
-            self._digit_timer = None
-        if digit == "#":
-            self._flush_digits()
-        else:
-            loop = asyncio.get_running_loop()
-            self._digit_timer = loop.call_later(self.settings.dtmf_pause_s, self._flush_digits)
+        self.keypad.press(digit)
 
-    def _flush_digits(self) -> None:
-        self._digit_timer = None
-        digits, self._digits = self._digits, ""
-        if digits and not self._closed:
-            self.submit_text(f"Keypad: {digits}")
+    def _keyed(self, digits: str) -> None:
+        if not self._closed:
+            self.submit_text(keypad_line(digits))
 
     def submit_text(self, text: str) -> None:
         """A typed user turn, answered in voice like a spoken one (interrupts a busy agent, and
@@ -867,8 +856,7 @@ class Session:
             self._settling.cancel()
         if self._reading_ahead is not None:
             self._reading_ahead.cancel()
-        if self._digit_timer is not None:
-            self._digit_timer.cancel()
+        self.keypad.close()
         if self._answer is not None:
             self._answer.interrupt()  # (nothing to do if it is over)
         for answer in tuple(self._unsettled):

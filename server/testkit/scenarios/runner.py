@@ -32,6 +32,7 @@ from playbooks import (
 )
 from server.admission.cgroup import usable_cores
 from server.call.events import voice_event_of
+from server.call.keypad import keypad_line
 from server.config.llm import LLMSettings
 from server.config.server import LocalLLMSettings, ServerConfig, SipSettings
 from server.http.app import SIP, create_app
@@ -66,7 +67,7 @@ log = logging.getLogger(__name__)
 QUIET_S = 0.6
 """How long the agent must be idle and silent before a turn counts as over."""
 POLL_S = 0.05
-KEYPAD = "Keypad: {}"
+
 """How typed (text mode) keypad digits reach the playbook: as a call's digits do."""
 
 
@@ -596,7 +597,7 @@ class ScenarioRig:
         if turn.say is not None:
             return " ".join(turn.say.replace("...", " ").split())
         if turn.dtmf is not None:
-            return KEYPAD.format(turn.dtmf)
+            return keypad_line(turn.dtmf)
         if turn.wav is not None:
             return await self._transcribe(read_wav(state.loaded.resolve(turn.wav)))
         return None

@@ -29,7 +29,8 @@ from aiortc import (
 )
 
 from server.call.events import VoiceEvent
-from server.call.session import DTMF_DIGITS, Session
+from server.call.keypad import DTMF_DIGITS
+from server.call.session import Session
 from server.runtime.registry import CallRegistry
 from server.transports.base import TransportCall
 from server.transports.client_events import client_view
