@@ -188,9 +188,12 @@ async def test_a_webrtc_call_is_recorded_as_heard_with_its_turns_and_a_barge_in(
     paused_at = recording.at_s("paused")
     assert paused_at - talk_at < 0.4  # the barge-in time, on the server's own clock
     next_answer = recording.at_s("tts_start", 5)  # (told a moment after its first frame left)
-    # (from 100 ms on: under load the recorder's last frame of the fade can land a 20 ms window
-    # later than the event's time says; a clean CI run once measured -47 dBFS at 60-80 ms)
-    assert max(_levels(recording.agent, paused_at + 0.1, next_answer - 0.1)) < QUIET_DBFS
+    # (from 250 ms on: the recorder lays the agent's frames one after another from when each
+    # left the speaker, and after a stall of the loop the transport pulls several at once, so
+    # the fade's last frames can land later than the event's time: with three test workers
+    # sharing two cores, 100 ms later once; how fast the agent stops is measured at the
+    # caller, in test_barge_in.py)
+    assert max(_levels(recording.agent, paused_at + 0.25, next_answer - 0.1)) < QUIET_DBFS
     tail = _clip(recording.agent, next_answer - 0.1, recording.at_s("tts_end", 5) + 0.2)
     assert "ahead" in (await _said(tail)).lower()
 
