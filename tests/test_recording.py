@@ -188,11 +188,11 @@ async def test_a_webrtc_call_is_recorded_as_heard_with_its_turns_and_a_barge_in(
     paused_at = recording.at_s("paused")
     assert paused_at - talk_at < 0.4  # the barge-in time, on the server's own clock
     next_answer = recording.at_s("tts_start", 5)  # (told a moment after its first frame left)
-    # (from 250 ms on: the recorder lays the agent's frames one after another from when each
-    # left the speaker, and after a stall of the loop the transport pulls several at once, so
-    # the fade's last frames can land later than the event's time: with three test workers
-    # sharing two cores, 100 ms later once; how fast the agent stops is measured at the
-    # caller, in test_barge_in.py)
+    # (from 250 ms on: the recorder lays a channel's frames one after another, resyncing to the
+    # clock only past RESYNC_S = 200 ms of drift, and after a stall of the loop the transport
+    # pulls several frames at once, so the fade's last frames can land up to 200 ms later than
+    # the event's time: 200 ms once with three test workers on two cores; how fast the agent
+    # stops is measured at the caller, in test_barge_in.py)
     assert max(_levels(recording.agent, paused_at + 0.25, next_answer - 0.1)) < QUIET_DBFS
     tail = _clip(recording.agent, next_answer - 0.1, recording.at_s("tts_end", 5) + 0.2)
     assert "ahead" in (await _said(tail)).lower()
