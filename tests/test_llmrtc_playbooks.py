@@ -33,7 +33,7 @@ from playbooks import (
 )
 from playbooks.context import current_context
 from playbooks.models import CustomCondition, NamedToolChoice, Playbook
-from server.testkit.loopback import start_on_loopback
+from server.testkit.loopback import LoopbackServer
 from server.testkit.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
 from tests.conftest import REPO
 from tests.support.processes import run_vocable
@@ -64,27 +64,23 @@ CASE = {"caseRef": "TRI-0042", "queue": "workshop"}
 """What the HTTP tool ``classify_issue`` answers (with the category it was given)."""
 
 
-class ToolServer:
+class ToolServer(LoopbackServer):
     """The HTTP end of an inline tool with a ``url``: records each JSON body it is POSTed.
 
     ``/classify`` answers with a case reference; ``/down`` fails with status 500."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.bodies: list[Any] = []
         self.headers: list[dict[str, str]] = []
-        self._runner: web.AppRunner | None = None
-        self.base_url = ""
 
-    async def start(self) -> None:
-        app = web.Application()
+    @property
+    def base_url(self) -> str:
+        return self.origin
+
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/classify", self._classify)
         app.router.add_post("/down", self._down)
-        self._runner, port = await start_on_loopback(app)
-        self.base_url = f"http://127.0.0.1:{port}"
-
-    async def close(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
 
     async def _record(self, request: web.Request) -> Any:
         body = await request.json()

@@ -33,6 +33,8 @@ from tests.support.sipp import run_sipp
 pytestmark = pytest.mark.slow
 
 SCENARIOS = Path(__file__).parent / "sip"
+GREETING_MS = 4500
+"""The support playbook's greeting plays this long while the caller is silent."""
 QUESTION = "Please check the status of my order."
 
 
@@ -79,10 +81,12 @@ async def phone(server: TestServer) -> AsyncIterator[SipPhone]:
 async def _run_sipp(
     tmp_path: Path, port: int, calls: int, hold_ms: int, transport: str = "u1"
 ) -> tuple[int, str]:
-    """sipp places ``calls`` calls at once, each saying QUESTION then staying ``hold_ms``;
-    returns sipp's exit status (0 iff every call succeeded) and its output."""
+    """sipp places ``calls`` calls at once, each saying QUESTION once the greeting has played,
+    then staying ``hold_ms`` from the start of its audio; returns sipp's exit status (0 iff
+    every call succeeded) and its output. (Said over the greeting on a loaded machine, ten
+    callers' first words were lost: see the barge-in tests for speech over the agent.)"""
     speech = tmp_path / "question.ulaw"
-    speech.write_bytes(pcm_to_ulaw(silence(300, 8000) + phone_audio(QUESTION)))
+    speech.write_bytes(pcm_to_ulaw(silence(GREETING_MS, 8000) + phone_audio(QUESTION)))
     scenario = tmp_path / "speak.xml"
     template = (SCENARIOS / "speak.xml").read_text()
     scenario.write_text(
@@ -103,7 +107,7 @@ async def _run_sipp(
 async def test_sipp_call_is_transcribed(
     server: TestServer, llm: ScriptedLLM, tmp_path: Path, transport: str
 ) -> None:
-    status, output = await _run_sipp(tmp_path, server.app[SIP].port, 1, 9000, transport)
+    status, output = await _run_sipp(tmp_path, server.app[SIP].port, 1, 12000, transport)
     assert status == 0, output
     heard = llm.user_turns
     assert len(heard) == 1, heard
@@ -119,7 +123,8 @@ async def test_sipp_ten_simultaneous_calls(
     assert status == 0, output
     heard = llm.user_turns
     assert len(heard) == 10, heard
-    assert all(word_error_rate(text, QUESTION) <= 0.25 for text in heard), heard
+    errors = {text: round(word_error_rate(text, QUESTION), 2) for text in heard}
+    assert max(errors.values()) <= 0.25, errors
     assert time.monotonic() - started < 60
     await _wait(lambda: len(server.app[CALLS]) == 0, 5)
 
@@ -145,7 +150,7 @@ async def _echoing_call(server: TestServer, phone: SipPhone, llm: ScriptedLLM) -
     assert sdp.audio is not None
     assert [c.encoding_name for c in sdp.audio.codecs] == ["PCMU", "telephone-event"]
 
-    await phone.say(silence(4500, 8000))  # the greeting plays
+    await phone.say(silence(GREETING_MS, 8000))  # the greeting plays
     steady_from = time.monotonic() - 2.0
     packets = phone.heard.count_between(steady_from, time.monotonic())
     assert 90 <= packets <= 110  # a steady 20 ms clock, speech or silence

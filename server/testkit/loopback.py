@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Self
 
 from aiohttp import web
+
+__all__ = ["LoopbackServer", "start_on_loopback"]
 
 
 async def start_on_loopback(app: web.Application) -> tuple[web.AppRunner, int]:
@@ -18,3 +21,42 @@ async def start_on_loopback(app: web.Application) -> tuple[web.AppRunner, int]:
     assert isinstance(server, asyncio.Server)
     port: int = server.sockets[0].getsockname()[1]
     return runner, port
+
+
+class LoopbackServer:
+    """A stand-in HTTP server on 127.0.0.1, open from :meth:`start` (or ``async with``) to
+    :meth:`close`; :attr:`origin` is where it listens. A subclass adds its routes in
+    :meth:`routes`."""
+
+    client_max_size = 1024**2
+    """The largest request body it takes (aiohttp's default)."""
+
+    def __init__(self) -> None:
+        self.origin = ""
+        """``http://127.0.0.1:PORT`` once started."""
+        self._runner: web.AppRunner | None = None
+
+    def routes(self, app: web.Application) -> None:
+        """Add the server's routes to ``app``."""
+        raise NotImplementedError
+
+    async def start(self) -> str:
+        """Serve on a free port; returns :attr:`origin`."""
+        app = web.Application(client_max_size=self.client_max_size)
+        self.routes(app)
+        self._runner, port = await start_on_loopback(app)
+        self.origin = f"http://127.0.0.1:{port}"
+        return self.origin
+
+    async def close(self) -> None:
+        """Stop serving (idempotent)."""
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

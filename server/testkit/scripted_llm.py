@@ -18,7 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
-from server.testkit.loopback import start_on_loopback
+from server.testkit.loopback import LoopbackServer
 
 __all__ = ["Reply", "ScriptedLLM", "ScriptedToolCall", "answers_by_words"]
 
@@ -89,10 +89,11 @@ def answers_by_words(
     return reply
 
 
-class ScriptedLLM:
+class ScriptedLLM(LoopbackServer):
     """``async with ScriptedLLM([...]) as llm:`` then point a client at ``llm.base_url``."""
 
     def __init__(self, replies: ReplySource = ()) -> None:
+        super().__init__()
         self._source = replies if callable(replies) else iter(list(replies))
         self.requests: list[dict[str, Any]] = []
         self.received_at: list[float] = []
@@ -102,34 +103,29 @@ class ScriptedLLM:
         self.streams_completed = 0
         """Streams sent to the end (``[DONE]`` written)."""
         self._closing = asyncio.Event()
-        self._runner: web.AppRunner | None = None
         self._ids = itertools.count(1)
-        self.base_url = ""
 
     def script(self, replies: ReplySource) -> None:
         """Replace the remaining replies (or the function choosing a reply per request body)."""
         self._source = replies if callable(replies) else iter(list(replies))
 
-    async def __aenter__(self) -> ScriptedLLM:
-        await self.start()
-        return self
+    @property
+    def base_url(self) -> str:
+        """The OpenAI-compatible base URL (``http://127.0.0.1:PORT/v1``) once started."""
+        return f"{self.origin}/v1"
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    async def start(self) -> str:
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self._handle)
         app.router.add_get("/v1/models", self._models)
-        self._runner, port = await start_on_loopback(app)
-        self.base_url = f"http://127.0.0.1:{port}/v1"
+
+    async def start(self) -> str:
+        """Serve on a free port; returns :attr:`base_url`."""
+        await super().start()
         return self.base_url
 
     async def close(self) -> None:
-        self._closing.set()
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        self._closing.set()  # streams still open end now
+        await super().close()
 
     async def _models(self, request: web.Request) -> web.Response:
         """The model list local servers answer (what Vocable's search for one asks)."""

@@ -22,7 +22,7 @@ from aiohttp import web
 
 from media import Resampler, Synthesizer, Transcriber
 from media.tts import TextToSpeech, VoiceSettings
-from server.testkit.loopback import start_on_loopback
+from server.testkit.loopback import LoopbackServer
 from tests.support.speech import to_16k
 
 __all__ = ["AudioApiServer", "RecordedRequest"]
@@ -40,17 +40,18 @@ class RecordedRequest:
     """``time.perf_counter()`` of each audio chunk a speech answer wrote."""
 
 
-class AudioApiServer:
+class AudioApiServer(LoopbackServer):
     """``async with AudioApiServer(transcriber, synthesizer) as server:`` then point clients at
     ``server.base_url``."""
 
+    client_max_size = 32 * 1024 * 1024
+
     def __init__(self, transcriber: Transcriber, synthesizer: Synthesizer) -> None:
+        super().__init__()
         self.transcriber = transcriber
         self.synthesizer = synthesizer
         self.requests: list[RecordedRequest] = []
         self._failures: list[tuple[int, dict[str, str]]] = []
-        self._runner: web.AppRunner | None = None
-        self.base_url = ""
 
     def fail_next(self, *statuses: int, retry_after_s: int | None = None) -> None:
         """Answer the next ``len(statuses)`` requests with these error statuses (and a
@@ -58,18 +59,13 @@ class AudioApiServer:
         headers = {} if retry_after_s is None else {"Retry-After": str(retry_after_s)}
         self._failures.extend((status, headers) for status in statuses)
 
-    async def __aenter__(self) -> AudioApiServer:
-        app = web.Application(client_max_size=32 * 1024 * 1024)
+    @property
+    def base_url(self) -> str:
+        return f"{self.origin}/v1"
+
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/audio/transcriptions", self._transcribe)
         app.router.add_post("/v1/audio/speech", self._speech)
-        self._runner, port = await start_on_loopback(app)
-        self.base_url = f"http://127.0.0.1:{port}/v1"
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
 
     def _record(self, request: web.Request, fields: dict[str, Any]) -> RecordedRequest:
         recorded = RecordedRequest(request.path, fields, request.headers.get("Authorization"))

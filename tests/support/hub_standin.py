@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from server.testkit.loopback import start_on_loopback
+from server.testkit.loopback import LoopbackServer
 
 __all__ = ["HubStandin", "SeenRequest"]
 
@@ -42,12 +42,13 @@ class SeenRequest:
     """The ``Range`` header, when one was sent."""
 
 
-class HubStandin:
+class HubStandin(LoopbackServer):
     """``async with HubStandin(repo_id, filename, content, commit) as hub:`` then point
     huggingface_hub at ``hub.endpoint``. ``commit`` (40 hex digits) is the only revision served,
     besides ``main`` which resolves to it."""
 
     def __init__(self, repo_id: str, filename: str, content: bytes, commit: str) -> None:
+        super().__init__()
         self.repo_id = repo_id
         self.filename = filename
         self.content = content
@@ -58,21 +59,14 @@ class HubStandin:
         self.status: int | None = None
         self.drop_after_bytes: int | None = None
         self.requests: list[SeenRequest] = []
-        self.endpoint = ""
-        self._runner: web.AppRunner | None = None
 
-    async def __aenter__(self) -> HubStandin:
-        app = web.Application()
+    @property
+    def endpoint(self) -> str:
+        return self.origin
+
+    def routes(self, app: web.Application) -> None:
         app.router.add_get("/api/models/{repo:.+}/revision/{revision}", self._model_info)
         app.router.add_get("/{repo:.+}/resolve/{revision}/{filename:.+}", self._resolve)
-        self._runner, port = await start_on_loopback(app)
-        self.endpoint = f"http://127.0.0.1:{port}"
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
 
     def downloads(self) -> list[SeenRequest]:
         """The GET requests of the file's bytes, in arrival order."""

@@ -27,7 +27,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from server.testkit.loopback import start_on_loopback
+from server.testkit.loopback import LoopbackServer
 
 __all__ = ["ExportedSpan", "OtlpCollector", "attributes", "collector_in_thread"]
 
@@ -75,28 +75,22 @@ class ExportedSpan:
         return (self.span.end_time_unix_nano - self.span.start_time_unix_nano) / 1e6
 
 
-class OtlpCollector:
+class OtlpCollector(LoopbackServer):
     """``async with OtlpCollector() as collector:`` then export to ``collector.endpoint`` (the
     base URL, as in ``OTEL_EXPORTER_OTLP_ENDPOINT``)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.requests: list[ExportTraceServiceRequest] = []
         self.refused: list[tuple[int, str]] = []
         """(status, reason) of each request that was not accepted."""
-        self.endpoint = ""
-        self._runner: web.AppRunner | None = None
 
-    async def __aenter__(self) -> OtlpCollector:
-        app = web.Application()
+    @property
+    def endpoint(self) -> str:
+        return self.origin
+
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/traces", self._traces)
-        self._runner, port = await start_on_loopback(app)
-        self.endpoint = f"http://127.0.0.1:{port}"
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
 
     def spans(self) -> list[ExportedSpan]:
         """Every span received so far, in arrival order."""
