@@ -41,7 +41,7 @@ from server.transports.phone.audiosocket import (
     frame_message,
 )
 from server.transports.phone.media_streams import serve_media_stream
-from server.transports.sip.endpoint import SipServer
+from server.transports.sip.server import SipServer
 from server.transports.webrtc.call import open_webrtc_call
 from tests.conftest import EXAMPLES
 from tests.support.calls import synthesizer, transcriber

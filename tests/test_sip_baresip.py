@@ -1,5 +1,5 @@
 """SIP calls from baresip, a real SIP phone, into the native SIP endpoint
-(``server/transports/sip/endpoint.py``).
+(``server/transports/sip/``).
 
 baresip dials over UDP on 127.0.0.1, speaks a WAV file as the caller (``aufile``; it hangs up
 when the file ends) and records what it sends and what it hears (``sndfile``); it is started by
@@ -21,7 +21,7 @@ from media.audio import SAMPLE_RATE, silence
 from server.config.server import ServerConfig, SipSettings
 from server.http.app import CALLS, SIP
 from server.testkit.scripted_llm import ScriptedLLM, answers_by_words
-from server.transports.sip.endpoint import SipCall
+from server.transports.sip.call import SipCall
 from tests.support.baresip import RATE, loud_frames, start_baresip, until, utterances
 from tests.support.calls import transcriber, voice_server, word_error_rate, words
 from tests.support.phone import ANSWER, INTERRUPTION, LONG_ANSWER, PARCEL, phone_audio

@@ -34,7 +34,7 @@ from server.config.server import ServerConfig, SipSettings, TransferApiSettings
 from server.http.app import CALLS, SIP
 from server.testkit.loopback import start_on_loopback
 from server.testkit.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
-from server.transports.sip.endpoint import SipCall
+from server.transports.sip.call import SipCall
 from server.transports.sip.transfer import MAX_BACKLOG_MS, _Playout
 from tests.support.baresip import FRAME_BYTES, RATE, Baresip, start_baresip, until, utterances
 from tests.support.calls import answers_spoken, transcriber, voice_server, word_error_rate
@@ -675,7 +675,7 @@ async def _bridged_call(
     (``call_transfer=no``), so Vocable dials the person: a second baresip that answers at once
     and says ``human_speech``. Whichever phone's speech ends first hangs up; returns once both
     legs are over."""
-    caplog.set_level(logging.INFO, logger="server.transports.sip.endpoint")
+    caplog.set_level(logging.INFO, logger="server.transports.sip.call")
     events = _call_events(monkeypatch)
     human = await start_baresip(tmp_path / "human", human_speech, account="human;answermode=auto")
     warm_mode = {"ring_timeout_ms": "mode: warm, ring_timeout_ms"} if warm else {}
@@ -793,7 +793,7 @@ async def test_a_bridge_whose_person_sends_no_audio_ends_after_the_media_timeout
 ) -> None:
     """The person's side answers and then sends no RTP at all (sipp as the person): a vanished
     line is not held open for the caller; both legs end after the media timeout."""
-    caplog.set_level(logging.INFO, logger="server.transports.sip.endpoint")
+    caplog.set_level(logging.INFO, logger="server.transports.sip.call")
     llm.script(_transfers_then("never asked"))
     config = ServerConfig(sip=SipSettings(host="127.0.0.1", port=0, media_timeout_s=3.0))
     speech = silence(500, RATE) + phone_audio(PUT_ME_THROUGH) + silence(40_000, RATE)

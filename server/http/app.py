@@ -34,8 +34,8 @@ from server.transports.phone.media_streams import (
     close_reason,
     serve_media_stream,
 )
-from server.transports.sip.endpoint import SipServer
 from server.transports.sip.outbound import OutboundCall
+from server.transports.sip.server import SipServer
 from server.transports.webrtc.call import BadOffer, open_webrtc_call
 
 from .auth import require_token

@@ -62,7 +62,7 @@ _NON_DIGITS = re.compile(r"[^0-9+]")
 
 
 class TransferredCall(Protocol):
-    """What a transfer needs of a SIP call (``server.transports.sip.endpoint.SipCall``)."""
+    """What a transfer needs of a SIP call (``server.transports.sip.call.SipCall``)."""
 
     invite: IncomingCall
     clock: CallClock

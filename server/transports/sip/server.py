@@ -28,37 +28,21 @@ import contextlib
 import functools
 import ipaddress
 import logging
-import re
-import secrets
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
-from aiosipua import (
-    DialogState,
-    IncomingCall,
-    SdpMessage,
-    SdpNegotiationError,
-    SipRequest,
-    SipResponse,
-    SipUAS,
-    negotiate_sdp,
-    parse_sdp,
-)
-from aiosipua.headers import parse_via, stringify_via
+from aiosipua import DialogState, IncomingCall, SdpMessage, SdpNegotiationError, SipRequest, SipUAS
 from aiosipua.rtp_bridge import CallSession
-from aiosipua.transport import SipTransport, TcpSipTransport
+from aiosipua.transport import TcpSipTransport
 
-from playbooks.transfer import TransferOutcome, TransferRequest
 from server.admission.ratelimit import RateLimited
 from server.call.recordings import OPT_OUT_HEADER, wants_recording
 from server.call.session import Session
 from server.config.server import SipSettings
 from server.runtime.registry import CallRegistry, OverCapacity
-from server.transports.phone.audio import Encoding, encode
-from server.transports.phone.line import PhoneCall
 
+from .call import PHONE_RATE, SipCall
 from .compat import (
-    MessageHandler,
     UdpTransport,
     check_sip_stack,
     headers_in_answer,
@@ -68,161 +52,19 @@ from .compat import (
 )
 from .dialer import DialStack, parse_target
 from .outbound import SESSION_HEADER, OutboundCall
-from .rtp_ports import NoFreePort, RtpPortLease, RtpPorts
+from .rfc3261 import USER_AGENT, guard
+from .rtp_ports import NoFreePort, RtpPorts
+from .sdp import CODECS, host_ip, media_problem, offered_dtmf_type, sendable
 from .transfer import SipTransfers
 
-__all__ = ["SipCall", "SipServer"]
+__all__ = ["SipServer"]
 
 log = logging.getLogger(__name__)
 
-PHONE_RATE = 8000
 RETRY_AFTER_S = 5
 """Seconds a caller refused for want of an RTP port is asked to wait."""
-SAMPLES_PER_FRAME = 160
-USER_AGENT = "Vocable"
-_CODECS: dict[int, Encoding] = {0: "ulaw", 8: "alaw"}
-_SENDING_DIRECTIONS = ("sendrecv", "sendonly")
-MAX_CSEQ = 2**31 - 1
 MAX_KEPT_CALLS = 1000
 """Outbound calls ``GET /calls/{id}`` can still describe (the oldest ended ones go first)."""
-"""RFC 3261 8.1.1.5: a CSeq sequence number is below 2**31."""
-_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
-"""One label of a host name (RFC 1123)."""
-
-
-class SipCall(PhoneCall):
-    """One answered SIP call: RTP both ways between the peer and a :class:`Session`."""
-
-    transport = "SIP"
-
-    def __init__(
-        self,
-        registry: CallRegistry,
-        invite: IncomingCall,
-        media: CallSession,
-        call_id: str,
-        session: Session,
-        settings: SipSettings,
-        rtp_port: RtpPortLease,
-        on_end: Callable[[SipCall], None],
-    ) -> None:
-        super().__init__(
-            registry,
-            call_id,
-            session,
-            "slin",
-            PHONE_RATE,
-            media_timeout_s=settings.media_timeout_s,
-        )
-        self.invite = invite
-        self.media = media
-        self.settings = settings
-        self.rtp_port = rtp_port
-        """The call's RTP port pair, given back once its socket is closed."""
-        self.encoding = _CODECS[media.chosen_payload_type]
-        self.answer = media.sdp_answer
-        """The SDP answer in force (a re-INVITE replaces it)."""
-        self.sending = _direction(self.answer) in _SENDING_DIRECTIONS
-        self._timestamp = secrets.randbelow(1 << 32)
-        self._on_end = on_end
-        self.playbook_id = ""
-        self._by_peer = False
-        self._heard_caller = False
-        self.transfers: SipTransfers | None = None
-        self.relay: Callable[[bytes], None] | None = None
-        """While bridged to a person (a transfer): where the caller's audio goes instead."""
-
-    @property
-    def sip_call_id(self) -> str:
-        return self.invite.call_id
-
-    async def start(self) -> None:
-        """Bind RTP, answer with 200 OK and start the agent (greeting first)."""
-        await self.media.start()
-        if self.hung_up:  # cancelled while binding
-            return
-        self.media.on_audio = self._on_audio
-        self.media.on_dtmf = self._on_dtmf
-        self.invite.accept(self.answer)
-        self.start_media(self._send, when_idle="silence")
-        self.session.start()
-
-    def _on_audio(self, pcm: bytes, _timestamp: int) -> None:
-        if not self._heard_caller:
-            self._heard_caller = True
-            log.debug("SIP call %s: first RTP audio from the caller", self.id)
-        if self.relay is not None:
-            self.heard_signal()
-            self.relay(pcm)
-            return
-        self.hear(pcm)
-
-    def _on_dtmf(self, digit: str, _duration: int) -> None:
-        self.heard_signal()  # a digit replaces the caller's audio while it lasts
-        self.clock.touch()
-        self.session.dtmf(digit)
-
-    async def _send(self, pcm: bytes) -> None:
-        """Every 20 ms: our next frame out (the ``CallerGap`` ticks after it: silence in for
-        the session while the caller sends nothing)."""
-        if self.sending:
-            self.media.send_audio(encode(pcm, self.encoding), self._timestamp)
-        self._timestamp = (self._timestamp + SAMPLES_PER_FRAME) & 0xFFFFFFFF
-
-    @property
-    def receiving(self) -> bool:
-        """Whether the peer should be sending us audio (not on hold)."""
-        return _direction(self.answer) in ("sendrecv", "recvonly")
-
-    def reoffer(self, invite: IncomingCall) -> None:
-        """Answer a re-INVITE on the same port; a changed address or direction applies at once."""
-        offer = invite.sdp_offer
-        if offer is None:  # no offer: repeat our answer (RFC 3264 allows that)
-            invite.accept(self.answer)
-            return
-        try:
-            answer = _reanswer(offer, self.answer, self.media.chosen_payload_type)
-            problem = _media_problem(offer, self.settings.host, on_hold_ok=True)
-            if problem is not None:
-                raise ValueError(problem)
-        except (SdpNegotiationError, ValueError) as exc:
-            log.warning("SIP call %s: re-INVITE refused: %s", self.id, exc)
-            invite.reject(488, "Not Acceptable Here")
-            return
-        remote = offer.rtp_address
-        if remote is not None and remote[1] != 0:
-            self.media.update_remote(remote)
-        self.answer = answer
-        self.sending = _direction(answer) in _SENDING_DIRECTIONS
-        self.heard_signal()  # the media timeout counts from the new offer
-        invite.accept(answer)
-
-    def transfer_problem(self, request: TransferRequest) -> str | None:
-        return None if self.transfers is not None else "the SIP endpoint has no transfers"
-
-    async def transfer(self, request: TransferRequest) -> TransferOutcome:
-        """REFER, else a bridge (``transfer``)."""
-        assert self.transfers is not None
-        return await self.transfers.transfer(self, request)
-
-    async def hangup(self, reason: str, *, by_peer: bool = False) -> None:
-        """End the call (our BYE unless the peer ended it) and free everything. Idempotent."""
-        if not self.hung_up:
-            self._by_peer = by_peer
-        await super().hangup(reason)
-
-    def ending(self, reason: str) -> None:
-        if not self._by_peer:
-            self.invite.hangup()
-
-    async def close_transport(self, reason: str) -> None:
-        await self.media.close()
-
-    def release_resources(self) -> None:
-        try:
-            self.rtp_port.release()
-        finally:
-            self._on_end(self)
 
 
 class SipServer:
@@ -253,11 +95,11 @@ class SipServer:
         host = self.settings.host
         if self.port == 0:
             self.port = _free_port(host)
-        udp = UdpTransport((host, self.port), _sendable)
+        udp = UdpTransport((host, self.port), sendable)
         self.dialer = DialStack(
             udp,
             self.rtp_ports,
-            _host_ip(host),
+            host_ip(host),
             advertise=self.settings.advertise,
             signalling_addr=self._advertised(),
             user_agent=USER_AGENT,
@@ -277,9 +119,9 @@ class SipServer:
             agent.on_transfer_progress = self.transfers.progress
             await agent.start()
             intercept_messages(transport, self.transfers.intercept)  # behind the guard below
-            intercept_messages(transport, functools.partial(_guard, transport, self._allowed))
+            intercept_messages(transport, functools.partial(guard, transport, self._allowed))
             self._agents.append(agent)
-        if not self.settings.allow and not ipaddress.ip_address(_host_ip(host)).is_loopback:
+        if not self.settings.allow and not ipaddress.ip_address(host_ip(host)).is_loopback:
             log.warning("SIP on %s:%d answers any source; set --sip-allow", host, self.port)
 
     async def close(self) -> None:
@@ -311,7 +153,7 @@ class SipServer:
         return False
 
     def _advertised(self) -> tuple[str, int] | None:
-        ip = self.settings.advertise or _host_ip(self.settings.host)
+        ip = self.settings.advertise or host_ip(self.settings.host)
         if ipaddress.ip_address(ip).is_unspecified:
             return None
         return (ip, self.port)
@@ -337,7 +179,7 @@ class SipServer:
         if offer is None:
             invite.reject(488, "Not Acceptable Here")  # late offer (SDP in the ACK): unsupported
             return
-        problem = _media_problem(offer, self.settings.host)
+        problem = media_problem(offer, self.settings.host)
         if problem is not None:
             log.warning("SIP call from %s refused: %s", invite.caller, problem)
             invite.reject(488, "Not Acceptable Here")
@@ -384,8 +226,8 @@ class SipServer:
                     rtp_port=rtp_port.port,
                     offer=offer,
                     advertised_ip=self._media_ip(invite.source_addr),
-                    supported_codecs=list(_CODECS),
-                    dtmf_payload_type=_offered_dtmf_type(offer),
+                    supported_codecs=list(CODECS),
+                    dtmf_payload_type=offered_dtmf_type(offer),
                     symmetric_rtp=True,
                 )
                 call = SipCall(
@@ -479,7 +321,7 @@ class SipServer:
         address that routes to ``peer``."""
         if self.settings.advertise:
             return self.settings.advertise
-        host = _host_ip(self.settings.host)
+        host = host_ip(self.settings.host)
         if not ipaddress.ip_address(host).is_unspecified:
             return None
         return _local_ip_towards(peer[0])
@@ -518,204 +360,14 @@ class SipServer:
         task.add_done_callback(self._tasks.discard)
 
 
-# -- helpers -----------------------------------------------------------------------------------
-
-
-def _sendable(host: str, port: int) -> bool:
-    """Whether ``(host, port)`` is an address a datagram may be sent to."""
-    return isinstance(port, int) and 0 < port < 65536 and _sendable_host(host)
-
-
-def _stamp_source(request: SipRequest, addr: tuple[str, int]) -> None:
-    """Set the top Via's ``received``/``rport`` to the true source, which reply routing follows."""
-    vias = request.headers.get("via")
-    if not vias:
-        return
-    top = parse_via(vias[0])
-    top.params["received"] = addr[0]
-    top.params["rport"] = str(addr[1])
-    request.headers.remove("Via")
-    for value in (stringify_via(top), *vias[1:]):
-        request.headers.append("Via", value)
-
-
 def _refuse(invite: IncomingCall, retry_after_s: float) -> None:
     """503 with Retry-After (RFC 3261 21.5.4): over capacity, shutting down, or rate limited."""
     respond_and_end(invite, 503, "Service Unavailable", {"Retry-After": f"{retry_after_s:.0f}"})
 
 
-def _guard(
-    transport: SipTransport, allowed: Callable[[tuple[str, int]], bool], handler: MessageHandler
-) -> MessageHandler:
-    """``handler`` behind a filter: drop every message from a source ``allowed`` refuses, and
-    answer 400 to a malformed request. Over TCP, also make replies go back on the connection
-    each request came in on (RFC 3261 §18.2.2): aiosipua routes replies by the top Via, whose
-    sent-by port has no connection."""
-    reliable = transport.reliable
-
-    def filtered(message: SipRequest | SipResponse, addr: tuple[str, int]) -> None:
-        if not allowed(addr):
-            return
-        if not isinstance(message, SipRequest):
-            handler(message, addr)
-            return
-        if reliable:
-            _stamp_source(message, addr)
-        problem = _malformed(message)
-        if problem is None:
-            try:
-                handler(message, addr)
-                return
-            except ValueError as exc:  # a header aiosipua could not read, half-way through
-                problem = str(exc)
-        _bad_request(transport, message, addr, problem)
-
-    return filtered
-
-
-def _malformed(request: SipRequest) -> str | None:
-    """Why ``request`` gets 400 Bad Request (RFC 3261 8.1.1.5, 18.3), or None: what aiosipua
-    does not check itself (it fails, or goes on, with these)."""
-    cseq = request.headers.get_first("cseq")
-    if cseq is not None:
-        number, *method = cseq.split() or [""]
-        value = _number(number)
-        if value is None or value > MAX_CSEQ:
-            return "bad CSeq number"
-        if method != [request.method]:
-            return "CSeq method does not match the request"
-    length = request.headers.get_first("content-length")
-    if length is not None:
-        declared = _number(length)
-        if declared is None:
-            return "bad Content-Length"
-        if declared > len(request.body):
-            return "body shorter than its Content-Length"
-    if request.body and request.content_type == "application/sdp":
-        try:
-            parse_sdp(request.text)
-        except ValueError as exc:
-            return f"malformed SDP: {exc}"
-    return None
-
-
-def _bad_request(
-    transport: SipTransport, request: SipRequest, addr: tuple[str, int], problem: str
-) -> None:
-    """Log ``problem`` and answer 400 with it in a Warning header (RFC 3261 20.43), unless the
-    request is an ACK (never answered) or has no Via to route the answer by."""
-    method = request.method[:20]
-    log.warning("SIP %r from %s:%d refused: %s", method, addr[0], addr[1], problem[:200])
-    if request.method == "ACK" or not request.headers.get("via"):
-        return
-    response = SipResponse(status_code=400, reason_phrase="Bad Request")
-    for name in ("Via", "From", "Call-ID", "CSeq"):
-        for value in request.headers.get(name):
-            response.headers.append(name, value)
-    to = request.headers.get_first("to")
-    if to is not None:
-        response.headers.set_single(
-            "To", to if ";tag=" in to else f"{to};tag={secrets.token_hex(4)}"
-        )
-    text = "".join(
-        c if c.isascii() and c.isprintable() and c not in '"\\' else "?" for c in problem
-    )
-    response.headers.set_single("Warning", f'399 {USER_AGENT.lower()} "{text[:120]}"')
-    response.headers.set_single("User-Agent", USER_AGENT)
-    try:
-        transport.send_reply(response)
-    except (ValueError, RuntimeError) as exc:  # no route back (no usable Via, TCP gone)
-        log.warning("SIP 400 to %s:%d not sent: %s", addr[0], addr[1], exc)
-
-
-def _media_problem(offer: SdpMessage, local_host: str, *, on_hold_ok: bool = False) -> str | None:
-    """Why the offer's audio cannot be sent to, or None: not an IP address of our RTP socket's
-    family, or a port outside 1-65535 (0, a stream declined, only on hold when ``on_hold_ok``)."""
-    remote = offer.rtp_address
-    if remote is None:
-        return None  # CallSession refuses that (no c= or m=audio)
-    host, port = remote
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return f"media address {host[:60]!r} is not an IP address"
-    family = _ip_version(local_host)
-    if address.version != family:
-        return f"media address {host} is not IPv{family} like ours"
-    if not 0 < port < 65536 and not (on_hold_ok and port == 0):
-        return f"media port {port} is out of range"
-    return None
-
-
-@functools.cache
-def _ip_version(host: str) -> int:
-    """4 or 6: the family of the address ``host`` (our bind address) names."""
-    return ipaddress.ip_address(_host_ip(host)).version
-
-
-def _sendable_host(host: str) -> bool:
-    """An IP address, or a host name the socket module resolves without raising anything
-    other than OSError."""
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        labels = host.removesuffix(".").split(".")
-        return len(host) <= 253 and all(_LABEL.fullmatch(label) for label in labels)
-    return True
-
-
-def _number(text: str) -> int | None:
-    """A header's decimal number (up to 10 digits; more is taken as 10**10), or None."""
-    text = text.strip()
-    if not (text.isascii() and text.isdigit()):
-        return None
-    digits = text.lstrip("0") or "0"
-    return int(digits) if len(digits) <= 10 else 10**10
-
-
-def _reanswer(offer: SdpMessage, current: SdpMessage, payload_type: int) -> SdpMessage:
-    """An answer to a re-INVITE's ``offer`` keeping the call's address, port and codec; raises
-    SdpNegotiationError when the offer drops that codec."""
-    address = current.connection.address if current.connection else "0.0.0.0"
-    answer, _ = negotiate_sdp(
-        offer,
-        local_ip=address,
-        rtp_port=current.audio.port if current.audio else 0,
-        supported_codecs=[payload_type],
-        dtmf_payload_type=_offered_dtmf_type(offer),
-    )
-    return answer
-
-
-def _direction(sdp: SdpMessage) -> str:
-    audio = sdp.audio
-    return audio.direction if audio is not None else "inactive"
-
-
-def _offered_dtmf_type(offer: SdpMessage) -> int:
-    """The payload type the offer uses for telephone-event at 8 kHz (answers must reuse it);
-    101 when it offers none (the answer then carries no telephone-event)."""
-    audio = offer.audio
-    for codec in audio.codecs if audio is not None else []:
-        if (
-            codec.encoding_name.lower() == "telephone-event"
-            and codec.clock_rate in (0, 8000)
-            and 0 <= codec.payload_type <= 127
-        ):
-            return codec.payload_type
-    return 101
-
-
 def _requested_playbook(invite: IncomingCall, playbooks: Mapping[str, object]) -> str | None:
     user = invite.invite.uri.partition(":")[2].partition("@")[0].partition(";")[0]
     return user if user in playbooks else None
-
-
-def _host_ip(host: str) -> str:
-    try:
-        return str(ipaddress.ip_address(host))
-    except ValueError:
-        return socket.gethostbyname(host)
 
 
 def _local_ip_towards(peer: str) -> str:

@@ -1,0 +1,110 @@
+"""SDP as the SIP endpoint reads and writes it: the codecs it takes (G.711), whether an offer's
+media can be reached, the answer to a re-INVITE, the direction of a stream."""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import re
+import socket
+
+from aiosipua import SdpMessage, negotiate_sdp
+
+from server.transports.phone.audio import Encoding
+
+__all__ = [
+    "CODECS",
+    "SENDING_DIRECTIONS",
+    "direction",
+    "host_ip",
+    "media_problem",
+    "offered_dtmf_type",
+    "reanswer",
+    "sendable",
+]
+
+CODECS: dict[int, Encoding] = {0: "ulaw", 8: "alaw"}
+SENDING_DIRECTIONS = ("sendrecv", "sendonly")
+_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+"""One label of a host name (RFC 1123)."""
+
+
+def media_problem(offer: SdpMessage, local_host: str, *, on_hold_ok: bool = False) -> str | None:
+    """Why the offer's audio cannot be sent to, or None: not an IP address of our RTP socket's
+    family, or a port outside 1-65535 (0, a stream declined, only on hold when ``on_hold_ok``)."""
+    remote = offer.rtp_address
+    if remote is None:
+        return None  # CallSession refuses that (no c= or m=audio)
+    host, port = remote
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return f"media address {host[:60]!r} is not an IP address"
+    family = _ip_version(local_host)
+    if address.version != family:
+        return f"media address {host} is not IPv{family} like ours"
+    if not 0 < port < 65536 and not (on_hold_ok and port == 0):
+        return f"media port {port} is out of range"
+    return None
+
+
+@functools.cache
+def _ip_version(host: str) -> int:
+    """4 or 6: the family of the address ``host`` (our bind address) names."""
+    return ipaddress.ip_address(host_ip(host)).version
+
+
+def host_ip(host: str) -> str:
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        return socket.gethostbyname(host)
+
+
+def _sendable_host(host: str) -> bool:
+    """An IP address, or a host name the socket module resolves without raising anything
+    other than OSError."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        labels = host.removesuffix(".").split(".")
+        return len(host) <= 253 and all(_LABEL.fullmatch(label) for label in labels)
+    return True
+
+
+def sendable(host: str, port: int) -> bool:
+    """Whether ``(host, port)`` is an address a datagram may be sent to."""
+    return isinstance(port, int) and 0 < port < 65536 and _sendable_host(host)
+
+
+def reanswer(offer: SdpMessage, current: SdpMessage, payload_type: int) -> SdpMessage:
+    """An answer to a re-INVITE's ``offer`` keeping the call's address, port and codec; raises
+    SdpNegotiationError when the offer drops that codec."""
+    address = current.connection.address if current.connection else "0.0.0.0"
+    answer, _ = negotiate_sdp(
+        offer,
+        local_ip=address,
+        rtp_port=current.audio.port if current.audio else 0,
+        supported_codecs=[payload_type],
+        dtmf_payload_type=offered_dtmf_type(offer),
+    )
+    return answer
+
+
+def direction(sdp: SdpMessage) -> str:
+    audio = sdp.audio
+    return audio.direction if audio is not None else "inactive"
+
+
+def offered_dtmf_type(offer: SdpMessage) -> int:
+    """The payload type the offer uses for telephone-event at 8 kHz (answers must reuse it);
+    101 when it offers none (the answer then carries no telephone-event)."""
+    audio = offer.audio
+    for codec in audio.codecs if audio is not None else []:
+        if (
+            codec.encoding_name.lower() == "telephone-event"
+            and codec.clock_rate in (0, 8000)
+            and 0 <= codec.payload_type <= 127
+        ):
+            return codec.payload_type
+    return 101
