@@ -15,6 +15,7 @@ import pytest
 
 from server.testkit.scripted_llm import ScriptedLLM
 from tests.support import processes
+from tests.support.calls import PAYLOAD_PROBLEMS
 
 if TYPE_CHECKING:
     from server.testkit.caller import WebRTCCaller
@@ -71,6 +72,17 @@ def _no_illegal_state_moves(request: pytest.FixtureRequest) -> Iterator[None]:
             logger.removeHandler(handler)
     if handler.moves and request.node.get_closest_marker("illegal_move") is None:
         pytest.fail(f"illegal state moves: {handler.moves}")
+
+
+@pytest.fixture(autouse=True)
+def _voice_events_fit_their_payloads() -> Iterator[None]:
+    """Every test fails if a call it runs on the loopback line (``tests.support.calls``) emits
+    an event whose data is not its kind's payload type (``server.call.events.EVENT_DATA``)."""
+    PAYLOAD_PROBLEMS.clear()
+    yield
+    problems, PAYLOAD_PROBLEMS[:] = list(PAYLOAD_PROBLEMS), []
+    if problems:
+        pytest.fail(f"voice events that do not fit their payload type: {problems[:5]}")
 
 
 @pytest.fixture(scope="session", autouse=True)

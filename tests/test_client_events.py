@@ -10,7 +10,13 @@ import pytest
 
 from media import Speaker
 from playbooks import PlaybookOrchestrator, load_playbook
-from server.call.events import MAX_ARGUMENTS_CHARS, VOICE_EVENT_TYPES, VoiceEvent, tool_arguments
+from server.call.events import (
+    EVENT_DATA,
+    MAX_ARGUMENTS_CHARS,
+    VOICE_EVENT_TYPES,
+    VoiceEvent,
+    tool_arguments,
+)
 from server.call.voice import VoicePlaybookOrchestrator
 from server.transports.client_events import CLIENT_ERRORS, client_view
 from tests.conftest import EXAMPLES, REPO
@@ -91,7 +97,8 @@ def test_long_arguments_are_cut_to_their_first_characters() -> None:
     assert tool_arguments("y" * 2500) == "y" * 1997 + "..."
 
 
-def test_every_kind_of_voice_event_is_documented_for_clients() -> None:
+def test_every_kind_of_voice_event_has_a_payload_type_and_is_documented_for_clients() -> None:
+    assert set(EVENT_DATA) == VOICE_EVENT_TYPES
     voice_md = (REPO / "docs" / "voice.md").read_text()
     section = voice_md.split("## Events and per-turn metrics", 1)[1].split("\n## ", 1)[0]
     assert {kind for kind in VOICE_EVENT_TYPES if f"`{kind}`" not in section} == set()

@@ -3,20 +3,30 @@ the one translation of the playbook engine's events into them (:func:`voice_even
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import (
+    Any,
+    Literal,
+    get_args,
+)
+
+from pydantic import TypeAdapter, ValidationError
+from typing_extensions import TypedDict
 
 from playbooks import OrchestratorEvent
 
 __all__ = [
+    "EVENT_DATA",
     "MAX_ARGUMENTS_CHARS",
     "VOICE_EVENT_TYPES",
     "VoiceEvent",
     "VoiceEventHandler",
     "VoiceEventType",
+    "payload_problem",
     "tool_arguments",
     "voice_event_of",
 ]
@@ -52,6 +62,226 @@ VoiceEventType = Literal[
 
 VOICE_EVENT_TYPES: frozenset[str] = frozenset(get_args(VoiceEventType))
 """Every kind of voice event, read from the type: tests and clients check against it."""
+
+
+# -- the payload of each kind -----------------------------------------------------------------
+
+
+class SpeechStartData(TypedDict):
+    at_ms: float
+    """When the caller's speech began (monotonic ms, the VAD's pre-roll included)."""
+
+
+class SpeechEndData(TypedDict):
+    duration_ms: int
+    forced: bool
+    """Ended by the longest utterance allowed, not by a pause."""
+    last_voiced_ms: float
+    reason: str
+    """Why the turn ended: the text rule, the turn model's score, the hold limit..."""
+    turn_score: float | None
+    """The turn model's score of the voice at the end (None: it gave none)."""
+
+
+class TranscriptData(TypedDict):
+    text: str
+    dropped: str | None
+    """Why the words were judged not to be speech (then ``text`` is empty)."""
+    audio_ms: int
+    stt_ms: int
+    speculative: bool
+
+
+class StageChangeData(TypedDict):
+    stage: str
+    name: str
+    voice: str | None
+
+
+class LanguageChangeData(TypedDict):
+    language: str
+    voice: str | None
+
+
+class ToolCallStartData(TypedDict):
+    name: str
+    id: str
+    arguments: dict[str, Any] | str
+
+
+class ToolCallEndData(TypedDict):
+    name: str
+    id: str
+    error: bool
+    result: dict[str, Any] | str
+    duration_ms: float
+
+
+class DelegationStartData(TypedDict):
+    workers: list[str]
+    mode: str
+
+
+class WorkerSummary(TypedDict):
+    worker: str
+    ok: bool
+    tool_calls: int
+    duration_ms: float
+
+
+class DelegationEndData(TypedDict):
+    workers: list[WorkerSummary]
+    """Each worker that ran: whether it succeeded, its tool calls and how long it took."""
+    mode: str
+
+
+class TransferStartedData(TypedDict):
+    destination: str
+    mode: str
+    reason: str | None
+
+
+class TransferDoneData(TypedDict):
+    destination: str
+    mode: str
+    how: str
+    """What put the caller through (``refer``, ``bridge``, ``provider``, ``stream event``)."""
+
+
+class TransferFailedData(TypedDict):
+    destination: str
+    mode: str
+    reason: str
+    detail: str | None
+
+
+class AgentSentenceData(TypedDict):
+    text: str
+    voice: str | None
+
+
+class TtsStartData(TypedDict):
+    voice: str | None
+
+
+class HeardData(TypedDict):
+    heard: str
+    """What the caller has heard of the answer (whole sentences)."""
+
+
+class InterruptedData(TypedDict):
+    heard: str
+    cut_ms: int
+    """How much of the answer's audio the barge-in cut."""
+
+
+class ResumedData(TypedDict):
+    text: str
+    """What the sound that paused the agent was heard as (empty: no words)."""
+
+
+class SpeculationData(TypedDict):
+    outcome: str
+
+
+class TurnMetricsData(TypedDict):
+    end_of_speech_ms: float | None
+    stt_ms: float | None
+    llm_first_token_ms: float | None
+    first_sentence_ms: float | None
+    tts_first_audio_ms: float | None
+    first_frame_out_ms: float | None
+    voice_to_voice_ms: float | None
+
+
+class _State(TypedDict):
+    state: str
+
+
+class StateData(_State, total=False):
+    reason: str
+    """Why the call closed (``closed`` only)."""
+
+
+class DtmfData(TypedDict):
+    digit: str
+
+
+class _Error(TypedDict):
+    source: str
+    message: str
+
+
+class ErrorData(_Error, total=False):
+    tool: str
+    worker: str
+    status: int
+
+
+class MessageData(TypedDict):
+    message: str
+
+
+class RecordingFailedData(TypedDict):
+    reason: str
+    message: str
+
+
+EVENT_DATA: dict[str, type] = {
+    "speech_start": SpeechStartData,
+    "speech_end": SpeechEndData,
+    "transcript": TranscriptData,
+    "stage_change": StageChangeData,
+    "language_change": LanguageChangeData,
+    "tool_call_start": ToolCallStartData,
+    "tool_call_end": ToolCallEndData,
+    "delegation_start": DelegationStartData,
+    "delegation_end": DelegationEndData,
+    "transfer_started": TransferStartedData,
+    "transfer_answered": TransferDoneData,
+    "transfer_requested": TransferDoneData,
+    "transfer_failed": TransferFailedData,
+    "agent_sentence": AgentSentenceData,
+    "tts_start": TtsStartData,
+    "tts_end": HeardData,
+    "interrupted": InterruptedData,
+    "paused": HeardData,
+    "resumed": ResumedData,
+    "speculation": SpeculationData,
+    "turn_metrics": TurnMetricsData,
+    "state": StateData,
+    "dtmf": DtmfData,
+    "error": ErrorData,
+    "voice_lost": MessageData,
+    "recording_failed": RecordingFailedData,
+}
+"""The payload type of each kind of voice event (``VoiceEvent.data``)."""
+
+
+def payload_problem(event: VoiceEvent) -> str | None:
+    """What keeps ``event``'s data from being its kind's payload (:data:`EVENT_DATA`): a key
+    missing or unknown, a value of the wrong type; None when it is one."""
+    kind = EVENT_DATA.get(event.type)
+    if kind is None:
+        return f"no payload type for {event.type!r}"
+    keys = set(event.data)
+    missing = sorted(kind.__required_keys__ - keys)  # type: ignore[attr-defined]
+    unknown = sorted(keys - kind.__required_keys__ - kind.__optional_keys__)  # type: ignore[attr-defined]
+    if missing or unknown:
+        return f"{event.type}: missing {missing}, unknown {unknown}"
+    try:
+        _adapter(kind).validate_python(event.data, strict=True)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in first["loc"])
+        return f"{event.type}.{where}: {first['msg']}"
+    return None
+
+
+@functools.cache
+def _adapter(kind: type) -> TypeAdapter[Any]:
+    return TypeAdapter(kind)
+
 
 MAX_ARGUMENTS_CHARS = 2000
 """The most of a tool call's arguments a ``tool_call_start`` event carries, as JSON text."""

@@ -23,7 +23,7 @@ from playbooks import (
     load_playbooks,
 )
 from playbooks.loader import LoadedPlaybook
-from server.call.events import VoiceEvent
+from server.call.events import VoiceEvent, payload_problem
 from server.call.session import Session, SessionSettings
 from server.call.voice import VoicePlaybookOrchestrator
 from server.config.server import ServerConfig
@@ -97,6 +97,22 @@ def loudest(pcm: bytes, ms: int) -> bytes:
     return pcm[start * 2 : (start + width) * 2]
 
 
+PAYLOAD_PROBLEMS: list[str] = []
+"""Events of the tests' calls whose data is not their kind's payload (see ``tests/conftest.py``:
+a test whose call emits one fails)."""
+
+
+def check_payload(event: VoiceEvent) -> None:
+    """Note ``event`` in PAYLOAD_PROBLEMS unless its data is its kind's payload; never raises
+    (it runs inside the call's event path)."""
+    try:
+        problem = payload_problem(event)
+    except Exception as exc:
+        problem = f"{event.type}: the check failed: {exc!r}"
+    if problem is not None:
+        PAYLOAD_PROBLEMS.append(problem)
+
+
 @dataclass
 class VoiceCall:
     """A session on the loopback transport, with every voice and orchestrator event recorded."""
@@ -113,6 +129,7 @@ class VoiceCall:
     def record(self, event: VoiceEvent) -> None:
         for probe in self.probes:
             probe(event)
+        check_payload(event)
         self.events.append(event)
 
     def of_type(self, type: str) -> list[VoiceEvent]:
