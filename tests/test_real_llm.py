@@ -27,7 +27,7 @@ from playbooks import OrchestratorOptions, PlaybookOrchestrator, load_playbook
 from playbooks.llm import ChatClient
 from server.call.session import SessionSettings
 from server.llm.gguf import read_gguf
-from server.llm.llamacpp import EmbeddedLLM, EmbeddedSettings, model_cpu_time
+from server.llm.llamacpp import EmbeddedLLM, EmbeddedSettings, ModelThreads, model_cpu_time
 from server.testkit.caller import WebRTCCaller
 from tests.conftest import REPO
 from tests.support.browser import Browser
@@ -353,3 +353,7 @@ def test_the_model_threads_run_below_speech_work(model: EmbeddedLLM) -> None:
     used = model_cpu_time()
     assert used is not None
     assert 0 < used < time.process_time()
+    # the gauge's reader finds the same threads, then reads only theirs
+    cached = ModelThreads()
+    assert cached() == pytest.approx(used, abs=0.2)
+    assert len(cached._threads) == len(nicer)

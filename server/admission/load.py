@@ -18,13 +18,13 @@ be admitted before any of them loads the machine. Admission therefore also count
 **measured cost**: the process's CPU per live call over windows in which the number of calls held
 steady and most of them were in turns (speaking or being answered: a call is counted over its
 turns, not averaged over its silences), smoothed across windows and remembered between bursts.
-An LLM run in the process (llama.cpp) is counted apart: its threads' CPU (``server/runtime/
-llamacpp.py``: ``model_cpu_time``) is left out of the calls' cost and taken out of their room.
+An LLM run in the process (llama.cpp) is counted apart: its threads' CPU (``server/llm/
+llamacpp.py``: ``ModelThreads``) is left out of the calls' cost and taken out of their room.
 While the live calls, at that cost each, fill ``capacity_cpu_percent`` of the CPU the process
 may use (its control group's quota, else its cores: ``server/admission/cgroup.py``), the next one
 is refused. Under a quota,
 what the group's other processes took over the window (a sibling worker) is set aside first.
-A neighbour outside it (another container, callers on the same machine: ``server/runtime/
+A neighbour outside it (another container, callers on the same machine: ``server/admission/
 cores.py`` measures it) refuses calls only once the calls' own symptoms above show it starves
 them.
 

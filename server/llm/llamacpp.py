@@ -25,7 +25,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,7 @@ __all__ = [
     "EmbeddedLLM",
     "EmbeddedSettings",
     "ModelLoadError",
+    "ModelThreads",
     "embedded_counts",
     "model_cpu_time",
 ]
@@ -223,23 +224,69 @@ class EmbeddedLLM:
 def model_cpu_time(task_dir: Path = Path("/proc/self/task")) -> float | None:
     """CPU seconds this process's model threads (those at ``LLM_NICENESS`` or nicer than the
     process: llama.cpp's and OpenMP's, started by :meth:`EmbeddedLLM.start`) have used, while
-    they live; None where Linux's per-thread accounting cannot be read. Admission counts it
-    apart from the calls' CPU."""
+    they live; None where Linux's per-thread accounting cannot be read. Reads every thread:
+    :class:`ModelThreads` is the cheap way to ask often."""
+    return ModelThreads(task_dir)()
+
+
+class ModelThreads:
+    """:func:`model_cpu_time`, cheap enough for every sample of the load gauge (ten a second,
+    on the event loop): the whole thread list is scanned for the model's threads once every
+    ``rescan_s`` (or when one of them ended), and in between only their own ``stat`` files are
+    read (a handful, against every thread of the process: 0.7 ms a read with 42 threads)."""
+
+    def __init__(
+        self,
+        task_dir: Path = Path("/proc/self/task"),
+        *,
+        rescan_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.task_dir = task_dir
+        self.rescan_s = rescan_s
+        self._clock = clock
+        self._threads: list[Path] = []
+        self._scanned_at: float | None = None
+
+    def __call__(self) -> float | None:
+        now = self._clock()
+        if self._scanned_at is None or now - self._scanned_at >= self.rescan_s:
+            if not self._scan():
+                return None
+            self._scanned_at = now
+        ticks = 0
+        for task in self._threads:
+            stat = _thread_stat(task)
+            if stat is None:  # a model thread ended: look again next time
+                self._scanned_at = None
+                continue
+            ticks += stat[1]
+        return ticks / _TICKS_PER_S
+
+    def _scan(self) -> bool:
+        """Find the model's threads; False where the thread list cannot be read."""
+        try:
+            base = os.getpriority(os.PRIO_PROCESS, 0)
+            tasks = list(self.task_dir.iterdir())
+        except OSError:
+            return False
+        self._threads = [
+            task
+            for task in tasks
+            if (stat := _thread_stat(task)) is not None and stat[0] - base >= LLM_NICENESS
+        ]
+        return True
+
+
+def _thread_stat(task: Path) -> tuple[int, int] | None:
+    """A thread's niceness and CPU ticks (user and system) from its ``stat``; None once it
+    ended."""
     try:
-        base = os.getpriority(os.PRIO_PROCESS, 0)
-        tasks = list(task_dir.iterdir())
+        fields = (task / "stat").read_text().rpartition(")")[2].split()
     except OSError:
         return None
-    ticks = 0
-    for task in tasks:
-        try:
-            fields = (task / "stat").read_text().rpartition(")")[2].split()
-        except OSError:
-            continue  # the thread ended
-        # after the name: state(3) ... utime(14) stime(15) ... nice(19), counted from pid(1)
-        if int(fields[16]) - base >= LLM_NICENESS:
-            ticks += int(fields[11]) + int(fields[12])
-    return ticks / _TICKS_PER_S
+    # after the name: state(3) ... utime(14) stime(15) ... nice(19), counted from pid(1)
+    return int(fields[16]), int(fields[11]) + int(fields[12])
 
 
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK")

@@ -32,7 +32,7 @@ from server.call.transferrer import CallTransferrer
 from server.call.voice import VoicePlaybookOrchestrator
 from server.config.serve_options import Line
 from server.config.server import ServerConfig
-from server.llm.llamacpp import model_cpu_time
+from server.llm.llamacpp import ModelThreads
 
 from .call_directory import CallDirectory
 from .engines import Engines
@@ -145,6 +145,7 @@ class CallRegistry:
         self.cpu_limit = cpu_limit()
         """The CPU this process may use (a control group's quota, else its cores)."""
         limit = self.cpu_limit
+        model_threads = ModelThreads()
         self.load = LoadGauge(
             config.overload,
             lambda: engines.transcriber.backlog or 0,
@@ -152,7 +153,7 @@ class CallRegistry:
             calls=lambda: len(self.calls),
             calls_in_turn=lambda: sum(call.session.in_turn for call in self.calls.values()),
             model_cpu_time=lambda: (
-                model_cpu_time() if engines.llm_provider.embedded is not None else None
+                model_threads() if engines.llm_provider.embedded is not None else None
             ),
             cores=limit.cores,
             cores_busy_time=limit.usage if limit.quota else busy_time_reader(),
