@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import (
     Any,
@@ -308,45 +308,48 @@ def voice_event_of(
     stamped ``at`` (monotonic seconds). ``voice``: the voice in effect after a stage or
     language change. Calls and ``vocable test``'s text mode both translate through here."""
     data = event.data
-    payload: dict[str, Any]
+    payload: Mapping[str, Any]  # each kind's TypedDict of EVENT_DATA, checked by mypy
     kind: VoiceEventType
     match event.type:
         case "tool_call_start":
             call = data["call"]
             kind = "tool_call_start"
-            payload = {
-                "name": call["name"],
-                "id": call["id"],
-                "arguments": tool_arguments(call["arguments"]),
-            }
+            payload = ToolCallStartData(
+                name=call["name"], id=call["id"], arguments=tool_arguments(call["arguments"])
+            )
         case "tool_call_complete":
             call = data["call"]
             kind = "tool_call_end"
-            payload = {
-                "name": call["name"],
-                "id": call["id"],
-                "error": data["error"],
-                "result": tool_arguments(data["result"]),
-                "duration_ms": data["duration_ms"],
-            }
+            payload = ToolCallEndData(
+                name=call["name"],
+                id=call["id"],
+                error=data["error"],
+                result=tool_arguments(data["result"]),
+                duration_ms=data["duration_ms"],
+            )
         case "stage_entered":
             stage = data["stage"]
             kind = "stage_change"
-            payload = {"stage": stage["id"], "name": stage["name"], "voice": voice}
+            payload = StageChangeData(stage=stage["id"], name=stage["name"], voice=voice)
         case "language_changed":
-            kind, payload = "language_change", {"language": data["language"], "voice": voice}
-        case "delegation_start" | "delegation_end":
-            kind = event.type
-            payload = {"workers": data["workers"], "mode": data["mode"]}
+            kind = "language_change"
+            payload = LanguageChangeData(language=data["language"], voice=voice)
+        case "delegation_start":
+            kind = "delegation_start"
+            payload = DelegationStartData(workers=data["workers"], mode=data["mode"])
+        case "delegation_end":
+            kind = "delegation_end"
+            payload = DelegationEndData(workers=data["workers"], mode=data["mode"])
         case "transfer_started" | "transfer_answered" | "transfer_requested" | "transfer_failed":
-            kind, payload = event.type, dict(data)
+            kind, payload = event.type, data  # the engine's own payload (see EVENT_DATA)
         case "error":
-            tool = {"tool": data["tool"]} if "tool" in data else {}
             kind = "error"
-            payload = {"source": data.get("source", "llm"), "message": data["message"], **tool}
+            payload = ErrorData(source=data.get("source", "llm"), message=data["message"])
+            if "tool" in data:
+                payload["tool"] = data["tool"]
         case _:
             return None
-    return VoiceEvent(kind, payload, at)
+    return VoiceEvent(kind, dict(payload), at)
 
 
 def tool_arguments(raw: str) -> dict[str, Any] | str:

@@ -214,7 +214,10 @@ class Session:
         """Observers of each caller frame as it arrives (silence while muted), e.g. a call
         recorder. They run on the event loop: quick."""
         self._silence = bytes(FRAME_BYTES)
-        self.keypad = Keypad(self.settings.dtmf_pause_s, self._keyed)
+        self.keypad = Keypad(
+            self.settings.dtmf_pause_s, lambda digits: self.submit_text(keypad_line(digits))
+        )
+        """Gathers the caller's digits (:meth:`dtmf`); closed with the session."""
         self._settling: asyncio.Task[None] | None = None
         """While PAUSED: deciding whether the sound that paused the agent was a backchannel."""
         self.resumes = 0
@@ -360,10 +363,6 @@ class Session:
             return
         self.voice.emit("dtmf", digit=digit)
         self.keypad.press(digit)
-
-    def _keyed(self, digits: str) -> None:
-        if not self._closed:
-            self.submit_text(keypad_line(digits))
 
     def submit_text(self, text: str) -> None:
         """A typed user turn, answered in voice like a spoken one (interrupts a busy agent, and

@@ -280,9 +280,8 @@ class CallRegistry:
                 )
             self.on_event(event)
             port.emit(event)
-            recorder = self._recorders.get(call_id)
-            if recorder is not None:
-                recorder.event(event)
+            if port.recorder is not None:
+                port.recorder.event(event)
 
         speaker = Speaker(port.rate)
         if port.recorded:
