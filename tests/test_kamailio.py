@@ -11,7 +11,6 @@ callers are SIP phones (``server/testkit/sip_phone.py``) that speak only to Kama
 from __future__ import annotations
 
 import asyncio
-import shutil
 import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -27,24 +26,13 @@ from server.http.app import CALLS, SIP
 from server.testkit.sip_phone import SipPhone
 from tests.conftest import REPO
 from tests.support.calls import voice_server
+from tests.support.kamailio import kamailio_binary
 from tests.support.processes import free_port, kill_group, popen, udp_free
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 CONFIG = REPO / "deploy" / "kamailio" / "kamailio.cfg"
 INVITE_TIMEOUT_MS = 1000
-
-
-def _kamailio() -> str:
-    path = shutil.which("kamailio") or (
-        "/usr/sbin/kamailio" if Path("/usr/sbin/kamailio").exists() else None
-    )
-    if path is None:
-        pytest.fail(
-            "kamailio is missing: apt-get install -y kamailio (make test does this)",
-            pytrace=False,
-        )
-    return path
 
 
 @contextmanager
@@ -57,7 +45,7 @@ def _kamailio_in_front(workdir: Path, endpoints: list[int]) -> Iterator[int]:
     port = free_port()
     process = popen(
         [
-            _kamailio(),
+            kamailio_binary(),
             *("-DD", "-E", "-f", str(CONFIG), "-Y", str(workdir)),
             *("-A", f"LISTEN=udp:127.0.0.1:{port}", "-A", f'DISPATCHER_LIST="{listing}"'),
             *("-A", f"INVITE_TIMEOUT_MS={INVITE_TIMEOUT_MS}"),

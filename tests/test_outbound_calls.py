@@ -1,17 +1,19 @@
 """Outbound calls (``POST /calls``, ``vocable call``) to real SIP peers on 127.0.0.1.
 
-baresip answers automatically as the callee, speaks a WAV file (``aufile``; it hangs up when the
-file ends) and records what it heard (``sndfile``), which real Whisper transcribes; sipp plays
-callees that are busy (486), ring forever, or answer and wait for our BYE, and fails unless
-every message of its scenario came (the ACK of a 486, the CANCEL, the BYE). Real Whisper, Piper
-and webrtcvad on the server; the LLM is scripted.
+baresip answers automatically as the callee (once through a trunk: Kamailio as the outbound
+proxy that challenges with 407 digest authentication and stays on the path with Record-Route),
+speaks a WAV file (``aufile``; it hangs up when the file ends) and records what it heard
+(``sndfile``), which real Whisper transcribes; sipp plays callees that are busy (486), ring
+forever, or answer and wait for our BYE, and fails unless every message of its scenario came
+(the ACK of a 486, the CANCEL, the BYE). Real Whisper, Piper and webrtcvad on the server; the
+LLM is scripted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -24,11 +26,13 @@ from media import Resampler
 from media.audio import SAMPLE_RATE, silence
 from playbooks import PlaybookError, load_playbooks
 from server.config.server import ServerConfig, SipSettings
+from server.config.sip_trunks import Secret, Trunk
 from server.http.app import CALLS, SIP
 from server.testkit.scripted_llm import ScriptedLLM, answers_by_words
 from server.transports.sip.dialer import parse_target
 from tests.support.baresip import RATE, Baresip, loud_frames, start_baresip, until
 from tests.support.calls import transcriber, voice_server, word_error_rate
+from tests.support.kamailio import PBX_CONFIG, run_kamailio
 from tests.support.phone import ANSWER, phone_audio
 from tests.support.processes import run_vocable
 from tests.support.sipp import sipp_callee
@@ -66,12 +70,13 @@ def _speech_ready() -> None:
 
 
 def _server(
-    llm: ScriptedLLM, folder: Path, **config: Any
+    llm: ScriptedLLM, folder: Path, trunks: Mapping[str, Trunk] | None = None, **config: Any
 ) -> AbstractAsyncContextManager[TestServer]:
-    """The app with SIP on 127.0.0.1 and ``config``, on the outreach playbook (written into
-    ``folder``), its LLM the scripted one."""
+    """The app with SIP on 127.0.0.1 (with ``trunks``) and ``config``, on the outreach playbook
+    (written into ``folder``), its LLM the scripted one."""
     (folder / "outreach.yaml").write_text(PLAYBOOK)
-    settings = ServerConfig(sip=SipSettings(host="127.0.0.1", port=0), **config)
+    sip = SipSettings(host="127.0.0.1", port=0, trunks=trunks or {})
+    settings = ServerConfig(sip=sip, **config)
     return voice_server(llm.base_url, settings, folder)
 
 
@@ -140,16 +145,22 @@ async def _call_baresip(
 ) -> tuple[dict[str, Any], list[dict[str, Any]], bytes]:
     """Place a call to a baresip callee saying ``speech``; returns the call's final description,
     its events and what baresip heard (8 kHz PCM16 from the answer on)."""
-    seconds = len(speech) / 2 / RATE
     async with _baresip_callee(workdir, speech) as (uri, callee):
-        status, body = await _post(server, "/calls", {"to": uri, "playbook": "outreach"})
-        assert status == 201, body
-        session_id = body["session_id"]
-        events = await asyncio.wait_for(_events(server, session_id), seconds + 30)
-        described = await _get(server, f"/calls/{session_id}")
-        await asyncio.sleep(0.5)  # baresip writes its recordings as the call closes
-        heard = callee.heard()
-    return described, events, heard
+        return await _call(server, {"to": uri}, speech, callee)
+
+
+async def _call(
+    server: TestServer, body: dict[str, Any], speech: bytes, callee: Baresip
+) -> tuple[dict[str, Any], list[dict[str, Any]], bytes]:
+    """Place the call ``body`` describes, which reaches ``callee`` saying ``speech``."""
+    seconds = len(speech) / 2 / RATE
+    status, placed = await _post(server, "/calls", {**body, "playbook": "outreach"})
+    assert status == 201, placed
+    session_id = placed["session_id"]
+    events = await asyncio.wait_for(_events(server, session_id), seconds + 30)
+    described = await _get(server, f"/calls/{session_id}")
+    await asyncio.sleep(0.5)  # baresip writes its recordings as the call closes
+    return described, events, callee.heard()
 
 
 async def test_a_callee_who_says_hello_hears_the_greeting_after_it_and_talks(
@@ -183,11 +194,32 @@ async def test_a_callee_who_says_hello_hears_the_greeting_after_it_and_talks(
     assert len(server.app[CALLS]) == 0
 
 
-async def test_a_silent_callee_hears_the_greeting_a_second_after_answering(
-    server: TestServer, tmp_path: Path
+async def test_a_silent_callee_through_a_challenging_trunk_hears_the_greeting_after_a_second(
+    llm: ScriptedLLM, tmp_path: Path
 ) -> None:
-    described, events, heard = await _call_baresip(server, tmp_path, silence(8000, RATE))
+    speech = silence(8000, RATE)
+    (tmp_path / "playbooks").mkdir()
+    async with _baresip_callee(tmp_path, speech) as (uri, callee):
+        pbx = {"PASSWORD": "s3cret", "CALLEE": uri}
+        with run_kamailio(tmp_path / "pbx", PBX_CONFIG, pbx) as kamailio:
+            trunk = Trunk(
+                "pbx",
+                proxy=("127.0.0.1", kamailio.port),
+                username="vocable",
+                password=Secret("s3cret"),
+                caller_id="+15551230000",
+            )
+            async with _server(llm, tmp_path / "playbooks", {"pbx": trunk}) as server:
+                body = {"to": "+15557654321", "trunk": "pbx"}
+                described, events, heard = await _call(server, body, speech, callee)
+            log = kamailio.log_text()
 
+    assert "challenged" in log, log
+    assert "authenticated, to sip:+15557654321@" in log, log
+    # the ACK and the callee's BYE went through the proxy, on the route it recorded
+    assert "in-dialog ACK from 127.0.0.1 routed" in log, log
+    assert "in-dialog BYE from 127.0.0.1 routed" in log, log
+    assert "without a route" not in log, log
     assert (described["result"], described["answered_by"]) == ("answered", "person")
     loud = loud_frames(heard)
     assert loud, "the callee heard nothing"

@@ -25,8 +25,13 @@ EXIT_REFUSED = 2
 
 
 def add_call_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("to", metavar="SIP-URI", help="the callee, e.g. sip:alice@192.0.2.7:5060")
+    parser.add_argument(
+        "to",
+        metavar="SIP-URI",
+        help="the callee, e.g. sip:alice@192.0.2.7:5060, or a number the trunk calls",
+    )
     parser.add_argument("--playbook", metavar="ID", help="playbook id (default: the server's)")
+    parser.add_argument("--trunk", metavar="NAME", help="the server's trunk to call through")
     parser.add_argument(
         "--url",
         default=os.environ.get("VOCABLE_URL", "http://127.0.0.1:8080"),
@@ -55,6 +60,8 @@ async def _call(args: argparse.Namespace) -> int:
     body: dict[str, Any] = {"to": args.to}
     if args.playbook:
         body["playbook"] = args.playbook
+    if args.trunk:
+        body["trunk"] = args.trunk
     if args.ring_timeout_s is not None:
         body["ring_timeout_s"] = args.ring_timeout_s
     base = args.url.rstrip("/")

@@ -37,7 +37,7 @@ from aiohttp import web
 from playbooks import load_playbooks
 from server.config.llm import ConfigError
 from server.config.server import ServerConfig
-from server.http.app import CALLS, create_app
+from server.http.app import CALLS, SIP, create_app
 from server.http.siblings import control_socket
 from server.llm.provider import load_shared_model, shared_settings
 from server.runtime.logs import configure_logging
@@ -87,6 +87,9 @@ async def serve(config: ServerConfig, announce: Callable[[str], None] = print) -
         if live:
             announce(f"draining: {live} call(s) may go on for {config.drain_timeout_s:.0f} s")
         drain = asyncio.ensure_future(calls.drain(config.drain_timeout_s))
+        sip = app.get(SIP)
+        if sip is not None:  # a PBX stops routing new calls to a draining extension
+            await sip.unregister()
         second = asyncio.ensure_future(signals.second.wait())
         await asyncio.wait({drain, second}, return_when=asyncio.FIRST_COMPLETED)
         second.cancel()

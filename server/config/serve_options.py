@@ -201,6 +201,58 @@ class ServeOptions(BaseModel):
         ),
     ] = 30.0
 
+    sip_trunks: Annotated[
+        Path | None,
+        Cli(SIP, "PATH"),
+        Field(
+            description="a YAML file of named trunks for outbound calls: proxy, credentials, "
+            "caller ID (docs/telephony.md, 'Trunks')"
+        ),
+    ] = None
+    sip_outbound_proxy: Annotated[
+        Text,
+        Cli(SIP, "URI", default_text="none: straight to the callee's host"),
+        Field(description="send outbound INVITEs through this proxy, e.g. sip:trunk.example.com"),
+    ] = None
+    sip_username: Annotated[
+        Text,
+        Cli(SIP, "USER"),
+        Field(description="digest user name answering the trunk's 401/407 challenges"),
+    ] = None
+    sip_password: Annotated[
+        Text,
+        Cli(SIP, "SECRET"),
+        Field(
+            description="digest password for --sip-username (better: VOCABLE_SIP_PASSWORD or "
+            "--sip-password-file)",
+            repr=False,
+        ),
+    ] = None
+    sip_password_file: Annotated[
+        Path | None,
+        Cli(SIP, "PATH"),
+        Field(description="a file whose first line is the --sip-username password"),
+    ] = None
+    sip_caller_id: Annotated[
+        Text,
+        Cli(SIP, "NUMBER", default_text="the playbook id"),
+        Field(description="the From user of outbound calls, e.g. +15551230000"),
+    ] = None
+
+    sip_register: Annotated[
+        Text,
+        Cli(SIP, "URI", default_text="none"),
+        Field(
+            description="register as this PBX extension, e.g. sip:agent@pbx.example.com "
+            "(password: --sip-password, VOCABLE_SIP_PASSWORD or --sip-password-file)"
+        ),
+    ] = None
+    sip_register_expires_s: Annotated[
+        Whole,
+        Cli(SIP, "S"),
+        Field(ge=1, le=86400, description="the registration lifetime asked for"),
+    ] = 300
+
     # -- transfers of media-stream calls (docs/telephony.md, "Transfers")
     transfer_api_url: Annotated[
         BaseUrl,

@@ -25,10 +25,11 @@ from server.call.recordings import RecordingSettings
 from server.call.session import SessionSettings
 
 from .bundled import EXAMPLES, WEB_CLIENT
-from .llm import LLMChoice, LLMSettings
+from .llm import ConfigError, LLMChoice, LLMSettings
 from .option_values import DEFAULT_HOST, parse_address, parse_port_range
 from .serve_flags import add_serve_arguments, serve_options
 from .serve_options import Cleanup, Line, ServeOptions
+from .sip_trunks import RegisterSettings, Trunk, TrunkError, load_trunks, register_settings
 
 __all__ = [
     "BUILT_ALIKE",
@@ -83,6 +84,10 @@ class SipSettings:
     """Hang up when no RTP arrives this long (a peer that vanished without a BYE)."""
     ring_timeout_s: float = DEFAULTS.sip_ring_timeout_s
     """How long an outbound call (``POST /calls``) rings before it is cancelled (no answer)."""
+    trunks: Mapping[str, Trunk] = field(default_factory=dict)
+    """Named ways out for outbound calls (:mod:`server.config.sip_trunks`)."""
+    register: RegisterSettings | None = None
+    """Register at a PBX or registrar as an extension (``--sip-register``)."""
 
 
 @dataclass(frozen=True)
@@ -230,8 +235,9 @@ class ServerConfig:
 
     @classmethod
     def from_options(cls, options: ServeOptions, llm: LLMSettings | None = None) -> ServerConfig:
-        """The configuration of checked options (which raise nothing here): the fields of
-        :data:`OPTION_FIELDS` as the options give them, the others built from them."""
+        """The configuration of checked options: the fields of :data:`OPTION_FIELDS` as the
+        options give them, the others built from them. Raises ConfigError only for a file an
+        option names that cannot be read (the SIP trunks, their passwords)."""
         ice = tuple(
             IceServer(url, options.turn_username, options.turn_credential)
             if url.startswith("turn")
@@ -308,9 +314,30 @@ def _recording_settings(options: ServeOptions) -> RecordingSettings | None:
 
 
 def _sip_settings(options: ServeOptions) -> SipSettings | None:
+    """The SIP endpoint's settings; raises ConfigError when a trunk's file or password cannot
+    be read."""
     if options.sip is None:
         return None
     host, port = options.sip
+    flags = {
+        "proxy": options.sip_outbound_proxy,
+        "username": options.sip_username,
+        "password": options.sip_password,
+        "password_file": options.sip_password_file,
+        "caller_id": options.sip_caller_id,
+    }
+    try:
+        trunks = load_trunks(options.sip_trunks, flags)
+        register = register_settings(
+            options.sip_register,
+            expires_s=options.sip_register_expires_s,
+            username=options.sip_username,
+            proxy=options.sip_outbound_proxy,
+            password=options.sip_password,
+            password_file=options.sip_password_file,
+        )
+    except TrunkError as exc:
+        raise ConfigError(str(exc)) from None
     return SipSettings(
         host=host,
         port=port,
@@ -318,6 +345,8 @@ def _sip_settings(options: ServeOptions) -> SipSettings | None:
         allow=options.sip_allow,
         rtp_ports=options.rtp_ports,
         ring_timeout_s=options.sip_ring_timeout_s,
+        trunks=trunks,
+        register=register,
     )
 
 

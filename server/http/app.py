@@ -13,6 +13,7 @@ import json
 import logging
 import os
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import aiohttp
 from aiohttp import WSCloseCode, web
@@ -134,6 +135,9 @@ async def _calls_context(app: web.Application) -> AsyncIterator[None]:
         sip = SipServer(calls, config.sip)
         await sip.start()
         app[SIP] = sip
+        if sip.registrar is not None:
+            registrar = sip.registrar
+            metrics.sip_registered.set_function(lambda: float(registrar.registered))
     directory_renewal = None
     if config.redis_url is not None:
         directory = CallDirectory(config.redis_url, config.reachable_at, lambda: list(calls.calls))
@@ -273,8 +277,8 @@ async def _hangup(request: web.Request) -> web.StreamResponse:
 
 
 async def _place_call(request: web.Request) -> web.Response:
-    """``{"to": "sip:user@host[:port]", "playbook"?: ID, "ring_timeout_s"?: S}`` ->
-    ``{"session_id"}``: an outbound SIP call, placed in the background (follow it with
+    """``{"to": "sip:user@host[:port]", "playbook"?: ID, "trunk"?: NAME, "ring_timeout_s"?: S}``
+    -> ``{"session_id"}``: an outbound SIP call, placed in the background (follow it with
     ``GET /calls/{id}``). 409 without ``--sip``."""
     _require_token(request)
     sip = request.app.get(SIP)
@@ -289,6 +293,7 @@ async def _place_call(request: web.Request) -> web.Response:
             body.to,
             body.playbook,
             ring_timeout_s=body.ring_timeout_s,
+            trunk=body.trunk,
             address=_client_address(request),
         )
     except ValueError as exc:
@@ -382,10 +387,19 @@ async def _health(request: web.Request) -> web.Response:
                 "cpu_limit": {"cores": calls.cpu_limit.cores, "source": calls.cpu_limit.source},
             },
             "refused_overloaded": calls.refused,
+            **_sip_health(request),
             "process": {"pid": os.getpid(), **process_snapshot()},
             "worker": request.app[CONFIG].worker_index,
         },
     )
+
+
+def _sip_health(request: web.Request) -> dict[str, Any]:
+    """The SIP registration's state, for ``/healthz`` (nothing without ``--sip-register``)."""
+    sip = request.app.get(SIP)
+    if sip is None or sip.registrar is None:
+        return {}
+    return {"sip_registration": sip.registrar.describe()}
 
 
 async def _metrics(request: web.Request) -> web.Response:

@@ -43,10 +43,15 @@ class OfferBody(_Body):
 
 
 class PlaceCallBody(_Body):
-    """``POST /calls``: the SIP URI to call, the playbook, and how long it may ring."""
+    """``POST /calls``: the SIP URI (or a number, with a trunk) to call, the playbook, the
+    trunk, and how long it may ring."""
 
-    to: str = Field(description="a SIP URI string, e.g. sip:alice@192.0.2.7:5060")
+    to: str = Field(
+        description="a SIP URI string, e.g. sip:alice@192.0.2.7:5060, or a number the trunk "
+        "calls at its host"
+    )
     playbook: str | None = Field(default=None, description="a string id")
+    trunk: str | None = Field(default=None, description="a trunk name (--sip-trunks)")
     ring_timeout_s: float | None = Field(
         default=None,
         gt=0,

@@ -60,6 +60,11 @@ class ServerMetrics:
         self.active_sessions = Gauge(
             "vocable_active_sessions", "Calls in progress.", registry=self.registry
         )
+        self.sip_registered = Gauge(
+            "vocable_sip_registered",
+            "1 while the SIP registration (--sip-register) holds, else 0 (absent without one).",
+            registry=self.registry,
+        )
         self.sessions = Counter("vocable_sessions", "Calls accepted.", registry=self.registry)
         self.turns = Counter(
             "vocable_turns", "User turns transcribed and answered.", registry=self.registry

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from importlib import metadata
 from typing import Any
 
-from aiosipua import IncomingCall, SipRequest, SipResponse
+from aiosipua import IncomingCall, Registration, SipRequest, SipResponse, SipUAC
 from aiosipua.dialog import Dialog
 from aiosipua.transport import SipTransport, UdpSipTransport
 
@@ -70,6 +70,18 @@ def _private_members() -> dict[str, bool]:
         )
         and list(inspect.signature(create_response).parameters)[:5]
         == ["self", "request", "status_code", "reason_phrase", "contact"],
+        "Registration._send_register(expires, auth_header=)": callable(
+            send_register := getattr(Registration, "_send_register", None)
+        )
+        and list(inspect.signature(send_register).parameters)[:3]
+        == ["self", "expires", "auth_header"],
+        "Registration._cancel_timers": callable(getattr(Registration, "_cancel_timers", None)),
+        "SipUAC._registrations": "self._registrations" in inspect.getsource(SipUAC.__init__),
+        "SipUAC._build_invite(dialog, sdp_offer=, user_agent=)": callable(
+            build_invite := getattr(SipUAC, "_build_invite", None)
+        )
+        and list(inspect.signature(build_invite).parameters)[:4]
+        == ["self", "dialog", "sdp_offer", "user_agent"],
     }
 
 
@@ -198,6 +210,12 @@ class UdpTransport(UdpSipTransport):
             log.warning("SIP message to %r port %r dropped: not an address", host, port)
             return
         super().send(message, addr)
+
+    def send_keepalive(self, addr: tuple[str, int]) -> None:
+        """A double CRLF to ``addr``: keeps a NAT binding toward a registrar open (a SIP
+        stack reads it as nothing). Nothing when the socket is not open."""
+        if self._udp_transport is not None:
+            self._udp_transport.sendto(b"\r\n\r\n", addr)
 
 
 def _release(version: str) -> tuple[int, int, int]:

@@ -13,15 +13,20 @@ Contract::
 callee answers anything (RFC 3261 Timer A, over UDP), and returns an :class:`OutboundLeg` once a
 200 OK is ACKed and its RTP socket is bound. Every other ending raises :class:`DialFailed`, whose
 :class:`DialResult` says which: ``busy`` (486, 600), ``no_answer`` (no final answer within
-``ring_timeout_s``: CANCEL sent; or 408/480), ``rejected`` (any other 3xx-6xx, including an auth
-challenge: digest authentication is not supported), ``failed`` (no route, an unusable SDP
-answer). Cancelling ``dial()`` sends CANCEL (or BYE if the answer won the race) and frees the
-port. Nothing of the leg is left behind whichever way ``dial()`` ends without returning it.
+``ring_timeout_s``: CANCEL sent; or 408/480), ``rejected`` (any other 3xx-6xx; a 401/407
+challenge is answered once with the trunk's credentials, ``authentication failed`` when they are
+refused), ``failed`` (no route, an unusable SDP answer). Cancelling ``dial()`` sends CANCEL (or
+BYE if the answer won the race) and frees the port. Nothing of the leg is left behind whichever
+way ``dial()`` ends without returning it.
 
 The leg does not pace itself (the caller of ``send_pcm`` does, every 20 ms) nor watch for silent
 media; the :class:`DialStack` comes from the running SIP endpoint (``SipServer.dialer``), which
-routes the callee's in-dialog requests (BYE, re-INVITE) to the leg. Signalling is UDP, sent
-straight to the URI's host and port (no DNS SRV, no outbound proxy, no Record-Route).
+routes the callee's in-dialog requests (BYE, re-INVITE) to the leg. Signalling is UDP, sent to
+the trunk's outbound proxy (with a ``Route`` naming it) or else straight to the URI's host and
+port (no DNS SRV). The answer's ``Contact`` and ``Record-Route`` set where the ACK and the
+dialog's later requests go (RFC 3261 12.1.2): through every proxy that asked to stay on the path.
+A :class:`~server.config.sip_trunks.Trunk` also gives the From (caller ID, display name) and
+``P-Asserted-Identity``.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from aiosipua import (
+    Dialog,
     DialogState,
     IncomingCall,
     OutgoingCall,
@@ -48,11 +54,15 @@ from aiosipua import (
     SipUAC,
     parse_sdp,
 )
+from aiosipua.header_codec import stringify_uri
+from aiosipua.headers import parse_address
 from aiosipua.rtp_bridge import CallSession
 from aiosipua.transport import SipTransport
 
+from server.config.sip_trunks import Trunk, parse_target
 from server.transports.phone.audio import Encoding, encode
 
+from .digest import DigestClient
 from .rtp_ports import NoFreePort, RtpPortLease, RtpPorts
 
 __all__ = [
@@ -98,40 +108,24 @@ class DialFailed(Exception):
         self.result = result
 
 
-def parse_target(uri: str) -> tuple[str, int]:
-    """The host and port (default 5060) of a ``sip:[user@]host[:port][;params]`` URI; raises
-    ValueError naming what is wrong."""
-    if not isinstance(uri, str) or not uri.lower().startswith("sip:"):
-        raise ValueError("the callee must be a sip: URI, e.g. sip:alice@192.0.2.7:5060")
-    rest = uri[4:].partition(";")[0].partition("?")[0]
-    hostport = rest.rpartition("@")[2]
-    if hostport.startswith("["):
-        host, _, tail = hostport[1:].partition("]")
-        port_text = tail.removeprefix(":") if tail.startswith(":") else ""
-        if tail and not tail.startswith(":"):
-            raise ValueError(f"bad host in {uri[:100]!r}")
-    else:
-        host, _, port_text = hostport.partition(":")
-    if not host or any(c.isspace() or c in "<>\"'" for c in uri):
-        raise ValueError(f"no host in {uri[:100]!r}")
-    if port_text and not (port_text.isascii() and port_text.isdigit()):
-        raise ValueError(f"bad port in {uri[:100]!r}")
-    port = int(port_text) if port_text else 5060
-    if not 0 < port < 65536:
-        raise ValueError(f"port {port} is out of range")
-    return host, port
-
-
 class _Uac(SipUAC):
     """aiosipua's UAC plus what it leaves out: an ACK for a non-2xx final answer (RFC 3261
-    17.1.1.3; without it the callee repeats its 486 for 32 s) and a record of which calls have
-    heard anything back (which stops the INVITE's retransmission)."""
+    17.1.1.3; without it the callee repeats its 486 for 32 s), a record of which calls have
+    heard anything back (which stops the INVITE's retransmission), a digest challenge answered
+    with every header of the INVITE kept, a From with a display name, and the answer's Contact
+    and Record-Route taken as the dialog's remote target and route set."""
 
     def __init__(self, transport: SipTransport, advertised_addr: tuple[str, int] | None) -> None:
         super().__init__(transport, advertised_addr=advertised_addr)
         self.invites: OrderedDict[str, tuple[SipRequest, tuple[str, int]]] = OrderedDict()
         """Recent INVITEs by Call-ID (bounded), to ACK their final answers, retransmitted too."""
         self.heard: set[str] = set()
+        self.credentials: dict[str, DigestClient] = {}
+        """The credentials a call's challenge is answered with, by Call-ID, until it is."""
+        self.challenged: set[str] = set()
+        """Calls whose challenge was answered (a second one means the credentials are wrong)."""
+        self.display_name: str | None = None
+        """The From display name of the next INVITE built (kept in its dialog's metadata)."""
 
     def track(self, call: OutgoingCall) -> None:
         self.invites[call.call_id] = (call.invite, call.remote_addr)
@@ -140,16 +134,87 @@ class _Uac(SipUAC):
 
     def forget(self, call_id: str) -> None:
         self.heard.discard(call_id)
+        self.credentials.pop(call_id, None)
+        self.challenged.discard(call_id)
+
+    def _build_invite(
+        self, dialog: Dialog, *, sdp_offer: SdpMessage | None, user_agent: str | None
+    ) -> SipRequest:
+        invite = super()._build_invite(dialog, sdp_offer=sdp_offer, user_agent=user_agent)
+        if self.display_name is not None and "display_name" not in dialog.metadata:
+            dialog.metadata["display_name"] = self.display_name
+        name = dialog.metadata.get("display_name")
+        if name:
+            quoted = name.replace("\\", "\\\\").replace('"', '\\"')
+            invite.headers.set_single(
+                "From", f'"{quoted}" <{dialog.local_uri}>;tag={dialog.local_tag}'
+            )
+        return invite
 
     def handle_response(self, response: SipResponse, addr: tuple[str, int]) -> None:
         call_id = response.call_id or ""
         cseq = response.cseq
         ours = self.invites.get(call_id)
         if ours is not None and cseq is not None and cseq.method.upper() == "INVITE":
-            self.heard.add(call_id)
-            if response.status_code >= 300:
+            status = response.status_code
+            if status >= 300:
                 self._ack_failure(ours[0], response, ours[1])
+                if status in (401, 407) and self._answer_challenge(call_id, response):
+                    return
+            self.heard.add(call_id)
+            if 200 <= status < 300:
+                self._follow_answer(call_id, response)
         super().handle_response(response, addr)
+
+    def _answer_challenge(self, call_id: str, response: SipResponse) -> bool:
+        """Send the INVITE again with credentials answering ``response``'s challenge; False
+        when there are none, or they were already refused once (the call is then rejected)."""
+        credentials = self.credentials.get(call_id)
+        call = self.get_call(call_id)
+        if credentials is None or call is None or call_id in self.challenged:
+            if credentials is not None:
+                credentials.forget()
+            return False
+        status = response.status_code
+        header = "Proxy-Authenticate" if status == 407 else "WWW-Authenticate"
+        answer = credentials.answer(
+            status, response.headers.get_first(header), "INVITE", call.invite.uri
+        )
+        if answer is None:
+            return False
+        self.challenged.add(call_id)
+        old = call.invite
+        invite = self._build_invite(call.dialog, sdp_offer=call.sdp_offer, user_agent=None)
+        for name, values in old.headers.items():
+            if name.lower() in ("authorization", "proxy-authorization") or name in invite.headers:
+                continue
+            for value in values:
+                invite.headers.append(name, value)
+        invite.headers.set_single(*answer)
+        self.transactions.create_client(invite)
+        self.transport.send(invite, call.remote_addr)
+        call.invite = invite
+        self.track(call)
+        return True
+
+    def _follow_answer(self, call_id: str, response: SipResponse) -> None:
+        """Take the 2xx's Contact as the remote target and its Record-Route, reversed, as the
+        route set (RFC 3261 12.1.2); the ACK and later requests go to the first route (loose
+        routing), else where the INVITE went."""
+        call = self.get_call(call_id)
+        if call is None or call.dialog.state is not DialogState.EARLY:
+            return
+        contact = response.headers.get_first("contact")
+        if contact:
+            with contextlib.suppress(ValueError):
+                call.dialog.remote_target = stringify_uri(parse_address(contact).uri)
+        routes = [r.strip() for v in response.headers.get("record-route") for r in v.split(",")]
+        if not routes:
+            return
+        call.dialog.route_set = list(reversed(routes))
+        with contextlib.suppress(ValueError):
+            first = parse_address(call.dialog.route_set[0]).uri
+            call.remote_addr = (first.host.strip("[]"), first.port or 5060)
 
     def _ack_failure(
         self, invite: SipRequest, response: SipResponse, addr: tuple[str, int]
@@ -162,6 +227,8 @@ class _Uac(SipUAC):
             value = invite.headers.get_first(name)
             if value:
                 ack.headers.set_single(name, value)
+        for route in invite.headers.get("route"):
+            ack.headers.append("Route", route)
         to = response.headers.get_first("to")
         if to:
             ack.headers.set_single("To", to)
@@ -196,6 +263,17 @@ class DialStack:
         """Answered legs by SIP Call-ID."""
         self.peers: set[str] = set()
         """Addresses being dialed or in a call (their answers pass an allowlist)."""
+        self.digests: dict[str, DigestClient] = {}
+        """Each trunk's credentials, with the nonce its proxy last gave (by trunk name)."""
+
+    def digest(self, trunk: Trunk) -> DigestClient | None:
+        """The trunk's credentials (kept across calls, for their nonce); None without any."""
+        if trunk.username is None or trunk.password is None:
+            return None
+        client = self.digests.get(trunk.name)
+        if client is None or client.username != trunk.username:
+            client = self.digests[trunk.name] = DigestClient(trunk.username, trunk.password)
+        return client
 
     def signalling_addr(self) -> tuple[str, int]:
         return self.uac.advertised_addr or self.uac.transport.local_addr
@@ -319,13 +397,17 @@ async def dial(
     to_uri: str,
     *,
     ring_timeout_s: float,
+    trunk: Trunk | None = None,
     from_user: str = "vocable",
     headers: Mapping[str, str] | None = None,
     on_ringing: Callable[[], None] | None = None,
 ) -> OutboundLeg:
-    """Call ``to_uri`` (see the module docstring); ``headers`` are added to the INVITE,
-    ``on_ringing`` runs on each 180/183. Raises DialFailed, or ValueError for a bad URI."""
+    """Call ``to_uri`` (see the module docstring) through ``trunk`` (None: straight to the
+    URI's host, as ``from_user``); ``headers`` are added to the INVITE, ``on_ringing`` runs on
+    each 180/183. Raises DialFailed, or ValueError for a bad URI."""
     host, port = parse_target(to_uri)
+    if trunk is not None and trunk.proxy is not None:
+        host, port = trunk.proxy
     try:
         infos = await asyncio.get_running_loop().getaddrinfo(
             host, port, type=socket.SOCK_DGRAM, family=_family(stack.host)
@@ -341,11 +423,41 @@ async def dial(
     with contextlib.ExitStack() as unless_answered:
         unless_answered.callback(lease.release)
         unless_answered.callback(stack.peers.discard, remote[0])
-        leg = await _invite(
-            stack, to_uri, remote, lease, ring_timeout_s, from_user, headers, on_ringing
-        )
+        identity = _Identity.of(stack, trunk, from_user, dict(headers or {}), remote)
+        leg = await _invite(stack, to_uri, remote, lease, ring_timeout_s, identity, on_ringing)
         unless_answered.pop_all()
     return leg
+
+
+@dataclass(frozen=True)
+class _Identity:
+    """Who the INVITE says is calling, and what it carries for the trunk."""
+
+    from_uri: str
+    display_name: str | None
+    headers: dict[str, str]
+    credentials: DigestClient | None
+
+    @classmethod
+    def of(
+        cls,
+        stack: DialStack,
+        trunk: Trunk | None,
+        from_user: str,
+        headers: dict[str, str],
+        remote: tuple[str, int],
+    ) -> _Identity:
+        sip_host, sip_port = stack.signalling_addr()
+        here = _hostport(sip_host, sip_port)
+        if trunk is None:
+            return cls(f"sip:{from_user}@{here}", None, headers, None)
+        user = trunk.caller_id or from_user
+        if trunk.proxy is not None:
+            headers["Route"] = f"<sip:{_hostport(*remote)};lr>"
+        if trunk.asserted_identity is not None:
+            headers["P-Asserted-Identity"] = f"<{trunk.asserted_identity}>"
+        domain = trunk.host or here
+        return cls(f"sip:{user}@{domain}", trunk.display_name, headers, stack.digest(trunk))
 
 
 async def _invite(
@@ -354,30 +466,38 @@ async def _invite(
     remote: tuple[str, int],
     lease: RtpPortLease,
     ring_timeout_s: float,
-    from_user: str,
-    headers: Mapping[str, str] | None,
+    identity: _Identity,
     on_ringing: Callable[[], None] | None,
 ) -> OutboundLeg:
     uac = stack.uac
     media_ip = stack.media_ip(remote[0])
     offer = _offer(media_ip, lease.port)
-    sip_host, sip_port = stack.signalling_addr()
-    from_uri = f"sip:{from_user}@{_hostport(sip_host, sip_port)}"
     answered: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
 
     def settle(status: int, reason: str) -> None:
         if not answered.done():
             answered.set_result((status, reason))
 
-    call = uac.send_invite(
-        from_uri,
-        to_uri,
-        remote,
-        offer,
-        extra_headers=dict(headers or {}),
-        user_agent=stack.user_agent,
-    )
+    headers = dict(identity.headers)
+    if identity.credentials is not None:  # the trunk's last nonce, if it is still good
+        ahead = identity.credentials.ahead("INVITE", to_uri)
+        if ahead is not None:
+            headers[ahead[0]] = ahead[1]
+    uac.display_name = identity.display_name
+    try:
+        call = uac.send_invite(
+            identity.from_uri,
+            to_uri,
+            remote,
+            offer,
+            extra_headers=headers,
+            user_agent=stack.user_agent,
+        )
+    finally:
+        uac.display_name = None
     uac.track(call)
+    if identity.credentials is not None:
+        uac.credentials[call.call_id] = identity.credentials
     call.on_ringing = lambda _call: on_ringing() if on_ringing is not None else None
     call.on_answer = lambda _call: settle(200, "OK")
     call.on_rejected = lambda _call, status, reason: settle(status, reason)
@@ -396,8 +516,10 @@ async def _invite(
     finally:
         resend.cancel()
     if status != 200:
+        authenticated = call.call_id in uac.challenged
         uac.forget(call.call_id)
-        raise DialFailed(_failure(status, reason))
+        raise DialFailed(_failure(status, reason, identity.credentials, authenticated))
+    uac.credentials.pop(call.call_id, None)
     try:
         return await _connect(stack, call, offer, media_ip, lease, remote[0])
     except BaseException:
@@ -460,14 +582,24 @@ def _abandon(uac: _Uac, call: OutgoingCall) -> None:
     uac.forget(call.call_id)
 
 
-def _failure(status: int, reason: str) -> DialResult:
+def _failure(
+    status: int, reason: str, credentials: DigestClient | None, authenticated: bool
+) -> DialResult:
     text = f"{status} {reason}".strip()
     if status in BUSY:
         return DialResult("busy", status, f"busy ({text})")
     if status in NO_ANSWER:
         return DialResult("no_answer", status, f"no answer ({text})")
+    if status in (401, 407) and credentials is None:
+        return DialResult(
+            "rejected", status, f"rejected ({text}): the trunk asks for credentials, none are set"
+        )
+    if status in (401, 407) and authenticated:
+        return DialResult("rejected", status, f"authentication failed ({text})")
     if status in (401, 407):
-        return DialResult("rejected", status, f"{text}: digest authentication is not supported")
+        return DialResult(
+            "rejected", status, f"rejected ({text}): its challenge cannot be answered"
+        )
     return DialResult("rejected", status, f"rejected ({text})")
 
 

@@ -21,6 +21,7 @@ from playbooks.models import Voicemail
 from server.call.pickup import Pickup, PickupSettings
 from server.call.session import Session
 from server.config.server import SipSettings
+from server.config.sip_trunks import Trunk
 from server.runtime.registry import CallRegistry
 from server.transports.phone.line import PhoneCall
 
@@ -52,6 +53,7 @@ class OutboundCall(PhoneCall):
         ring_timeout_s: float,
         settings: SipSettings,
         voicemail: Voicemail,
+        trunk: Trunk | None = None,
     ) -> None:
         super().__init__(
             registry, call_id, session, "slin", 8000, media_timeout_s=settings.media_timeout_s
@@ -62,6 +64,7 @@ class OutboundCall(PhoneCall):
         self.ring_timeout_s = ring_timeout_s
         self.settings = settings
         self.voicemail = voicemail
+        self.trunk = trunk
         self.state: CallState = "ringing"
         self.result: DialOutcome | None = None
         self.status: int | None = None
@@ -83,6 +86,7 @@ class OutboundCall(PhoneCall):
             "session_id": self.id,
             "to": self.to_uri,
             "playbook": self.playbook_id,
+            "trunk": None if self.trunk is None else self.trunk.name,
             "state": self.state,
             "result": self.result,
             "status": self.status,
@@ -122,6 +126,7 @@ class OutboundCall(PhoneCall):
                 self.stack,
                 self.to_uri,
                 ring_timeout_s=self.ring_timeout_s,
+                trunk=self.trunk,
                 from_user=self.playbook_id,
                 headers={SESSION_HEADER: self.id},
             )

@@ -39,6 +39,7 @@ from server.admission.ratelimit import RateLimited
 from server.call.recordings import OPT_OUT_HEADER, wants_recording
 from server.call.session import Session
 from server.config.server import SipSettings
+from server.config.sip_trunks import pick_trunk
 from server.runtime.registry import CallRegistry, OverCapacity
 
 from .call import PHONE_RATE, SipCall
@@ -52,6 +53,7 @@ from .compat import (
 )
 from .dialer import DialStack, parse_target
 from .outbound import SESSION_HEADER, OutboundCall
+from .registration import Registrar
 from .rfc3261 import USER_AGENT, guard
 from .rtp_ports import NoFreePort, RtpPorts
 from .sdp import CODECS, host_ip, media_problem, offered_dtmf_type, sendable
@@ -87,6 +89,8 @@ class SipServer:
         """Outgoing legs (``dialer.dial``) over the UDP socket, once started."""
         self.outbound: dict[str, OutboundCall] = {}
         """Calls placed by ``POST /calls`` by session id: live ones and the latest ended."""
+        self.registrar: Registrar | None = None
+        """The registration at a PBX (``--sip-register``), once started."""
 
     async def start(self) -> None:
         """Listen; raises SipStackMismatch when the installed aiosipua is not a tested one,
@@ -123,8 +127,20 @@ class SipServer:
             self._agents.append(agent)
         if not self.settings.allow and not ipaddress.ip_address(host_ip(host)).is_loopback:
             log.warning("SIP on %s:%d answers any source; set --sip-allow", host, self.port)
+        if self.settings.register is not None:
+            register = self.settings.register
+            contact_host = self.dialer.media_ip(register.registrar[0])
+            contact = f"sip:{register.user}@{_hostport(contact_host, self.port)}"
+            self.registrar = Registrar(self.dialer, udp, register, contact)
+            self.registrar.start()
+
+    async def unregister(self) -> None:
+        """Remove the registration (on drain: the PBX stops sending calls here)."""
+        if self.registrar is not None:
+            await self.registrar.close()
 
     async def close(self) -> None:
+        await self.unregister()
         live = [*self.calls.values(), *self.outbound.values()]
         await asyncio.gather(
             *(call.hangup("server shutting down") for call in live), return_exceptions=True
@@ -141,6 +157,9 @@ class SipServer:
     def _allowed(self, addr: tuple[str, int]) -> bool:
         if not self.settings.allow or (self.dialer is not None and addr[0] in self.dialer.peers):
             return True
+        register = self.settings.register
+        if register is not None and addr[0] == register.registrar[0]:
+            return True  # its answers, and the calls it routes to the extension
         try:
             source = ipaddress.ip_address(addr[0])
         except ValueError:
@@ -275,14 +294,20 @@ class SipServer:
         playbook: str | None,
         *,
         ring_timeout_s: float | None = None,
+        trunk: str | None = None,
         address: str | None = None,
     ) -> OutboundCall:
-        """Admit and start an outbound call to ``to_uri`` running ``playbook`` (default: the
-        server's); ``address`` is the requesting client's, for the rate limit. Raises
-        ValueError (a bad URI), UnknownPlaybook, OverCapacity, RateLimited, RuntimeError (not
+        """Admit and start an outbound call to ``to_uri`` (a SIP URI, or a number the trunk
+        calls at its host) running ``playbook`` (default: the server's), through the trunk
+        named ``trunk`` (default: :func:`~server.config.sip_trunks.pick_trunk`'s); ``address``
+        is the requesting client's, for the rate limit. Raises ValueError (a bad URI, an
+        unknown trunk), UnknownPlaybook, OverCapacity, RateLimited, RuntimeError (not
         started)."""
         if self.dialer is None:
             raise RuntimeError("the SIP endpoint is not started")
+        way_out = pick_trunk(self.settings.trunks, trunk)
+        if way_out is not None:
+            to_uri = way_out.target(to_uri)
         parse_target(to_uri)
         registry = self.registry
         dialer = self.dialer
@@ -299,6 +324,7 @@ class SipServer:
                 ring_timeout_s or self.settings.ring_timeout_s,
                 self.settings,
                 registry.engines.playbooks[playbook_id].spec.voicemail,
+                way_out,
             )
 
         call = registry.open(build, rate=PHONE_RATE, playbook=playbook_id, address=address)
@@ -310,7 +336,8 @@ class SipServer:
                 break
             del self.outbound[oldest]
         call.start()
-        log.info("SIP outbound call %s to %s (playbook %s)", call_id, to_uri, playbook_id)
+        via = "" if way_out is None else f", trunk {way_out.name}"
+        log.info("SIP outbound call %s to %s (playbook %s%s)", call_id, to_uri, playbook_id, via)
         return call
 
     def _forget(self, call: SipCall) -> None:
@@ -375,6 +402,10 @@ def _local_ip_towards(peer: str) -> str:
     with socket.socket(family, socket.SOCK_DGRAM) as probe:
         probe.connect((peer, 9))  # UDP connect sends nothing; it only picks the route
         return str(probe.getsockname()[0])
+
+
+def _hostport(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _free_port(host: str) -> int:

@@ -1,0 +1,199 @@
+"""Vocable as a PBX extension (``--sip-register``): it keeps its contact bound at a registrar,
+so calls to the extension reach the agent.
+
+aiosipua's :class:`~aiosipua.Registration` sends the REGISTERs, answers the digest challenge
+and refreshes at 90 % of the interval granted. :class:`Registrar` keeps it going through what a
+deployment meets:
+
+- a REGISTER nobody answers (over UDP, aiosipua sends it once) is sent again at 0.5, 1, 2 and
+  4 s (RFC 3261 Timer E), then counted as a failure;
+- after a failure (no answer, a 403, a password refused) it registers again after 1, 2, 4 ...
+  up to 60 s, and at once when a binding expires unrefreshed;
+- a keep-alive (a double CRLF) goes to the registrar every ``keepalive_s`` so a NAT's UDP
+  binding stays open between refreshes (RFC 5626 3.5.1 asks for STUN on UDP: not done);
+- on drain it unregisters (``Expires: 0``), waiting briefly for the answer.
+
+:meth:`Registrar.describe` is what ``/healthz`` shows; :attr:`Registrar.registered` what
+``/metrics`` counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+from aiosipua import Registration, RegistrationState, SipDigestAuth, SipRequest
+
+from server.config.sip_trunks import RegisterSettings
+
+from .compat import UdpTransport
+from .dialer import DialStack
+
+__all__ = ["Registrar"]
+
+log = logging.getLogger(__name__)
+
+RETRANSMIT_S = (0.5, 1.0, 2.0, 4.0)
+"""When an unanswered REGISTER is sent again (RFC 3261 Timer E, from T1 doubling)."""
+BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0)
+"""Waits before registering again after successive failures."""
+UNREGISTER_WAIT_S = 2.0
+
+
+class _Registration(Registration):
+    """aiosipua's registration, remembering the REGISTER it sent last (the one to send again
+    while it is unanswered: after a challenge, the one with credentials)."""
+
+    sent: SipRequest | None = None
+
+    def _send_register(
+        self, expires: int, *, auth_header: tuple[str, str] | None = None
+    ) -> SipRequest:
+        self.sent = super()._send_register(expires, auth_header=auth_header)
+        return self.sent
+
+
+class Registrar:
+    """Keeps one registration alive on ``stack``'s UDP socket. :meth:`start`, then
+    :meth:`close` on drain."""
+
+    def __init__(
+        self, stack: DialStack, transport: UdpTransport, settings: RegisterSettings, contact: str
+    ) -> None:
+        self.settings = settings
+        self.stack = stack
+        self._transport = transport
+        self.contact = contact
+        """The URI calls to the extension reach (``sip:user@host:port``)."""
+        self.registration = _Registration(
+            stack.uac,
+            settings.aor,
+            settings.registrar,
+            expires=settings.expires_s,
+            auth=SipDigestAuth(settings.username, settings.password.reveal()),
+            contact_uri=contact,
+            user_agent=stack.user_agent,
+        )
+        self._changed = asyncio.Event()
+        self.registration.on_registered = lambda _r: self._changed.set()
+        self.registration.on_failed = self._failed
+        self.registration.on_expired = lambda _r: self._changed.set()
+        self.last_error: str | None = None
+        self.registered_at: float | None = None
+        self.failures = 0
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def state(self) -> str:
+        return self.registration.state.value
+
+    @property
+    def registered(self) -> bool:
+        return self.registration.state is RegistrationState.REGISTERED
+
+    def describe(self) -> dict[str, Any]:
+        """The registration as ``/healthz`` shows it (no credentials)."""
+        return {
+            "aor": self.settings.aor,
+            "contact": self.contact,
+            "state": self.state,
+            "expires_s": self.registration.granted_expires or None,
+            "registered_at": self.registered_at,
+            "last_error": self.last_error,
+        }
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"sip-register:{self.settings.aor}")
+
+    async def close(self) -> None:
+        """Unregister (waiting up to ``UNREGISTER_WAIT_S`` for the answer) and stop."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self.registered:
+            self._changed.clear()
+            self.registration.unregister()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(UNREGISTER_WAIT_S):
+                    while self.registration.state is not RegistrationState.UNREGISTERED:
+                        await self._changed.wait()
+                        self._changed.clear()
+        self.registration._cancel_timers()
+        self.stack.uac._registrations.pop(self.registration.call_id, None)
+
+    async def _run(self) -> None:
+        keepalive = asyncio.create_task(self._keep_alive(), name="sip-register-keepalive")
+        try:
+            while True:
+                if await self._register_once():
+                    self.failures = 0
+                    await self._until_lost()
+                    continue
+                delay = BACKOFF_S[min(self.failures, len(BACKOFF_S) - 1)]
+                self.failures += 1
+                log.warning(
+                    "SIP registration of %s failed (%s); again in %g s",
+                    self.settings.aor,
+                    self.last_error,
+                    delay,
+                )
+                await asyncio.sleep(delay)
+        finally:
+            keepalive.cancel()
+
+    async def _register_once(self) -> bool:
+        """Send a REGISTER (again while unanswered); True once registered."""
+        self._changed.clear()
+        self.registration.register()
+        for wait in (*RETRANSMIT_S, None):
+            try:
+                async with asyncio.timeout(wait if wait is not None else 8.0):
+                    await self._changed.wait()
+            except TimeoutError:
+                if wait is None:
+                    self.last_error = "no answer from the registrar"
+                    return False
+                if self.registration.sent is not None:
+                    self._transport.send(self.registration.sent, self.settings.registrar)
+                continue
+            if self.registered:
+                self.registered_at = time.time()
+                self.last_error = None
+                log.info(
+                    "SIP registered %s as %s for %d s",
+                    self.settings.aor,
+                    self.contact,
+                    self.registration.granted_expires,
+                )
+                return True
+            if self.registration.state is RegistrationState.FAILED:
+                return False
+            self._changed.clear()  # an answer that did not settle it (a challenge answered)
+        return False
+
+    async def _until_lost(self) -> None:
+        """While registered: aiosipua refreshes; a refresh that fails, or a binding that
+        expires, ends this (a refresh that is lost on the way expires)."""
+        while True:
+            self._changed.clear()
+            await self._changed.wait()
+            if self.registered:
+                self.registered_at = time.time()
+                continue
+            if self.registration.state is RegistrationState.EXPIRED:
+                self.last_error = "the binding expired unrefreshed"
+            return
+
+    def _failed(self, _registration: Registration, status: int, reason: str) -> None:
+        self.last_error = f"{status} {reason}".strip()
+        self._changed.set()
+
+    async def _keep_alive(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.keepalive_s)
+            self._transport.send_keepalive(self.settings.registrar)

@@ -1,0 +1,218 @@
+"""SIP trunks and registration against a real PBX: Debian's Kamailio (``tests/kamailio/pbx.cfg``)
+as an outbound proxy that challenges every INVITE with 407 digest authentication, as carriers
+do, and as a registrar (401 digest, usrloc in memory) that routes calls for ``agent`` to the
+contact Vocable registered.
+
+Vocable answers the challenge with the trunk's credentials (MD5 and SHA-256, ``qop=auth``),
+carries them ahead on the proxy's nonce for the next call (no second challenge), shows the
+trunk's caller ID, display name and P-Asserted-Identity, and names a refused password as such;
+no password reaches a log line. As an extension, Vocable registers, takes a call routed to its
+contact, registers again after the registrar restarts (its bindings lost), and unregisters on
+drain; ``/healthz`` and ``/metrics`` show the registration. The call that is answered and
+talks through the proxy is in ``tests/test_outbound_calls.py`` (baresip as the callee).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestServer
+
+from server.config.server import ServerConfig, SipSettings
+from server.config.sip_trunks import RegisterSettings, Secret, Trunk
+from server.http.app import SIP
+from server.testkit.sip_phone import SipPhone
+from tests.support.calls import voice_server
+from tests.support.kamailio import PBX_CONFIG, Kamailio, run_kamailio
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
+
+PASSWORD = "correct horse battery"
+WRONG = "wrong horse battery"
+
+
+def trunks(kamailio: Kamailio, password: str | None) -> dict[str, Trunk]:
+    return {
+        "pbx": Trunk(
+            "pbx",
+            proxy=("127.0.0.1", kamailio.port),
+            username=None if password is None else "vocable",
+            password=None if password is None else Secret(password),
+            caller_id="+15551230000",
+            display_name="Acme Deliveries",
+            asserted_identity="sip:+15551230000@pbx.example",
+        )
+    }
+
+
+def extension(kamailio: Kamailio, password: str, expires_s: int = 300) -> RegisterSettings:
+    return RegisterSettings(
+        f"sip:agent@127.0.0.1:{kamailio.port}",
+        ("127.0.0.1", kamailio.port),
+        "agent",
+        Secret(password),
+        expires_s=expires_s,
+    )
+
+
+@asynccontextmanager
+async def _server(
+    trunks: dict[str, Trunk], register: RegisterSettings | None = None
+) -> AsyncIterator[TestServer]:
+    settings = SipSettings(
+        host="127.0.0.1", port=0, ring_timeout_s=10, trunks=trunks, register=register
+    )
+    async with voice_server(None, ServerConfig(sip=settings, rate_limit_per_min=0)) as server:
+        yield server
+
+
+async def _place(server: TestServer, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(server.make_url("/calls"), json=body) as response,
+    ):
+        return response.status, await response.json()
+
+
+async def _ended(server: TestServer, body: dict[str, Any]) -> dict[str, Any]:
+    """Place a call and wait for it to end; its ``GET /calls/{id}`` description."""
+    status, placed = await _place(server, body)
+    assert status == 201, placed
+    async with aiohttp.ClientSession() as http:
+        url = server.make_url(f"/calls/{placed['session_id']}")
+        async with asyncio.timeout(15):
+            while True:
+                async with http.get(url) as response:
+                    described: dict[str, Any] = await response.json()
+                if described["state"] == "ended":
+                    return described
+                await asyncio.sleep(0.05)
+
+
+@pytest.mark.parametrize("algorithm", ["MD5", "SHA-256"])
+async def test_calls_through_a_challenging_proxy_authenticate_once_per_nonce(
+    tmp_path: Path, algorithm: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    defines = {"PASSWORD": PASSWORD, "ALGORITHM": algorithm}
+    with run_kamailio(tmp_path, PBX_CONFIG, defines) as kamailio:
+        async with _server(trunks(kamailio, PASSWORD)) as server:
+            first = await _ended(server, {"to": "busy", "trunk": "pbx"})
+            second = await _ended(server, {"to": "busy"})  # the only trunk: the default
+        log = kamailio.log_text()
+
+    for described in (first, second):  # through the proxy, past its challenge, to its 486
+        assert (described["result"], described["status"]) == ("busy", 486), described
+        assert described["to"].startswith("sip:busy@127.0.0.1:"), described
+        assert described["trunk"] == "pbx"
+    assert log.count("challenged") == 1, log  # the second INVITE carried credentials ahead
+    authenticated = [line for line in log.splitlines() if "authenticated" in line]
+    assert len(authenticated) == 2, log
+    for line in authenticated:
+        assert "from sip:+15551230000@127.0.0.1" in line, line
+        assert "Acme Deliveries" in line, line
+        assert "PAI sip:+15551230000@pbx.example" in line, line
+    assert PASSWORD not in caplog.text
+
+
+async def _health(server: TestServer) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as http, http.get(server.make_url("/healthz")) as got:
+        health: dict[str, Any] = await got.json()
+        return health
+
+
+async def _registration(server: TestServer, state: str) -> dict[str, Any]:
+    """``/healthz``'s registration once it is in ``state`` (within 10 s)."""
+    async with asyncio.timeout(10):
+        while (found := (await _health(server))["sip_registration"])["state"] != state:  # noqa: ASYNC110 - read over HTTP
+            await asyncio.sleep(0.05)
+    return found
+
+
+async def _metrics(server: TestServer) -> str:
+    async with aiohttp.ClientSession() as http, http.get(server.make_url("/metrics")) as got:
+        return await got.text()
+
+
+async def _call_agent(kamailio: Kamailio) -> int:
+    """Call ``sip:agent@`` at the PBX; the final status (a 200 is hung up at once)."""
+    phone = await SipPhone.open(kamailio.port)
+    try:
+        answer = await phone.invite("agent")
+        if answer.status_code == 200:
+            assert phone.session_id, "the answer came without X-Vocable-Session"
+            assert (await phone.bye()).status_code == 200
+        return answer.status_code
+    finally:
+        await phone.close()
+
+
+async def test_an_extension_registers_takes_calls_and_registers_again_after_a_restart(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    defines = {"PASSWORD": PASSWORD}
+    with contextlib.ExitStack() as first_run:
+        kamailio = first_run.enter_context(run_kamailio(tmp_path / "first", PBX_CONFIG, defines))
+        async with _server({}, extension(kamailio, PASSWORD, expires_s=2)) as server:
+            sip = server.app[SIP]
+            registered = await _registration(server, "registered")
+            assert registered["contact"] == f"sip:agent@127.0.0.1:{sip.port}"
+            assert registered["expires_s"] == 2
+            assert "vocable_sip_registered 1.0" in await _metrics(server)
+            assert await _call_agent(kamailio) == 200
+
+            first_run.close()  # the registrar restarts, its bindings lost
+            restart = run_kamailio(tmp_path / "second", PBX_CONFIG, defines, port=kamailio.port)
+            with restart as restarted:
+                restarted_at = time.monotonic()
+                async with asyncio.timeout(3.0):  # the refresh interval (1.8 s), and a margin
+                    while "REGISTER of sip:agent@" not in restarted.log_text():  # noqa: ASYNC110 - a file
+                        await asyncio.sleep(0.05)
+                await _registration(server, "registered")
+                again_s = time.monotonic() - restarted_at
+                assert await _call_agent(restarted) == 200
+
+                await sip.unregister()  # on drain
+                assert (await _registration(server, "unregistered"))["expires_s"] is None
+                assert await _call_agent(restarted) == 404
+            assert "vocable_sip_registered 0.0" in await _metrics(server)
+    assert again_s <= 2.5, again_s
+    assert PASSWORD not in caplog.text
+
+
+async def test_a_refused_password_and_a_missing_one_are_named(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    with run_kamailio(tmp_path, PBX_CONFIG, {"PASSWORD": PASSWORD}) as kamailio:
+        wrong = trunks(kamailio, WRONG)
+        bare = {"open": trunks(kamailio, None)["pbx"]}
+        ways = {**wrong, "open": Trunk("open", proxy=bare["open"].proxy)}
+        async with _server(ways, extension(kamailio, WRONG)) as server:
+            refused = await _ended(server, {"to": "+1 555 765 4321", "trunk": "pbx"})
+            unasked = await _ended(server, {"to": "+15557654321", "trunk": "open"})
+            status, unknown = await _place(server, {"to": "+15557654321", "trunk": "nope"})
+            status_unnamed, unnamed = await _place(server, {"to": "+15557654321"})
+            failed = await _registration(server, "failed")
+
+    assert refused["to"] == f"sip:+15557654321@127.0.0.1:{kamailio.port}"
+    assert (refused["result"], refused["status"]) == ("rejected", 407)
+    assert refused["reason"] == "authentication failed (407 Proxy Authentication Required)"
+    assert (unasked["result"], unasked["status"]) == ("rejected", 407)
+    assert "the trunk asks for credentials, none are set" in unasked["reason"]
+    assert status == 400
+    assert unknown["error"] == "unknown trunk 'nope' (trunks: open, pbx)"
+    assert status_unnamed == 400
+    assert "name a trunk: one of open, pbx" in unnamed["error"]
+    assert failed["last_error"] == "401 Unauthorized", failed
+    assert WRONG not in caplog.text
