@@ -31,6 +31,7 @@ from server.config.server import (
     ServerConfig,
     SipSettings,
 )
+from server.config.sip_trunks import Secret
 from tests.conftest import REPO
 
 BY_NAME = {option.name: option for option in OPTIONS}
@@ -126,6 +127,11 @@ def test_every_bad_value_is_named_on_one_line() -> None:
             {},
             "vocable: turn model /nonexistent/turn.onnx: no such file",
         ),
+        (
+            ["--sip", "5060", "--sip-trunks", "/nonexistent/trunks.yaml", "--llm", "none"],
+            {},
+            "vocable: --sip-trunks: cannot read /nonexistent/trunks.yaml: FileNotFoundError",
+        ),
     ],
 )
 def test_vocable_serve_refuses_in_one_line_with_status_2(
@@ -200,13 +206,71 @@ def test_recording_options_make_the_recording_settings(tmp_path: Path) -> None:
 
 
 def test_secrets_stay_out_of_the_repr() -> None:
-    options, _ = parse_serve_options(
-        ["--auth-token", "tok-1", "--turn-credential", "cred-2", "--inference-api-key", "key-3"],
-        {},
+    options, args = parse_serve_options(
+        [
+            *("--auth-token", "tok-1", "--turn-credential", "cred-2", "--ice-server", "turn:t"),
+            *("--inference-api-key", "key-3", "--sip", "5060", "--sip-username", "trunk"),
+            *("--sip-auth", "pbx", "--sip-register", "sip:agent@pbx.example"),
+        ],
+        {"VOCABLE_SIP_PASSWORD": "pass-4", "VOCABLE_SIP_AUTH_PASSWORD": "pass-5"},
     )
     assert options.auth_token == "tok-1"
-    for secret in ("tok-1", "cred-2", "key-3"):
+    config = ServerConfig.from_args(args, env={})
+    assert config.sip is not None
+    assert config.sip.trunks["default"].password == Secret("pass-4")
+    assert config.sip.auth is not None
+    assert config.sip.auth.password.reveal() == "pass-5"
+    for secret in ("tok-1", "cred-2", "key-3", "pass-4", "pass-5"):
         assert secret not in repr(options)
+        assert secret not in repr(config)
+        assert secret not in str(config.sip.trunks)
+
+
+@pytest.mark.parametrize(
+    ("argv", "trunks", "line"),
+    [
+        (["--sip-trunks", "{trunks}"], "trunks: {pbx: {proxy: pbx, passwrd: x}}", (
+            "--sip-trunks: {trunks}: trunks.pbx.passwrd: Extra inputs are not permitted"
+        )),
+        (["--sip-trunks", "{trunks}"], "trunks: {pbx: {proxy: pbx, username: u}}", (
+            "--sip-trunks: {trunks}: trunks.pbx: Value error, a username needs a password "
+            "(password, password_env or _file)"
+        )),
+        (["--sip-trunks", "{trunks}"], "trunks: {pbx: {username: u, password_env: NO_SUCH}}", (
+            "trunk 'pbx': the environment variable NO_SUCH is not set"
+        )),
+        (["--sip-trunks", "{trunks}"], "trunks: [", "--sip-trunks: {trunks} is not YAML: "),
+        (["--sip-username", "u"], None, (
+            "trunk 'default': give the password once, as one of --sip-password, "
+            "VOCABLE_SIP_PASSWORD or --sip-password-file"
+        )),
+        (["--sip-username", "u", "--sip-password-file", "/nonexistent/pw"], None, (
+            "trunk 'default': cannot read /nonexistent/pw: FileNotFoundError"
+        )),
+        (["--sip-outbound-proxy", "sip:pbx:99999"], None, (
+            "trunk 'default': proxy: port 99999 is out of range"
+        )),
+        (["--sip-register", "agent@pbx"], None, (
+            "--sip-register: 'agent@pbx' is not a sip:user@registrar URI"
+        )),
+        (["--sip-auth", "pbx"], None, (
+            "--sip-auth: give the password once, as one of --sip-auth-password, "
+            "VOCABLE_SIP_AUTH_PASSWORD or --sip-auth-password-file"
+        )),
+    ],
+)  # fmt: skip
+def test_sip_settings_that_cannot_be_used_are_refused_in_one_line(
+    tmp_path: Path, argv: list[str], trunks: str | None, line: str
+) -> None:
+    path = tmp_path / "trunks.yaml"
+    if trunks is not None:
+        path.write_text(trunks)
+    argv = [arg.replace("{trunks}", str(path)) for arg in argv]
+    _, args = parse_serve_options(["--sip", "5060", *argv], {})
+    with pytest.raises(ConfigError) as refused:
+        ServerConfig.from_args(args, env={})
+    assert str(refused.value).startswith(line.replace("{trunks}", str(path)))
+    assert "\n" not in str(refused.value)
 
 
 # -- one default each ----------------------------------------------------------------------------

@@ -20,6 +20,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from ipaddress import ip_network
 from pathlib import Path
 from typing import Any
 
@@ -28,14 +29,17 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from server.config.server import ServerConfig, SipSettings
-from server.config.sip_trunks import RegisterSettings, Secret, Trunk
+from server.config.sip_trunks import InboundAuth, RegisterSettings, Secret, Trunk
 from server.http.app import SIP
 from server.testkit.sip_phone import SipPhone
+from server.transports.sip.digest import DigestClient
 from tests.support.calls import voice_server
 from tests.support.kamailio import PBX_CONFIG, Kamailio, run_kamailio
+from tests.support.sipp import run_sipp
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 
+SIP_FILES = Path(__file__).resolve().parent / "sip"
 PASSWORD = "correct horse battery"
 WRONG = "wrong horse battery"
 
@@ -215,4 +219,48 @@ async def test_a_refused_password_and_a_missing_one_are_named(
     assert status_unnamed == 400
     assert "name a trunk: one of open, pbx" in unnamed["error"]
     assert failed["last_error"] == "401 Unauthorized", failed
+    assert WRONG not in caplog.text
+
+
+async def test_an_invite_from_outside_the_allowlist_must_prove_the_account(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    auth = InboundAuth("pbx", Secret(PASSWORD))
+    settings = SipSettings(host="127.0.0.1", port=0, allow=(ip_network("10.0.0.0/8"),), auth=auth)
+    scenario = tmp_path / "caller_auth.xml"
+    scenario.write_text((SIP_FILES / "caller_auth.xml").read_text().replace("{hold_ms}", "300"))
+    async with voice_server(None, ServerConfig(sip=settings, rate_limit_per_min=0)) as server:
+        port = server.app[SIP].port
+        code, output = await run_sipp(  # sipp answers the challenge with its own digest code
+            tmp_path,
+            f"127.0.0.1:{port}",
+            *("-sf", str(scenario), "-s", "support", "-au", "pbx", "-ap", PASSWORD),
+            *("-m", "1", "-i", "127.0.0.1", "-p", "0", "-mi", "127.0.0.1"),
+            *("-timeout", "30", "-timeout_error"),
+            timeout_s=40,
+        )
+        phone = await SipPhone.open(port)
+        try:
+            challenged = await phone.invite("support")
+            challenge = challenged.headers.get_first("www-authenticate") or ""
+            guesses = []
+            for _ in range(6):  # wrong answers: refused, then the source is throttled
+                uri = f"sip:support@127.0.0.1:{port}"
+                header = DigestClient("pbx", Secret(WRONG)).answer(401, challenge, "INVITE", uri)
+                assert header is not None
+                guesses.append(
+                    (
+                        await phone.invite("support", extra=f"{header[0]}: {header[1]}\r\n")
+                    ).status_code
+                )
+        finally:
+            await phone.close()
+
+    assert code == 0, output
+    assert challenged.status_code == 401
+    assert 'realm="vocable"' in challenge
+    assert 'qop="auth"' in challenge
+    assert guesses == [401, 401, 401, 401, 401, 403]
+    assert PASSWORD not in caplog.text
     assert WRONG not in caplog.text

@@ -253,6 +253,31 @@ class ServeOptions(BaseModel):
         Field(ge=1, le=86400, description="the registration lifetime asked for"),
     ] = 300
 
+    sip_auth: Annotated[
+        Text,
+        Cli(SIP, "USER", default_text="none: sources outside --sip-allow get no answer"),
+        Field(description="answer INVITEs from outside --sip-allow that prove this digest user"),
+    ] = None
+    sip_auth_password: Annotated[
+        Text,
+        Cli(SIP, "SECRET"),
+        Field(
+            description="the --sip-auth user's password (better: VOCABLE_SIP_AUTH_PASSWORD or "
+            "--sip-auth-password-file)",
+            repr=False,
+        ),
+    ] = None
+    sip_auth_password_file: Annotated[
+        Path | None,
+        Cli(SIP, "PATH"),
+        Field(description="a file whose first line is the --sip-auth password"),
+    ] = None
+    sip_auth_algorithm: Annotated[
+        Literal["MD5", "SHA-256"],
+        Cli(SIP, "NAME"),
+        Field(description="the digest algorithm --sip-auth challenges with"),
+    ] = "MD5"
+
     # -- transfers of media-stream calls (docs/telephony.md, "Transfers")
     transfer_api_url: Annotated[
         BaseUrl,

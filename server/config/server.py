@@ -29,7 +29,15 @@ from .llm import ConfigError, LLMChoice, LLMSettings
 from .option_values import DEFAULT_HOST, parse_address, parse_port_range
 from .serve_flags import add_serve_arguments, serve_options
 from .serve_options import Cleanup, Line, ServeOptions
-from .sip_trunks import RegisterSettings, Trunk, TrunkError, load_trunks, register_settings
+from .sip_trunks import (
+    InboundAuth,
+    RegisterSettings,
+    Trunk,
+    TrunkError,
+    inbound_auth,
+    load_trunks,
+    register_settings,
+)
 
 __all__ = [
     "BUILT_ALIKE",
@@ -54,7 +62,7 @@ DEFAULTS = ServeOptions()
 class IceServer:
     urls: str
     username: str | None = None
-    credential: str | None = None
+    credential: str | None = field(default=None, repr=False)
 
     def to_client(self) -> dict[str, Any]:
         """The RTCIceServer dictionary browsers take."""
@@ -88,6 +96,8 @@ class SipSettings:
     """Named ways out for outbound calls (:mod:`server.config.sip_trunks`)."""
     register: RegisterSettings | None = None
     """Register at a PBX or registrar as an extension (``--sip-register``)."""
+    auth: InboundAuth | None = None
+    """Challenge INVITEs from outside ``allow`` (``--sip-auth``); None: they get no answer."""
 
 
 @dataclass(frozen=True)
@@ -168,7 +178,7 @@ class ServerConfig:
     max_sessions: int = DEFAULTS.max_sessions
     overload: OverloadSettings = field(default_factory=OverloadSettings)
     """When new calls are refused before ``max_sessions``: measured load past capacity."""
-    auth_token: str | None = DEFAULTS.auth_token
+    auth_token: str | None = field(default=DEFAULTS.auth_token, repr=False)
     cors_origins: tuple[str, ...] = DEFAULTS.cors_origins
     idle_timeout_s: float = DEFAULTS.idle_timeout_s
     """Hang up after this long without caller speech."""
@@ -336,6 +346,12 @@ def _sip_settings(options: ServeOptions) -> SipSettings | None:
             password=options.sip_password,
             password_file=options.sip_password_file,
         )
+        auth = inbound_auth(
+            options.sip_auth,
+            password=options.sip_auth_password,
+            password_file=options.sip_auth_password_file,
+            algorithm=options.sip_auth_algorithm,
+        )
     except TrunkError as exc:
         raise ConfigError(str(exc)) from None
     return SipSettings(
@@ -347,6 +363,7 @@ def _sip_settings(options: ServeOptions) -> SipSettings | None:
         ring_timeout_s=options.sip_ring_timeout_s,
         trunks=trunks,
         register=register,
+        auth=auth,
     )
 
 

@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 __all__ = [
     "DEFAULT_TRUNK",
+    "InboundAuth",
     "RegisterSettings",
     "Secret",
     "Trunk",
@@ -153,6 +154,36 @@ class RegisterSettings:
     @property
     def user(self) -> str:
         return self.aor[4:].partition("@")[0]
+
+
+@dataclass(frozen=True)
+class InboundAuth:
+    """``--sip-auth``: the account an INVITE from outside ``--sip-allow`` must prove (digest,
+    RFC 3261 22), in ``realm``."""
+
+    username: str
+    password: Secret = field(repr=False)
+    realm: str = "vocable"
+    algorithm: str = "MD5"
+    """MD5 (what every phone and PBX answers) or SHA-256 (RFC 8760)."""
+
+
+def inbound_auth(
+    username: str | None, *, password: str | None, password_file: Path | None, algorithm: str
+) -> InboundAuth | None:
+    """``--sip-auth``'s settings (None without it); raises TrunkError with one line."""
+    if username is None:
+        if password or password_file:
+            raise TrunkError("--sip-auth-password needs --sip-auth USER")
+        return None
+    secret = read_secret(
+        value=password,
+        env=None,
+        path=password_file,
+        what="--sip-auth",
+        sources="--sip-auth-password, VOCABLE_SIP_AUTH_PASSWORD or --sip-auth-password-file",
+    )
+    return InboundAuth(username, secret, algorithm=algorithm)
 
 
 def register_settings(

@@ -6,8 +6,11 @@ ACK, CANCEL, BYE, OPTIONS, in-dialog checks), over UDP and TCP on the same port;
 (jitter buffer that reorders, loss concealment, RFC 4733 telephone-events, symmetric RTP).
 Vocable decides which calls to take and runs each as a :class:`SipCall`:
 
-- Any request: from a source outside ``--sip-allow`` nothing is answered at all; a malformed one
-  (bad CSeq or Content-Length, unparseable SDP) 400, with the problem in a ``Warning`` header.
+- Any request: from a source outside ``--sip-allow`` nothing is answered at all, unless
+  ``--sip-auth`` is set: then a new INVITE from such a source is challenged (401, digest) and
+  taken only with the account's credentials; a source whose answers keep failing is refused
+  (403) for a minute. A malformed request (bad CSeq or Content-Length, unparseable SDP) 400,
+  with the problem in a ``Warning`` header.
 - INVITE: at capacity 503; an offer without PCMU/PCMA audio, or whose media address is not an IP
   address and port we can send to, 488; otherwise 180 then 200 with the SDP answer and an
   ``X-Vocable-Session`` header with the call's session id (``GET /calls/{id}/events``,
@@ -52,6 +55,7 @@ from .compat import (
     respond_and_end,
 )
 from .dialer import DialStack, parse_target
+from .digest import DigestRealm, FailureThrottle
 from .outbound import SESSION_HEADER, OutboundCall
 from .registration import Registrar
 from .rfc3261 import USER_AGENT, guard
@@ -91,6 +95,15 @@ class SipServer:
         """Calls placed by ``POST /calls`` by session id: live ones and the latest ended."""
         self.registrar: Registrar | None = None
         """The registration at a PBX (``--sip-register``), once started."""
+        auth = settings.auth
+        self.realm = (
+            None
+            if auth is None
+            else DigestRealm(auth.realm, auth.username, auth.password, algorithm=auth.algorithm)
+        )
+        """What INVITEs from outside the allowlist must prove (``--sip-auth``); None: no
+        answer for them."""
+        self.throttle = FailureThrottle()
 
     async def start(self) -> None:
         """Listen; raises SipStackMismatch when the installed aiosipua is not a tested one,
@@ -125,7 +138,8 @@ class SipServer:
             intercept_messages(transport, self.transfers.intercept)  # behind the guard below
             intercept_messages(transport, functools.partial(guard, transport, self._allowed))
             self._agents.append(agent)
-        if not self.settings.allow and not ipaddress.ip_address(host_ip(host)).is_loopback:
+        loopback = ipaddress.ip_address(host_ip(host)).is_loopback
+        if not self.settings.allow and self.realm is None and not loopback:
             log.warning("SIP on %s:%d answers any source; set --sip-allow", host, self.port)
         if self.settings.register is not None:
             register = self.settings.register
@@ -155,17 +169,27 @@ class SipServer:
     # -- admission -----------------------------------------------------------------------------
 
     def _allowed(self, addr: tuple[str, int]) -> bool:
-        if not self.settings.allow or (self.dialer is not None and addr[0] in self.dialer.peers):
+        if self.realm is not None or self._listed(addr):
+            return True  # with --sip-auth, new INVITEs from outside are challenged instead
+        return self._refuse_once(addr)
+
+    def _listed(self, addr: tuple[str, int]) -> bool:
+        """Whether ``addr`` is trusted: a peer we dial or call, our registrar, or in
+        ``--sip-allow`` (no allowlist: any source, unless ``--sip-auth`` is set)."""
+        if self.dialer is not None and addr[0] in self.dialer.peers:
             return True
         register = self.settings.register
         if register is not None and addr[0] == register.registrar[0]:
             return True  # its answers, and the calls it routes to the extension
+        if not self.settings.allow:
+            return self.realm is None
         try:
             source = ipaddress.ip_address(addr[0])
         except ValueError:
             return False
-        if any(source in network for network in self.settings.allow):
-            return True
+        return any(source in network for network in self.settings.allow)
+
+    def _refuse_once(self, addr: tuple[str, int]) -> bool:
         if addr[0] not in self._refused:  # log each refused source once
             self._refused.add(addr[0])
             log.warning("SIP from %s ignored: not in --sip-allow", addr[0])
@@ -193,7 +217,30 @@ class SipServer:
                 with contextlib.suppress(Exception):
                     invite.reject(500, "Server Internal Error")
 
+    def _authenticated(self, invite: IncomingCall) -> bool:
+        """Whether ``invite`` may go on: from a trusted source, or with credentials that
+        answer ``--sip-auth``'s challenge. Otherwise it is answered here (401 with a challenge;
+        403 while its source is throttled) and False."""
+        source = invite.source_addr
+        if self.realm is None or self._listed(source):
+            return True
+        if self.throttle.refused(source[0]):
+            invite.reject(403, "Forbidden")
+            return False
+        check = self.realm.check(invite.invite.headers.get_first("authorization"), "INVITE")
+        if check == "ok":
+            self.throttle.succeeded(source[0])
+            return True
+        if check == "bad":
+            self.throttle.failed(source[0])
+            log.warning("SIP INVITE from %s: digest credentials refused", source[0])
+        challenge = self.realm.challenge(stale=check == "stale")
+        respond_and_end(invite, 401, "Unauthorized", {"WWW-Authenticate": challenge})
+        return False
+
     async def _answer(self, invite: IncomingCall) -> None:
+        if not self._authenticated(invite):
+            return
         offer = invite.sdp_offer
         if offer is None:
             invite.reject(488, "Not Acceptable Here")  # late offer (SDP in the ACK): unsupported
