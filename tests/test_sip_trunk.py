@@ -137,9 +137,11 @@ async def _health(server: TestServer) -> dict[str, Any]:
 async def _registration(server: TestServer, state: str) -> dict[str, Any]:
     """``/healthz``'s registration once it is in ``state`` (within 10 s)."""
     async with asyncio.timeout(10):
-        while (found := (await _health(server))["sip_registration"])["state"] != state:  # noqa: ASYNC110 - read over HTTP
+        while True:
+            found: dict[str, Any] = (await _health(server))["sip_registration"]
+            if found["state"] == state:
+                return found
             await asyncio.sleep(0.05)
-    return found
 
 
 async def _metrics(server: TestServer) -> str:

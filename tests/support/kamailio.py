@@ -8,7 +8,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +45,7 @@ class Kamailio:
 
 @contextmanager
 def run_kamailio(
-    workdir: Path, config: Path, defines: dict[str, str | int], port: int | None = None
+    workdir: Path, config: Path, defines: Mapping[str, str | int], port: int | None = None
 ) -> Iterator[Kamailio]:
     """Kamailio with ``config`` on a UDP port of 127.0.0.1 (``port``, default a free one),
     each of ``defines`` given as ``-A NAME=VALUE`` (strings quoted); yields it once it
