@@ -1,15 +1,18 @@
 """SIP trunks and registration against a real PBX: Debian's Kamailio (``tests/kamailio/pbx.cfg``)
 as an outbound proxy that challenges every INVITE with 407 digest authentication, as carriers
-do, and as a registrar (401 digest, usrloc in memory) that routes calls for ``agent`` to the
-contact Vocable registered.
+do (found, as a carrier's domain is, through DNS NAPTR and SRV records, served by a stub), and
+as a registrar (401 digest, usrloc in memory) that routes calls for ``agent`` to the contact
+Vocable registered.
 
 Vocable answers the challenge with the trunk's credentials (MD5 and SHA-256, ``qop=auth``),
 carries them ahead on the proxy's nonce for the next call (no second challenge), shows the
 trunk's caller ID, display name and P-Asserted-Identity, and names a refused password as such;
 no password reaches a log line. As an extension, Vocable registers, takes a call routed to its
 contact, registers again after the registrar restarts (its bindings lost), and unregisters on
-drain; ``/healthz`` and ``/metrics`` show the registration. The call that is answered and
-talks through the proxy is in ``tests/test_outbound_calls.py`` (baresip as the callee).
+drain; ``/healthz`` and ``/metrics`` show the registration. With ``--sip-auth``, an INVITE from
+outside the allowlist must answer Vocable's own challenge (sipp does). The call that is
+answered and talks through the proxy is in ``tests/test_outbound_calls.py`` (baresip as the
+callee).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from ipaddress import ip_network
 from pathlib import Path
 from typing import Any
@@ -34,6 +38,7 @@ from server.http.app import SIP
 from server.testkit.sip_phone import SipPhone
 from server.transports.sip.digest import DigestClient
 from tests.support.calls import voice_server
+from tests.support.dns_stub import dns_stub
 from tests.support.kamailio import PBX_CONFIG, Kamailio, run_kamailio
 from tests.support.sipp import run_sipp
 
@@ -70,10 +75,17 @@ def extension(kamailio: Kamailio, password: str, expires_s: int = 300) -> Regist
 
 @asynccontextmanager
 async def _server(
-    trunks: dict[str, Trunk], register: RegisterSettings | None = None
+    trunks: dict[str, Trunk],
+    register: RegisterSettings | None = None,
+    dns_server: tuple[str, int] | None = None,
 ) -> AsyncIterator[TestServer]:
     settings = SipSettings(
-        host="127.0.0.1", port=0, ring_timeout_s=10, trunks=trunks, register=register
+        host="127.0.0.1",
+        port=0,
+        ring_timeout_s=10,
+        trunks=trunks,
+        register=register,
+        dns_server=dns_server,
     )
     async with voice_server(None, ServerConfig(sip=settings, rate_limit_per_min=0)) as server:
         yield server
@@ -109,20 +121,31 @@ async def test_calls_through_a_challenging_proxy_authenticate_once_per_nonce(
     caplog.set_level(logging.DEBUG)
     defines = {"PASSWORD": PASSWORD, "ALGORITHM": algorithm}
     with run_kamailio(tmp_path, PBX_CONFIG, defines) as kamailio:
-        async with _server(trunks(kamailio, PASSWORD)) as server:
-            first = await _ended(server, {"to": "busy", "trunk": "pbx"})
-            second = await _ended(server, {"to": "busy"})  # the only trunk: the default
+        records = {  # the trunk's domain, as a carrier publishes it (RFC 3263)
+            ("pbx.test", "NAPTR"): ['10 50 "s" "SIP+D2U" "" _sip._udp.pbx.test.'],
+            ("_sip._udp.pbx.test", "SRV"): [
+                f"10 0 {kamailio.port} edge.pbx.test.",
+                f"20 0 {kamailio.port + 1} backup.pbx.test.",
+            ],
+            ("edge.pbx.test", "A"): ["127.0.0.1"],
+        }
+        async with dns_stub(records) as dns:
+            named = {"pbx": replace(trunks(kamailio, PASSWORD)["pbx"], proxy=("pbx.test", None))}
+            async with _server(named, dns_server=("127.0.0.1", dns.port)) as server:
+                first = await _ended(server, {"to": "busy", "trunk": "pbx"})
+                second = await _ended(server, {"to": "busy"})  # the only trunk: the default
         log = kamailio.log_text()
 
+    assert ("_sip._udp.pbx.test", "SRV") in dns.asked
     for described in (first, second):  # through the proxy, past its challenge, to its 486
         assert (described["result"], described["status"]) == ("busy", 486), described
-        assert described["to"].startswith("sip:busy@127.0.0.1:"), described
+        assert described["to"] == "sip:busy@pbx.test", described
         assert described["trunk"] == "pbx"
     assert log.count("challenged") == 1, log  # the second INVITE carried credentials ahead
     authenticated = [line for line in log.splitlines() if "authenticated" in line]
     assert len(authenticated) == 2, log
     for line in authenticated:
-        assert "from sip:+15551230000@127.0.0.1" in line, line
+        assert "from sip:+15551230000@pbx.test" in line, line
         assert "Acme Deliveries" in line, line
         assert "PAI sip:+15551230000@pbx.example" in line, line
     assert PASSWORD not in caplog.text

@@ -6,7 +6,7 @@ Typed values (``ServeOptions(port=8080)`` from Python) pass through unchanged.""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from ipaddress import IPv4Network, IPv6Network, ip_network
+from ipaddress import IPv4Network, IPv6Network, ip_address, ip_network
 from typing import Annotated, Any
 from urllib.parse import urlsplit
 
@@ -19,6 +19,7 @@ __all__ = [
     "Address",
     "BaseUrl",
     "IceUrls",
+    "Nameserver",
     "Networks",
     "Number",
     "PortRange",
@@ -137,6 +138,27 @@ def _address(value: Any) -> tuple[str, int] | None:
     return str(host), int(port)
 
 
+def _nameserver(value: Any) -> tuple[str, int] | None:
+    if not value:
+        return None
+    if not isinstance(value, str):
+        host, port = value
+        return str(host), int(port)
+    host, port_text = value, "53"
+    if value.startswith("["):
+        host, _, tail = value[1:].partition("]")
+        port_text = tail.removeprefix(":") or "53"
+    elif value.count(":") == 1:
+        host, _, port_text = value.partition(":")
+    try:
+        ip_address(host)
+    except ValueError:
+        raise ValueError(f"{value!r} is not an IP address with an optional :PORT") from None
+    if not (port_text.isdigit() and 0 < int(port_text) < 65536):
+        raise ValueError(f"bad port in {value!r}")
+    return host, int(port_text)
+
+
 def _port_range(value: Any) -> tuple[int, int]:
     if isinstance(value, str):
         return parse_port_range(value)
@@ -188,6 +210,7 @@ IceUrls = Annotated[tuple[str, ...], PlainValidator(_ice_urls)]
 Networks = Annotated[tuple[IPv4Network | IPv6Network, ...], PlainValidator(_networks)]
 """CIDR networks; a bare address is its /32 (/128), host bits are dropped."""
 Address = Annotated[tuple[str, int] | None, PlainValidator(_address)]
+Nameserver = Annotated[tuple[str, int] | None, PlainValidator(_nameserver)]
 """``[HOST:]PORT`` -> (host, port), host default :data:`DEFAULT_HOST`; empty: None."""
 PortRange = Annotated[tuple[int, int], PlainValidator(_port_range)]
 """``LOW-HIGH`` -> (low, high + 1)."""

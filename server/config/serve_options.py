@@ -33,6 +33,7 @@ from .option_values import (
     Address,
     BaseUrl,
     IceUrls,
+    Nameserver,
     Networks,
     Number,
     PortRange,
@@ -277,6 +278,12 @@ class ServeOptions(BaseModel):
         Cli(SIP, "NAME"),
         Field(description="the digest algorithm --sip-auth challenges with"),
     ] = "MD5"
+
+    sip_dns_server: Annotated[
+        Nameserver,
+        Cli(SIP, "IP[:PORT]", default_text="the system's resolver"),
+        Field(description="the DNS server SIP hosts are looked up in (NAPTR, SRV, then A)"),
+    ] = None
 
     # -- transfers of media-stream calls (docs/telephony.md, "Transfers")
     transfer_api_url: Annotated[

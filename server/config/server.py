@@ -98,6 +98,8 @@ class SipSettings:
     """Register at a PBX or registrar as an extension (``--sip-register``)."""
     auth: InboundAuth | None = None
     """Challenge INVITEs from outside ``allow`` (``--sip-auth``); None: they get no answer."""
+    dns_server: tuple[str, int] | None = None
+    """The nameserver SIP hosts are resolved with (NAPTR, SRV, A); None: the system's."""
 
 
 @dataclass(frozen=True)
@@ -364,6 +366,7 @@ def _sip_settings(options: ServeOptions) -> SipSettings | None:
         trunks=trunks,
         register=register,
         auth=auth,
+        dns_server=options.sip_dns_server,
     )
 
 

@@ -45,6 +45,7 @@ __all__ = [
     "Trunk",
     "TrunkError",
     "load_trunks",
+    "parse_hostport",
     "parse_target",
     "pick_trunk",
     "read_secret",
@@ -96,7 +97,8 @@ class Trunk:
     """One named way out (see the module docstring)."""
 
     name: str
-    proxy: tuple[str, int] | None = None
+    proxy: tuple[str, int | None] | None = None
+    """The outbound proxy's host and port (None: as its DNS SRV records say)."""
     domain: str | None = None
     username: str | None = None
     password: Secret | None = field(default=None, repr=False)
@@ -141,8 +143,9 @@ class RegisterSettings:
 
     aor: str
     """``sip:user@registrar[:port]``."""
-    registrar: tuple[str, int]
-    """Where REGISTERs are sent: the outbound proxy if one is set, else the AOR's host."""
+    registrar: tuple[str, int | None]
+    """Where REGISTERs are sent: the outbound proxy if one is set, else the AOR's host (the
+    port None: as DNS SRV says)."""
     username: str
     password: Secret = field(repr=False)
     expires_s: int = 300
@@ -202,7 +205,7 @@ def register_settings(
     if not aor.lower().startswith("sip:") or "@" not in aor:
         raise TrunkError(f"--sip-register: {aor!r} is not a sip:user@registrar URI")
     try:
-        registrar = parse_target(_as_uri(proxy) if proxy else aor)
+        registrar = parse_hostport(_as_uri(proxy) if proxy else aor)
     except ValueError as exc:
         raise TrunkError(f"--sip-register: {exc}") from None
     user = username or aor[4:].partition("@")[0].partition(";")[0]
@@ -297,7 +300,7 @@ def trunk_of(
     elif password or password_env or password_file:
         raise TrunkError(f"{what}: a password needs a username")
     try:
-        address = None if proxy is None else parse_target(_as_uri(proxy))
+        address = None if proxy is None else parse_hostport(_as_uri(proxy))
     except ValueError as exc:
         raise TrunkError(f"{what}: proxy: {exc}") from None
     for label, uri in (("asserted_identity", asserted_identity),):
@@ -365,6 +368,13 @@ def pick_trunk(trunks: Mapping[str, Trunk], name: str | None) -> Trunk | None:
 def parse_target(uri: str) -> tuple[str, int]:
     """The host and port (default 5060) of a ``sip:[user@]host[:port][;params]`` URI; raises
     ValueError naming what is wrong."""
+    host, port = parse_hostport(uri)
+    return host, port or 5060
+
+
+def parse_hostport(uri: str) -> tuple[str, int | None]:
+    """The host and port (None when the URI gives none: DNS SRV may say) of a
+    ``sip:[user@]host[:port][;params]`` URI; raises ValueError naming what is wrong."""
     if not isinstance(uri, str) or not uri.lower().startswith("sip:"):
         raise ValueError("the callee must be a sip: URI, e.g. sip:alice@192.0.2.7:5060")
     rest = uri[4:].partition(";")[0].partition("?")[0]
@@ -380,8 +390,8 @@ def parse_target(uri: str) -> tuple[str, int]:
         raise ValueError(f"no host in {uri[:100]!r}")
     if port_text and not (port_text.isascii() and port_text.isdigit()):
         raise ValueError(f"bad port in {uri[:100]!r}")
-    port = int(port_text) if port_text else 5060
-    if not 0 < port < 65536:
+    port = int(port_text) if port_text else None
+    if port is not None and not 0 < port < 65536:
         raise ValueError(f"port {port} is out of range")
     return host, port
 
@@ -390,9 +400,9 @@ def _as_uri(text: str) -> str:
     return text if text.lower().startswith("sip:") else f"sip:{text}"
 
 
-def _hostport(host: str, port: int) -> str:
+def _hostport(host: str, port: int | None) -> str:
     shown = f"[{host}]" if ":" in host else host
-    return shown if port == 5060 else f"{shown}:{port}"
+    return shown if port is None else f"{shown}:{port}"
 
 
 def _first_line(exc: Exception) -> str:

@@ -59,10 +59,11 @@ from aiosipua.headers import parse_address
 from aiosipua.rtp_bridge import CallSession
 from aiosipua.transport import SipTransport
 
-from server.config.sip_trunks import Trunk, parse_target
+from server.config.sip_trunks import Trunk, parse_hostport, parse_target
 from server.transports.phone.audio import Encoding, encode
 
 from .digest import DigestClient
+from .resolve import SipResolver
 from .rtp_ports import NoFreePort, RtpPortLease, RtpPorts
 
 __all__ = [
@@ -252,6 +253,7 @@ class DialStack:
         advertise: str | None = None,
         signalling_addr: tuple[str, int] | None = None,
         user_agent: str = "Vocable",
+        resolver: SipResolver | None = None,
     ) -> None:
         self.uac = _Uac(transport, signalling_addr)
         self.rtp_ports = rtp_ports
@@ -263,6 +265,8 @@ class DialStack:
         """Answered legs by SIP Call-ID."""
         self.peers: set[str] = set()
         """Addresses being dialed or in a call (their answers pass an allowlist)."""
+        self.resolver = resolver or SipResolver()
+        """Where a URI's host sends to (DNS NAPTR and SRV, then A/AAAA)."""
         self.digests: dict[str, DigestClient] = {}
         """Each trunk's credentials, with the nonce its proxy last gave (by trunk name)."""
 
@@ -405,16 +409,13 @@ async def dial(
     """Call ``to_uri`` (see the module docstring) through ``trunk`` (None: straight to the
     URI's host, as ``from_user``); ``headers`` are added to the INVITE, ``on_ringing`` runs on
     each 180/183. Raises DialFailed, or ValueError for a bad URI."""
-    host, port = parse_target(to_uri)
+    host, port = parse_hostport(to_uri)
     if trunk is not None and trunk.proxy is not None:
         host, port = trunk.proxy
     try:
-        infos = await asyncio.get_running_loop().getaddrinfo(
-            host, port, type=socket.SOCK_DGRAM, family=_family(stack.host)
-        )
-        remote = (str(infos[0][4][0]), int(infos[0][4][1]))
-    except (OSError, IndexError) as exc:
-        raise DialFailed(DialResult("failed", None, f"cannot resolve {host}: {exc}")) from None
+        remote = await stack.resolver.resolve(host, port, _family(stack.host))
+    except OSError as exc:  # Unresolvable among them
+        raise DialFailed(DialResult("failed", None, str(exc))) from None
     try:
         lease = stack.rtp_ports.lease()
     except NoFreePort as exc:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
 from typing import Any
 
@@ -61,20 +62,24 @@ class Registrar:
     :meth:`close` on drain."""
 
     def __init__(
-        self, stack: DialStack, transport: UdpTransport, settings: RegisterSettings, contact: str
+        self, stack: DialStack, transport: UdpTransport, settings: RegisterSettings, port: int
     ) -> None:
         self.settings = settings
         self.stack = stack
         self._transport = transport
-        self.contact = contact
-        """The URI calls to the extension reach (``sip:user@host:port``)."""
+        self._port = port
+        self.contact = ""
+        """The URI calls to the extension reach (``sip:user@host:port``, the host the one
+        facing the registrar), once resolved."""
+        registrar_host, registrar_port = settings.registrar
+        self.address: tuple[str, int] = (registrar_host, registrar_port or 5060)
+        """The registrar's address, resolved (DNS SRV) before each registration."""
         self.registration = _Registration(
             stack.uac,
             settings.aor,
-            settings.registrar,
+            self.address,
             expires=settings.expires_s,
             auth=SipDigestAuth(settings.username, settings.password.reveal()),
-            contact_uri=contact,
             user_agent=stack.user_agent,
         )
         self._changed = asyncio.Event()
@@ -148,6 +153,18 @@ class Registrar:
 
     async def _register_once(self) -> bool:
         """Send a REGISTER (again while unanswered); True once registered."""
+        try:
+            host, port = self.settings.registrar
+            self.address = await self.stack.resolver.resolve(host, port, _family(host))
+        except OSError as exc:
+            self.last_error = str(exc)
+            return False
+        self.registration.registrar = self.address
+        here = self.stack.media_ip(self.address[0])
+        shown = f"[{here}]" if ":" in here else here
+        self.contact = self.registration.contact_uri = (
+            f"sip:{self.settings.user}@{shown}:{self._port}"
+        )
         self._changed.clear()
         self.registration.register()
         for wait in (*RETRANSMIT_S, None):
@@ -159,7 +176,7 @@ class Registrar:
                     self.last_error = "no answer from the registrar"
                     return False
                 if self.registration.sent is not None:
-                    self._transport.send(self.registration.sent, self.settings.registrar)
+                    self._transport.send(self.registration.sent, self.address)
                 continue
             if self.registered:
                 self.registered_at = time.time()
@@ -196,4 +213,8 @@ class Registrar:
     async def _keep_alive(self) -> None:
         while True:
             await asyncio.sleep(self.settings.keepalive_s)
-            self._transport.send_keepalive(self.settings.registrar)
+            self._transport.send_keepalive(self.address)
+
+
+def _family(host: str) -> int:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET

@@ -58,6 +58,7 @@ from .dialer import DialStack, parse_target
 from .digest import DigestRealm, FailureThrottle
 from .outbound import SESSION_HEADER, OutboundCall
 from .registration import Registrar
+from .resolve import SipResolver
 from .rfc3261 import USER_AGENT, guard
 from .rtp_ports import NoFreePort, RtpPorts
 from .sdp import CODECS, host_ip, media_problem, offered_dtmf_type, sendable
@@ -120,6 +121,7 @@ class SipServer:
             advertise=self.settings.advertise,
             signalling_addr=self._advertised(),
             user_agent=USER_AGENT,
+            resolver=SipResolver(self.settings.dns_server),
         )
         for transport in (udp, TcpSipTransport(local_addr=(host, self.port))):
             agent = SipUAS(
@@ -142,10 +144,7 @@ class SipServer:
         if not self.settings.allow and self.realm is None and not loopback:
             log.warning("SIP on %s:%d answers any source; set --sip-allow", host, self.port)
         if self.settings.register is not None:
-            register = self.settings.register
-            contact_host = self.dialer.media_ip(register.registrar[0])
-            contact = f"sip:{register.user}@{_hostport(contact_host, self.port)}"
-            self.registrar = Registrar(self.dialer, udp, register, contact)
+            self.registrar = Registrar(self.dialer, udp, self.settings.register, self.port)
             self.registrar.start()
 
     async def unregister(self) -> None:
@@ -178,8 +177,7 @@ class SipServer:
         ``--sip-allow`` (no allowlist: any source, unless ``--sip-auth`` is set)."""
         if self.dialer is not None and addr[0] in self.dialer.peers:
             return True
-        register = self.settings.register
-        if register is not None and addr[0] == register.registrar[0]:
+        if self.registrar is not None and addr[0] == self.registrar.address[0]:
             return True  # its answers, and the calls it routes to the extension
         if not self.settings.allow:
             return self.realm is None
@@ -449,10 +447,6 @@ def _local_ip_towards(peer: str) -> str:
     with socket.socket(family, socket.SOCK_DGRAM) as probe:
         probe.connect((peer, 9))  # UDP connect sends nothing; it only picks the route
         return str(probe.getsockname()[0])
-
-
-def _hostport(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _free_port(host: str) -> int:
