@@ -275,7 +275,7 @@ async def test_options_cancel_and_codec_mismatch(server: TestServer, phone: SipP
     assert options.status_code == 200
     assert "INVITE" in (options.headers.get_first("allow") or "")
 
-    refused = await phone.invite(payload_types=(9,))  # G.722 only
+    refused = await phone.invite(payload_types=(18,))  # G.729 only
     assert refused.status_code == 488
 
     cancelled = await SipPhone.open(server.app[SIP].port)

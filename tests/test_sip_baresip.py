@@ -85,12 +85,23 @@ class Recording:
 
 
 async def call_from_baresip(
-    server: TestServer, speech: bytes, workdir: Path, user: str = "support"
+    server: TestServer,
+    speech: bytes,
+    workdir: Path,
+    user: str = "support",
+    *,
+    wideband: bool = False,
 ) -> Recording:
-    """baresip dials ``sip:USER@`` the server, says ``speech`` (8 kHz PCM16) and hangs up at its
-    end; returns what it recorded. baresip is always stopped (killed if it must be)."""
+    """baresip dials ``sip:USER@`` the server (offering G.722 too when ``wideband``), says
+    ``speech`` (8 kHz PCM16) and hangs up at its end; returns what it recorded. baresip is
+    always stopped (killed if it must be)."""
     sip = server.app[SIP]
-    phone = await start_baresip(workdir / "caller", speech, dial=f"sip:{user}@127.0.0.1:{sip.port}")
+    phone = await start_baresip(
+        workdir / "caller",
+        speech,
+        dial=f"sip:{user}@127.0.0.1:{sip.port}",
+        wideband=wideband,
+    )
     seconds = len(speech) / 2 / RATE
     try:
         await until(
@@ -110,12 +121,12 @@ async def call_from_baresip(
     return Recording(phone.sent(), phone.heard(), call)
 
 
-async def test_baresip_hears_the_scripted_answer(
+async def test_baresip_on_g722_hears_the_scripted_answer(
     server: TestServer, llm: ScriptedLLM, tmp_path: Path
 ) -> None:
     llm.script(_replies)
     speech = silence(GREETING_MS, RATE) + phone_audio(QUESTION) + silence(6000, RATE)
-    recording = await call_from_baresip(server, speech, tmp_path)
+    recording = await call_from_baresip(server, speech, tmp_path, wideband=True)
 
     (asked_text,) = llm.user_turns
     assert _wer(asked_text, QUESTION) <= 0.25, asked_text
@@ -124,7 +135,7 @@ async def test_baresip_hears_the_scripted_answer(
     assert recording.heard_loud(0, asked), "baresip heard no greeting"
     said = await recording.heard_said(asked)
     assert _wer(said, ANSWER) <= 0.25, said
-    assert recording.call.encoding == "ulaw"  # baresip offers PCMU first
+    assert recording.call.encoding == "G722"  # preferred, though baresip offers PCMU first
     assert recording.call.session.barge_ins == 0
     assert len(server.app[CALLS]) == 0
 

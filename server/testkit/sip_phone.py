@@ -34,7 +34,9 @@ FRAME_BYTES = 320  # 20 ms of 8 kHz PCM16
 def offer_sdp(
     rtp_port: int, payload_types: tuple[int, ...] = (0, 101), direction: str = "sendrecv"
 ) -> str:
-    names = {0: "PCMU/8000", 8: "PCMA/8000", 9: "G722/8000", 101: "telephone-event/8000"}
+    names = {
+        0: "PCMU/8000", 8: "PCMA/8000", 9: "G722/8000", 18: "G729/8000", 101: "telephone-event/8000"
+    }  # fmt: skip
     lines = [
         "v=0",
         "o=phone 1 1 IN IP4 127.0.0.1",

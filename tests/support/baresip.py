@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from media import Resampler
 from media.audio import pcm_rms_dbfs
 from tests.support.processes import free_port, spawn, stop_group
 
@@ -100,10 +101,15 @@ class Baresip:
         return self._recorded("dec")
 
     def _recorded(self, direction: str) -> bytes:
+        """A recording at 8 kHz (a G.722 call's, at 16 kHz, resampled)."""
         (path,) = (self.folder / "recordings").glob(f"dump-*-{direction}.wav")
         with wave.open(str(path), "rb") as wav:
-            assert (wav.getnchannels(), wav.getsampwidth(), wav.getframerate()) == (1, 2, RATE)
-            return wav.readframes(wav.getnframes())
+            assert (wav.getnchannels(), wav.getsampwidth()) == (1, 2)
+            rate, pcm = wav.getframerate(), wav.readframes(wav.getnframes())
+        if rate == RATE:
+            return pcm
+        resampler = Resampler(rate, RATE)
+        return resampler.resample(pcm) + resampler.flush()
 
     async def stop(self) -> None:
         """Quit (its recordings are written out), killed if it must be."""
@@ -136,31 +142,43 @@ async def start_baresip(
     account: str = "caller",
     dial: str | None = None,
     linger_s: float = 30.0,
+    wideband: bool = False,
 ) -> Baresip:
     """Start baresip in ``folder`` (created) with one local account that never registers
     (``account``: its user and any parameters, e.g. ``human;answermode=auto`` to answer at
     once), saying ``speech`` (8 kHz PCM16) in each call; it dials ``dial`` if given. It quits
     by itself ``linger_s`` after the speech would end, even if the test dies; stop it with
-    :meth:`Baresip.stop`. Fails the test if baresip is not installed."""
+    :meth:`Baresip.stop`. With ``wideband`` it also has G.722, offered after PCMU and PCMA
+    (and its file source then plays at 16 kHz: the call must settle on G.722).
+    Fails the test if baresip is not installed."""
     path = shutil.which("baresip")
     if path is None:
         pytest.fail("baresip is required: apt-get install -y baresip-core", pytrace=False)
     config, recordings, wav_path = folder / "config", folder / "recordings", folder / "speech.wav"
     for made in (config, recordings):
         made.mkdir(parents=True)
+    rate = RATE
+    if wideband:  # its file source plays at the codec's rate: the call must be on G.722
+        resampler, rate = Resampler(RATE, 2 * RATE), 2 * RATE
+        speech = resampler.resample(speech) + resampler.flush()
     with wave.open(str(wav_path), "wb") as wav:
         wav.setnchannels(1)
         wav.setsampwidth(2)
-        wav.setframerate(RATE)
+        wav.setframerate(rate)
         wav.writeframes(speech)
     port = free_port(span=2)  # SIP on UDP and TCP, and SIP/TLS on the port above
     (config / "config").write_text(
-        TEMPLATE.read_text().format(sip_port=port, speech=wav_path, recordings=recordings)
+        TEMPLATE.read_text().format(
+            sip_port=port,
+            speech=wav_path,
+            recordings=recordings,
+            wideband="module\t\t\tg722.so\n" if wideband else "",
+        )
     )
     user, _, parameters = account.partition(";")
     line = ";".join([f"<sip:{user}@127.0.0.1>", "regint=0", *([parameters] if parameters else [])])
     (config / "accounts").write_text(line + "\n")
-    seconds = round(len(speech) / 2 / RATE + linger_s)
+    seconds = round(len(speech) / 2 / rate + linger_s)
     with (folder / "baresip.log").open("wb") as output:
         process = await spawn(
             path,

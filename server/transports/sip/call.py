@@ -1,5 +1,5 @@
-"""One SIP call the endpoint answered: its RTP media, the agent's audio sent as G.711 on a steady
-20 ms clock, the caller's decoded for the session, re-INVITEs (hold) and transfers."""
+"""One SIP call the endpoint answered: its RTP media, the agent's audio sent as G.722 or G.711 on
+a steady 20 ms clock, the caller's decoded for the session, re-INVITEs (hold) and transfers."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from collections.abc import Callable
 from aiosipua import IncomingCall, SdpNegotiationError
 from aiosipua.rtp_bridge import CallSession
 
+from media import Resampler
 from playbooks.transfer import TransferOutcome, TransferRequest
 from server.call.session import Session
 from server.config.server import SipSettings
@@ -18,7 +19,15 @@ from server.transports.phone.audio import encode
 from server.transports.phone.line import PhoneCall
 
 from .rtp_ports import RtpPortLease
-from .sdp import CODECS, SENDING_DIRECTIONS, direction, media_problem, reanswer
+from .sdp import (
+    CODECS,
+    SENDING_DIRECTIONS,
+    codec_name,
+    codec_rate,
+    direction,
+    media_problem,
+    reanswer,
+)
 from .transfer import SipTransfers
 
 __all__ = ["PHONE_RATE", "SAMPLES_PER_FRAME", "SipCall"]
@@ -45,12 +54,13 @@ class SipCall(PhoneCall):
         rtp_port: RtpPortLease,
         on_end: Callable[[SipCall], None],
     ) -> None:
+        payload_type = media.chosen_payload_type
         super().__init__(
             registry,
             call_id,
             session,
-            "slin",
-            PHONE_RATE,
+            "slin",  # aiortp decodes
+            codec_rate(payload_type),
             media_timeout_s=settings.media_timeout_s,
         )
         self.invite = invite
@@ -58,7 +68,11 @@ class SipCall(PhoneCall):
         self.settings = settings
         self.rtp_port = rtp_port
         """The call's RTP port pair, given back once its socket is closed."""
-        self.encoding = CODECS[media.chosen_payload_type]
+        self.encoding = codec_name(payload_type)
+        """The codec's name: G722, PCMU or PCMA."""
+        self._g711 = CODECS.get(payload_type)
+        """G.711's encoding, which is encoded here; None: G.722, which aiortp encodes (its
+        state runs across frames)."""
         self.answer = media.sdp_answer
         """The SDP answer in force (a re-INVITE replaces it)."""
         self.sending = direction(self.answer) in SENDING_DIRECTIONS
@@ -69,7 +83,10 @@ class SipCall(PhoneCall):
         self._heard_caller = False
         self.transfers: SipTransfers | None = None
         self.relay: Callable[[bytes], None] | None = None
-        """While bridged to a person (a transfer): where the caller's audio goes instead."""
+        """While bridged to a person (a transfer): where the caller's audio goes instead, at
+        8 kHz (a bridge's leg is G.711)."""
+        rate = codec_rate(payload_type)
+        self._narrow = None if rate == PHONE_RATE else Resampler(rate, PHONE_RATE)
 
     @property
     def sip_call_id(self) -> str:
@@ -92,7 +109,7 @@ class SipCall(PhoneCall):
             log.debug("SIP call %s: first RTP audio from the caller", self.id)
         if self.relay is not None:
             self.heard_signal()
-            self.relay(pcm)
+            self.relay(pcm if self._narrow is None else self._narrow.resample(pcm))
             return
         self.hear(pcm)
 
@@ -104,8 +121,10 @@ class SipCall(PhoneCall):
     async def _send(self, pcm: bytes) -> None:
         """Every 20 ms: our next frame out (the ``CallerGap`` ticks after it: silence in for
         the session while the caller sends nothing)."""
-        if self.sending:
-            self.media.send_audio(encode(pcm, self.encoding), self._timestamp)
+        if self.sending and self._g711 is not None:
+            self.media.send_audio(encode(pcm, self._g711), self._timestamp)
+        elif self.sending:
+            self.media.send_audio_pcm(pcm, self._timestamp)
         self._timestamp = (self._timestamp + SAMPLES_PER_FRAME) & 0xFFFFFFFF
 
     @property

@@ -1,5 +1,6 @@
-"""SDP as the SIP endpoint reads and writes it: the codecs it takes (G.711), whether an offer's
-media can be reached, the answer to a re-INVITE, the direction of a stream."""
+"""SDP as the SIP endpoint reads and writes it: the codecs it takes (G.722, preferred, then
+G.711), whether an offer's media can be reached, the answer to a re-INVITE, the direction of a
+stream."""
 
 from __future__ import annotations
 
@@ -14,7 +15,11 @@ from server.transports.phone.audio import Encoding
 
 __all__ = [
     "CODECS",
+    "G722",
     "SENDING_DIRECTIONS",
+    "choose_codec",
+    "codec_name",
+    "codec_rate",
     "direction",
     "host_ip",
     "media_problem",
@@ -24,9 +29,48 @@ __all__ = [
 ]
 
 CODECS: dict[int, Encoding] = {0: "ulaw", 8: "alaw"}
+"""G.711, encoded and decoded by Vocable at 8 kHz."""
+G722 = 9
+"""G.722's static payload type: 16 kHz audio (on an 8 kHz RTP clock, RFC 3551), which aiortp's
+codec encodes and decodes; the pipeline hears it at 16 kHz, with no 8 kHz step."""
+_NAMES = {0: "PCMU", 8: "PCMA", G722: "G722"}
 SENDING_DIRECTIONS = ("sendrecv", "sendonly")
 _LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 """One label of a host name (RFC 1123)."""
+
+
+@functools.cache
+def _wideband_available() -> bool:
+    try:
+        from aiortp.codecs import get_codec
+
+        get_codec(G722)
+    except (ImportError, ValueError):
+        return False
+    return True
+
+
+def choose_codec(offer: SdpMessage) -> int | None:
+    """The payload type to answer ``offer`` with: G.722 when it offers it (and its codec is
+    installed), else the first G.711 it offers; None when it offers neither."""
+    audio = offer.audio
+    offered = [
+        codec.payload_type
+        for codec in (audio.codecs if audio is not None else [])
+        if _NAMES.get(codec.payload_type) == codec.encoding_name.upper()
+    ]
+    if G722 in offered and _wideband_available():
+        return G722
+    return next((pt for pt in offered if pt in CODECS), None)
+
+
+def codec_rate(payload_type: int) -> int:
+    """The PCM rate of a codec's audio: 16 kHz for G.722, 8 kHz for G.711."""
+    return 16000 if payload_type == G722 else 8000
+
+
+def codec_name(payload_type: int) -> str:
+    return _NAMES.get(payload_type, str(payload_type))
 
 
 def media_problem(offer: SdpMessage, local_host: str, *, on_hold_ok: bool = False) -> str | None:

@@ -61,7 +61,14 @@ from .registration import Registrar
 from .resolve import SipResolver
 from .rfc3261 import USER_AGENT, guard
 from .rtp_ports import NoFreePort, RtpPorts
-from .sdp import CODECS, host_ip, media_problem, offered_dtmf_type, sendable
+from .sdp import (
+    choose_codec,
+    codec_rate,
+    host_ip,
+    media_problem,
+    offered_dtmf_type,
+    sendable,
+)
 from .transfer import SipTransfers
 
 __all__ = ["SipServer"]
@@ -280,6 +287,11 @@ class SipServer:
         registry = self.registry
         playbook_id = registry.playbook_id(_requested_playbook(invite, registry.engines.playbooks))
         opt_out = invite.invite.headers.get_first(OPT_OUT_HEADER)
+        chosen = choose_codec(offer)
+        if chosen is None:
+            log.warning("SIP call from %s refused: no G.722 or G.711 audio offered", invite.caller)
+            invite.reject(488, "Not Acceptable Here")
+            return None
         with contextlib.ExitStack() as unless_admitted:
 
             def build(call_id: str, session: Session) -> SipCall:
@@ -290,7 +302,7 @@ class SipServer:
                     rtp_port=rtp_port.port,
                     offer=offer,
                     advertised_ip=self._media_ip(invite.source_addr),
-                    supported_codecs=list(CODECS),
+                    supported_codecs=[chosen],
                     dtmf_payload_type=offered_dtmf_type(offer),
                     symmetric_rtp=True,
                 )
@@ -311,7 +323,7 @@ class SipServer:
             try:
                 call = registry.open(
                     build,
-                    rate=PHONE_RATE,
+                    rate=codec_rate(chosen),
                     playbook=playbook_id,
                     address=invite.source_addr[0],
                     record=wants_recording(opt_out),
