@@ -462,6 +462,9 @@ class Voicemail(_Model):
     """Said once the greeting is over (``leave_message``); the call then hangs up."""
     detect_after_ms: int = Field(default=4000, ge=1000, le=30_000)
     """Speech without a pause longer than this, right after the answer, is a machine's."""
+    beep_timeout_ms: int = Field(default=2500, ge=500, le=30_000)
+    """The message is said as the greeting's beep ends; with no beep, after this much
+    silence following the greeting."""
 
     @model_validator(mode="after")
     def _message_to_leave(self) -> Voicemail:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import numpy as np
 import pytest
 from aiohttp.test_utils import TestServer
 
@@ -231,24 +232,40 @@ async def test_a_silent_callee_through_a_challenging_trunk_hears_the_greeting_af
     assert pickup[0]["pickup"] == "silent"
 
 
+@pytest.mark.parametrize("beep", [True, False], ids=["with a beep", "without"])
 async def test_a_voicemail_greeting_gets_the_playbooks_message(
-    server: TestServer, llm: ScriptedLLM, tmp_path: Path
+    server: TestServer, llm: ScriptedLLM, tmp_path: Path, beep: bool
 ) -> None:
     greeting = phone_audio(VOICEMAIL)
+    tone = silence(600, RATE) + _tone(1000, 500) if beep else b""
     described, events, heard = await _call_baresip(
-        server, tmp_path, greeting + silence(12000, RATE)
+        server, tmp_path, greeting + tone + silence(10000, RATE)
     )
 
     assert described["result"] == "answered"
     assert described["answered_by"] == "voicemail"
     assert described["reason"] == "voicemail answered: message left"
-    spoke_until = len(greeting) / 2 / RATE
+    greeted_until = (len(greeting) + len(tone)) / 2 / RATE
     loud = loud_frames(heard)
-    assert not [at for at in loud if at < spoke_until], "the agent talked over the greeting"
-    said = await _said(heard[int(spoke_until * RATE) * 2 :])
+    assert not [at for at in loud if at < greeted_until], "the agent talked over the greeting"
+    started = loud[0] - greeted_until
+    (voicemail,) = [e for e in events if e["type"] == "voicemail"]
+    if beep:
+        assert voicemail["after"] == "beep"
+        assert abs(voicemail["beep_hz"] - 1000) < 10
+        assert started <= 0.5, started  # within 500 ms after the beep ends
+    else:
+        assert voicemail["after"] == "silence"
+        assert 2.5 <= started <= 3.5, started  # after 2.5 s of silence without a beep
+    said = await _said(heard[int(greeted_until * RATE) * 2 :])
     assert word_error_rate(said, MESSAGE) <= 0.3, said
     assert llm.requests == []  # no conversation with a machine
-    assert any(e["type"] == "voicemail" for e in events)
+
+
+def _tone(hz: float, ms: int) -> bytes:
+    """A steady tone (a voicemail beep), 8 kHz PCM16 at -12 dBFS."""
+    t = np.arange(RATE * ms // 1000) / RATE
+    return bytes((np.sin(2 * np.pi * hz * t) * 8000).astype("<i2").tobytes())
 
 
 # -- sipp, the callees that do not answer, and one that waits for our BYE -----------------------

@@ -8,9 +8,11 @@ callee's first words before it greets, so it never talks over a "Hello?".
   (the playbook's ``voicemail.detect_after_ms``, 4 s): ``person`` (greet now, right after their
   words; those words are not answered as a turn of their own, the greeting answers them).
 - Speech going on past ``machine_after_ms`` without such a pause: ``machine`` (a voicemail
-  greeting). Then :attr:`Pickup.greeting_over` turns true once ``message_silence_ms`` (1.2 s)
-  of silence follows it (the greeting and any beep are done), or at the latest
-  ``machine_wait_ms`` (30 s) after the answer.
+  greeting). Then :attr:`Pickup.greeting_over` turns true as the greeting's beep ends
+  (:mod:`media.beep`: :attr:`Pickup.over_by` ``beep``), or, with no beep, once
+  ``message_silence_ms`` (the playbook's ``voicemail.beep_timeout_ms``, 2.5 s) of silence
+  follows the greeting (``silence``), or at the latest ``machine_wait_ms`` (30 s) after the
+  answer (``timeout``).
 
 A person who talks for more than 4 s without a half-second pause is taken for a machine, and a
 machine greeting with a half-second pause in its first 4 s for a person: this is the trade of
@@ -25,10 +27,13 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from media import FRAME_MS, SpeechEnded, SpeechStarted, VadSegmenter, VadSettings
+from media.beep import Beep, BeepDetector
 
-__all__ = ["Pickup", "PickupSettings", "PickupVerdict"]
+__all__ = ["GreetingEnd", "Pickup", "PickupSettings", "PickupVerdict"]
 
 PickupVerdict = Literal["silent", "person", "machine"]
+GreetingEnd = Literal["beep", "silence", "timeout"]
+"""What ended a voicemail greeting: its beep, silence without one, or the longest wait."""
 
 
 @dataclass(frozen=True)
@@ -36,7 +41,7 @@ class PickupSettings:
     greet_wait_ms: int = 1000
     end_silence_ms: int = 500
     machine_after_ms: int = 4000
-    message_silence_ms: int = 1200
+    message_silence_ms: int = 2500
     machine_wait_ms: int = 30_000
     vad: VadSettings = field(default_factory=VadSettings)
 
@@ -55,6 +60,10 @@ class Pickup:
         self.verdict: PickupVerdict | None = None
         self.greeting_over = False
         """After a ``machine`` verdict: the voicemail greeting has ended (leave the message)."""
+        self.over_by: GreetingEnd | None = None
+        self.beep: Beep | None = None
+        """The greeting's beep, once heard."""
+        self._beeps = BeepDetector()
         self.heard_ms = 0
         """How long the callee spoke before the verdict (0: silent)."""
         self._started_at: float | None = None
@@ -64,10 +73,8 @@ class Pickup:
         """Judge one frame; returns the verdict when this frame decides it, else None."""
         at = self.clock() if at is None else at
         if self.verdict == "machine":
-            self._silent_ms = 0 if self.vad.is_voiced(frame) else self._silent_ms + FRAME_MS
-            waited = (at - self.answered_at) * 1000 >= self.settings.machine_wait_ms
-            if self._silent_ms >= self.settings.message_silence_ms or waited:
-                self.greeting_over = True
+            if not self.greeting_over:
+                self._greeting(frame, at)
             return None
         if self.verdict is not None:
             return None
@@ -82,6 +89,18 @@ class Pickup:
         elif (at - self.answered_at) * 1000 >= self.settings.greet_wait_ms:
             return self._decide("silent", at)
         return None
+
+    def _greeting(self, frame: bytes, at: float) -> None:
+        """After a ``machine`` verdict: whether this frame ends the greeting."""
+        beep = self._beeps.push(frame, at)
+        self._silent_ms = 0 if self.vad.is_voiced(frame) else self._silent_ms + FRAME_MS
+        if beep is not None:
+            self.beep, self.over_by = beep, "beep"
+        elif self._silent_ms >= self.settings.message_silence_ms:
+            self.over_by = "silence"
+        elif (at - self.answered_at) * 1000 >= self.settings.machine_wait_ms:
+            self.over_by = "timeout"
+        self.greeting_over = self.over_by is not None
 
     def _decide(self, verdict: PickupVerdict, at: float) -> PickupVerdict:
         self.verdict = verdict

@@ -153,8 +153,12 @@ class OutboundCall(PhoneCall):
         leg.on_audio = self.hear
         leg.on_dtmf = self._on_dtmf
         leg.on_hangup = self._peer_hung_up
-        detect = self.voicemail.detect_after_ms
-        self.pickup = Pickup(PickupSettings(machine_after_ms=detect))
+        self.pickup = Pickup(
+            PickupSettings(
+                machine_after_ms=self.voicemail.detect_after_ms,
+                message_silence_ms=self.voicemail.beep_timeout_ms,
+            )
+        )
         self.start_media(self._send, when_idle="silence")
         self.log.info("outbound call %s answered by %s (%s)", self.id, self.to_uri, leg.encoding)
         self._announce("answered")
@@ -207,7 +211,11 @@ class OutboundCall(PhoneCall):
         self.clock.touch()
         speaker = self.session.voice.speaker
         tts = self.session.voice.voice().tts
-        self.events.publish({"type": "voicemail", "t_ms": _now_ms(), "message": message})
+        heard: dict[str, Any] = {"after": pickup.over_by}
+        if pickup.beep is not None:
+            heard["beep_hz"] = pickup.beep.frequency_hz
+            heard["beep_ms"] = pickup.beep.duration_ms
+        self.events.publish({"type": "voicemail", "t_ms": _now_ms(), "message": message, **heard})
         playbacks = []
         async for pcm in tts.synthesize(message):
             playbacks.append(speaker.push(pcm, tts.sample_rate))
