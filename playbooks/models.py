@@ -473,6 +473,19 @@ class Voicemail(_Model):
         return self
 
 
+class Idle(_Model):
+    """What the agent does when the caller goes quiet (on every transport): after
+    ``prompt_after_s`` of silence (the agent quiet too) it says ``prompt``; after
+    ``hangup_after_s`` more, it says ``goodbye`` and hangs up. Caller speech starts the count
+    again. It replaces the server's ``--idle-timeout-s`` for the playbook's calls."""
+
+    prompt_after_s: float = Field(default=10.0, ge=1.0, le=3600.0)
+    prompt: str = Field(default="Are you still there?", min_length=1)
+    hangup_after_s: float = Field(default=10.0, ge=1.0, le=3600.0)
+    goodbye: str | None = Field(default="It seems we got cut off. Goodbye.", min_length=1)
+    """None: hang up without a word."""
+
+
 class Playbook(_Model):
     id: str = Field(min_length=1)
     name: str = Field(min_length=1)
@@ -508,6 +521,9 @@ class Playbook(_Model):
     recording: Recording = Field(default_factory=Recording)
     """Call recording on this playbook (see :class:`Recording`)."""
     voicemail: Voicemail = Field(default_factory=Voicemail)
+    idle: Idle | None = None
+    """Ask a quiet caller whether they are there, then say goodbye (:class:`Idle`); None: the
+    server's ``--idle-timeout-s`` hangs up without a word."""
     """Outbound calls answered by a voicemail greeting: hang up (default) or leave a message."""
 
     @field_validator("recording", mode="before")

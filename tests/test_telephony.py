@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -21,6 +22,7 @@ from aiohttp.test_utils import TestServer
 from media import Resampler
 from media.audio import SAMPLE_RATE, pcm_rms_dbfs, silence
 from media.g711 import pcm_to_ulaw, ulaw_to_pcm
+from server.call.clock import IDLE_GOODBYE
 from server.call.session import SessionSettings
 from server.config.server import ServerConfig
 from server.http.app import AUDIOSOCKET, CALLS
@@ -327,6 +329,33 @@ async def test_a_twilio_stream_is_hung_up_at_the_call_limits(
         assert phone.closed_with == (aiohttp.WSCloseCode.OK, reason)
         assert after_s <= elapsed < after_s + 3  # the clock looks once a second
         await _wait(lambda: len(server.app[CALLS]) == 0, 5)
+
+
+QUIET_PLAYBOOK = """
+id: quiet
+name: A caller who goes quiet
+initial_stage: main
+global_system_prompt: You are a phone agent.
+idle: {prompt_after_s: 1, prompt: "Are you still there?", hangup_after_s: 1, goodbye: "Goodbye."}
+stages:
+  - {id: main, name: Main, system_prompt: Help the caller., greeting: Hello.}
+"""
+
+
+async def test_a_quiet_caller_is_asked_then_told_goodbye(llm: ScriptedLLM, tmp_path: Path) -> None:
+    (tmp_path / "quiet.yaml").write_text(QUIET_PLAYBOOK)
+    config = ServerConfig(idle_timeout_s=60.0)  # the playbook's setting replaces it
+    async with (
+        voice_server(llm.base_url, config, tmp_path) as server,
+        aiohttp.ClientSession() as http,
+    ):
+        phone = TwilioPhone(await http.ws_connect(server.make_url("/twilio/media")))
+        await phone.start("quiet")
+        await asyncio.wait_for(phone.reader, 20)
+    assert phone.closed_with == (aiohttp.WSCloseCode.OK, IDLE_GOODBYE)
+    said = await phone.heard.said()
+    assert word_error_rate(said, "Hello. Are you still there? Goodbye.") <= 0.25, said
+    assert llm.requests == []  # nothing the caller said: no turn
 
 
 @pytest.mark.parametrize(("config", "reason", "after_s"), LIMITS)

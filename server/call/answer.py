@@ -44,7 +44,8 @@ __all__ = ["Answer", "AnswerKind", "AnswerState", "Preemption"]
 
 log = logging.getLogger(__name__)
 
-AnswerKind = Literal["greeting", "spoken", "typed", "preemptive"]
+AnswerKind = Literal["greeting", "line", "spoken", "typed", "preemptive"]
+"""The greeting, a line said outside a turn (an idle prompt), or an answer to a turn."""
 
 
 class AnswerState(enum.StrEnum):

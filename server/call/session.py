@@ -307,6 +307,14 @@ class Session:
         if self.settings.greet or self.voice.notice:
             self._start_answer(self.voice.greet(stage_greeting=self.settings.greet), "greeting")
 
+    def say(self, text: str) -> Answer | None:
+        """Speak ``text`` as the agent outside a turn (an idle prompt), as the greeting is
+        spoken: a barge-in cuts it, the conversation keeps what was heard. None (nothing said)
+        while a turn runs or once the session is closed."""
+        if self._closed or self.busy:
+            return None
+        return self._start_answer(self.voice.say(text), "line")
+
     async def run(self, frames: AsyncIterable[bytes]) -> None:
         """Start, then feed every caller frame (20 ms, 16 kHz PCM16) until the iterable ends,
         then close. Frames ending by themselves during a turn (the peer vanished rather than
@@ -796,9 +804,9 @@ class Session:
         preemption: Preemption | None = None,
     ) -> Answer:
         earlier = tuple(self._unsettled)
-        self.turns += kind != "greeting"
+        self.turns += kind not in ("greeting", "line")
         answer = Answer(kind, self.voice.speaker, audio=audio, preemption=preemption)
-        name = "greeting" if kind == "greeting" else "turn"
+        name = kind if kind in ("greeting", "line") else "turn"
         answer.start(self._run(answer, work, earlier), name=f"{name}:{self.id}:{self.turns}")
         self._unsettled.add(answer)
         answer.task.add_done_callback(lambda _: self._settled(answer, work))

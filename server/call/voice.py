@@ -143,14 +143,18 @@ class VoicePlaybookOrchestrator:
         if notice:
             await self._speak(_once(notice), None, TurnTimeline())
         greeting = self.orchestrator.engine.stage.greeting if stage_greeting else None
-        if not greeting:
-            return
+        if greeting:
+            await self.say(greeting)
+
+    async def say(self, text: str) -> None:
+        """Speak ``text`` outside a turn (the greeting, an idle prompt); the conversation keeps
+        what the caller heard of it (a barge-in cuts it)."""
         self.heard = ""
         try:
-            await self._speak(_once(greeting), None, TurnTimeline())
+            await self._speak(_once(text), None, TurnTimeline())
         finally:
             heard = self.heard
-            self.orchestrator.record_said(heard, interrupted=heard != speakable(greeting))
+            self.orchestrator.record_said(heard, interrupted=heard != speakable(text))
 
     async def answer_utterance(
         self,

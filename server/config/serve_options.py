@@ -378,7 +378,8 @@ class ServeOptions(BaseModel):
         Field(
             gt=0,
             description="hang up a call (any transport) after this long without caller speech "
-            "or input (keypad, typed text) while the agent is quiet",
+            "or input (keypad, typed text) while the agent is quiet; a playbook's 'idle' "
+            "setting (a prompt, then a goodbye) replaces it for its calls",
         ),
     ] = 300.0
     max_call_s: Annotated[

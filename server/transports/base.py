@@ -57,7 +57,8 @@ class TransportCall:
         self.id = call_id
         self.session = session
         config = registry.config
-        self.clock = CallClock(config.max_call_s, config.idle_timeout_s)
+        idle = session.voice.orchestrator.engine.playbook.spec.idle
+        self.clock = CallClock(config.max_call_s, config.idle_timeout_s, idle=idle)
         self.ended = asyncio.Event()
         """Set once the call has ended and everything it held is freed."""
         self.hung_up = False
@@ -89,10 +90,19 @@ class TransportCall:
         return task
 
     def watch(self, extra: Callable[[float], str | None] | None = None) -> None:
-        """Start the call clock's watchdog: idle timeout, maximum length, a lost voice, and
-        ``extra(now)``'s reason when it gives one."""
-        watched = self.clock.watch(lambda: self.session.busy, self.hangup, extra or _no_reason)
+        """Start the call clock's watchdog: idle timeout (or the playbook's idle prompt and
+        goodbye), maximum length, a lost voice, and ``extra(now)``'s reason when it gives one."""
+        watched = self.clock.watch(
+            lambda: self.session.busy, self.hangup, extra or _no_reason, self._say
+        )
         self.spawn(watched, "watchdog")
+
+    async def _say(self, text: str) -> None:
+        """Say ``text`` outside a turn (the idle prompt), once the agent is quiet; returns
+        once it has been played or cut short."""
+        answer = self.session.say(text)
+        if answer is not None:
+            await asyncio.wait({answer.task})  # cut short by a barge-in, it ends all the same
 
     # -- transfers -------------------------------------------------------------------------------
 
