@@ -285,6 +285,31 @@ class ServeOptions(BaseModel):
         Field(description="the DNS server SIP hosts are looked up in (NAPTR, SRV, then A)"),
     ] = None
 
+    sip_srtp: Annotated[
+        Literal["required", "optional", "off"],
+        Cli(SIP, "MODE"),
+        Field(
+            description="SRTP (SDES keys) on inbound calls: required (plain RTP gets 488), "
+            "optional (when offered) or off"
+        ),
+    ] = "optional"
+
+    sip_tls: Annotated[
+        Address,
+        Cli(SIP, "[HOST:]PORT"),
+        Field(description="also take SIP over TLS here (with --sip-tls-cert and --sip-tls-key)"),
+    ] = None
+    sip_tls_cert: Annotated[
+        Path | None,
+        Cli(SIP, "PATH"),
+        Field(description="the PEM certificate (chain) SIP over TLS shows"),
+    ] = None
+    sip_tls_key: Annotated[
+        Path | None,
+        Cli(SIP, "PATH"),
+        Field(description="the PEM private key of --sip-tls-cert"),
+    ] = None
+
     # -- transfers of media-stream calls (docs/telephony.md, "Transfers")
     transfer_api_url: Annotated[
         BaseUrl,

@@ -10,11 +10,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from ipaddress import IPv4Network, IPv6Network
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from media import HearingSettings, TranscriberSettings
 from media.remote import RemoteSynthesizerSettings, RemoteTranscriberSettings
@@ -75,6 +76,36 @@ class IceServer:
 
 
 @dataclass(frozen=True)
+class SipTls:
+    """SIP over TLS (``--sip-tls``): where it listens, and the certificate it shows."""
+
+    host: str
+    port: int
+    certificate: Path
+    key: Path
+
+    def context(self) -> ssl.SSLContext:
+        """The server's TLS context; raises ConfigError with one line when the certificate or
+        key cannot be read, or do not match."""
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        try:
+            context.load_cert_chain(self.certificate, self.key)
+        except FileNotFoundError as exc:
+            raise ConfigError(f"--sip-tls: {exc.filename}: no such file") from None
+        except (ssl.SSLError, OSError) as exc:
+            reason = getattr(exc, "reason", None) or exc.__class__.__name__
+            raise ConfigError(
+                f"--sip-tls: cannot use {self.certificate} with {self.key}: {reason}"
+            ) from None
+        return context
+
+
+SrtpMode = Literal["required", "optional", "off"]
+"""Whether SIP calls' media must be SRTP (SDES), may be, or must not be."""
+
+
+@dataclass(frozen=True)
 class SipSettings:
     """The native SIP endpoint (``--sip``): where it listens and whom it answers."""
 
@@ -100,6 +131,10 @@ class SipSettings:
     """Challenge INVITEs from outside ``allow`` (``--sip-auth``); None: they get no answer."""
     dns_server: tuple[str, int] | None = None
     """The nameserver SIP hosts are resolved with (NAPTR, SRV, A); None: the system's."""
+    srtp: SrtpMode = "optional"
+    """SRTP for inbound calls (``--sip-srtp``): when offered, always, or never."""
+    tls: SipTls | None = None
+    """Also take SIP over TLS (``--sip-tls``)."""
 
 
 @dataclass(frozen=True)
@@ -367,7 +402,23 @@ def _sip_settings(options: ServeOptions) -> SipSettings | None:
         register=register,
         auth=auth,
         dns_server=options.sip_dns_server,
+        srtp=options.sip_srtp,
+        tls=_sip_tls(options, host),
     )
+
+
+def _sip_tls(options: ServeOptions, default_host: str) -> SipTls | None:
+    """``--sip-tls``'s settings, the certificate and key checked; raises ConfigError."""
+    if options.sip_tls is None:
+        if options.sip_tls_cert or options.sip_tls_key:
+            raise ConfigError("--sip-tls-cert and --sip-tls-key need --sip-tls [HOST:]PORT")
+        return None
+    if options.sip_tls_cert is None or options.sip_tls_key is None:
+        raise ConfigError("--sip-tls needs --sip-tls-cert and --sip-tls-key")
+    host, port = options.sip_tls
+    tls = SipTls(host or default_host, port, options.sip_tls_cert, options.sip_tls_key)
+    tls.context()
+    return tls
 
 
 def _remote_stt(options: ServeOptions) -> RemoteTranscriberSettings | None:

@@ -143,13 +143,15 @@ async def start_baresip(
     dial: str | None = None,
     linger_s: float = 30.0,
     wideband: bool = False,
+    extra_config: str = "",
 ) -> Baresip:
     """Start baresip in ``folder`` (created) with one local account that never registers
     (``account``: its user and any parameters, e.g. ``human;answermode=auto`` to answer at
     once), saying ``speech`` (8 kHz PCM16) in each call; it dials ``dial`` if given. It quits
     by itself ``linger_s`` after the speech would end, even if the test dies; stop it with
     :meth:`Baresip.stop`. With ``wideband`` it also has G.722, offered after PCMU and PCMA
-    (and its file source then plays at 16 kHz: the call must settle on G.722).
+    (and its file source then plays at 16 kHz: the call must settle on G.722). ``extra_config``:
+    more lines for its configuration (modules, ``sip_cafile``...).
     Fails the test if baresip is not installed."""
     path = shutil.which("baresip")
     if path is None:
@@ -172,7 +174,7 @@ async def start_baresip(
             sip_port=port,
             speech=wav_path,
             recordings=recordings,
-            wideband="module\t\t\tg722.so\n" if wideband else "",
+            extra=("module\t\t\tg722.so\n" if wideband else "") + extra_config,
         )
     )
     user, _, parameters = account.partition(";")

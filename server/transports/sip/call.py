@@ -28,6 +28,7 @@ from .sdp import (
     media_problem,
     reanswer,
 )
+from .srtp import Crypto, protect_session
 from .transfer import SipTransfers
 
 __all__ = ["PHONE_RATE", "SAMPLES_PER_FRAME", "SipCall"]
@@ -82,6 +83,8 @@ class SipCall(PhoneCall):
         self._by_peer = False
         self._heard_caller = False
         self.transfers: SipTransfers | None = None
+        self.srtp: tuple[Crypto, Crypto] | None = None
+        """The caller's SDES key and ours, when the call is on SRTP (set before :meth:`start`)."""
         self.relay: Callable[[bytes], None] | None = None
         """While bridged to a person (a transfer): where the caller's audio goes instead, at
         8 kHz (a bridge's leg is G.711)."""
@@ -97,6 +100,8 @@ class SipCall(PhoneCall):
         await self.media.start()
         if self.hung_up:  # cancelled while binding
             return
+        if self.srtp is not None:
+            protect_session(self.media.rtp_session, *self.srtp)
         self.media.on_audio = self._on_audio
         self.media.on_dtmf = self._on_dtmf
         self.invite.accept(self.answer)
@@ -140,6 +145,11 @@ class SipCall(PhoneCall):
             return
         try:
             answer = reanswer(offer, self.answer, self.media.chosen_payload_type)
+            if self.srtp is not None:  # the keys stay those of the call
+                audio = answer.audio
+                assert audio is not None
+                audio.proto = "RTP/SAVP"
+                audio.attributes["crypto"] = [self.srtp[1].line()]
             problem = media_problem(offer, self.settings.host, on_hold_ok=True)
             if problem is not None:
                 raise ValueError(problem)

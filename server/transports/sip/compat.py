@@ -19,13 +19,16 @@ import dataclasses
 import inspect
 import logging
 import re
+import ssl
 from collections.abc import Callable, Mapping
 from importlib import metadata
 from typing import Any
 
+from aiortp.base_session import BaseRTPSession
+from aiortp.transport import RtpTransport
 from aiosipua import IncomingCall, Registration, SipRequest, SipResponse, SipUAC
 from aiosipua.dialog import Dialog
-from aiosipua.transport import SipTransport, UdpSipTransport
+from aiosipua.transport import SipTransport, TcpSipTransport, UdpSipTransport
 
 from server.config.llm import ConfigError
 
@@ -77,12 +80,27 @@ def _private_members() -> dict[str, bool]:
         == ["self", "expires", "auth_header"],
         "Registration._cancel_timers": callable(getattr(Registration, "_cancel_timers", None)),
         "SipUAC._registrations": "self._registrations" in inspect.getsource(SipUAC.__init__),
+        "RTPSession._rtp_transport, _rtcp_transport (SRTP)": {
+            "self._rtp_transport",
+            "self._rtcp_transport",
+        }
+        <= _assigned(BaseRTPSession.__init__),
+        "RtpTransport._transport (SRTP)": "self._transport" in _assigned(RtpTransport.__init__),
+        "TcpSipTransport._server, _handle_connection (TLS)": "self._server = await"
+        in inspect.getsource(TcpSipTransport.start)
+        and callable(getattr(TcpSipTransport, "_handle_connection", None)),
         "SipUAC._build_invite(dialog, sdp_offer=, user_agent=)": callable(
             build_invite := getattr(SipUAC, "_build_invite", None)
         )
         and list(inspect.signature(build_invite).parameters)[:4]
         == ["self", "dialog", "sdp_offer", "user_agent"],
     }
+
+
+def _assigned(function: Callable[..., Any]) -> set[str]:
+    """The ``self.NAME`` a function's source assigns."""
+    source = inspect.getsource(function)
+    return set(re.findall(r"(self\.\w+)(?:: [^=]+)? =", source))
 
 
 PRIVATE_MEMBERS = tuple(_private_members())
@@ -216,6 +234,22 @@ class UdpTransport(UdpSipTransport):
         stack reads it as nothing). Nothing when the socket is not open."""
         if self._udp_transport is not None:
             self._udp_transport.sendto(b"\r\n\r\n", addr)
+
+
+@dataclasses.dataclass
+class TlsTransport(TcpSipTransport):
+    """aiosipua's TCP transport, its server socket wrapped in TLS (``ssl_context``)."""
+
+    ssl_context: ssl.SSLContext | None = None
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(
+            self._handle_connection,
+            host=self.local_addr[0],
+            port=self.local_addr[1],
+            ssl=self.ssl_context,
+            ssl_handshake_timeout=10,
+        )
 
 
 def _release(version: str) -> tuple[int, int, int]:

@@ -14,7 +14,7 @@ from aiosipua.transport import SipTransport
 
 from .compat import MessageHandler
 
-__all__ = ["MAX_CSEQ", "USER_AGENT", "guard"]
+__all__ = ["MAX_CSEQ", "USER_AGENT", "guard", "warning"]
 
 log = logging.getLogger(__name__)
 
@@ -109,15 +109,21 @@ def _bad_request(
         response.headers.set_single(
             "To", to if ";tag=" in to else f"{to};tag={secrets.token_hex(4)}"
         )
-    text = "".join(
-        c if c.isascii() and c.isprintable() and c not in '"\\' else "?" for c in problem
-    )
-    response.headers.set_single("Warning", f'399 {USER_AGENT.lower()} "{text[:120]}"')
+    response.headers.set_single("Warning", warning(problem))
     response.headers.set_single("User-Agent", USER_AGENT)
     try:
         transport.send_reply(response)
     except (ValueError, RuntimeError) as exc:  # no route back (no usable Via, TCP gone)
         log.warning("SIP 400 to %s:%d not sent: %s", addr[0], addr[1], exc)
+
+
+def warning(problem: str) -> str:
+    """A ``Warning`` header value (RFC 3261 20.43) saying ``problem`` (printable ASCII, 120
+    characters at most)."""
+    text = "".join(
+        c if c.isascii() and c.isprintable() and c not in '"\\' else "?" for c in problem
+    )
+    return f'399 {USER_AGENT.lower()} "{text[:120]}"'
 
 
 def _number(text: str) -> int | None:

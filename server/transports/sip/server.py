@@ -36,7 +36,7 @@ from collections.abc import Mapping
 
 from aiosipua import DialogState, IncomingCall, SdpMessage, SdpNegotiationError, SipRequest, SipUAS
 from aiosipua.rtp_bridge import CallSession
-from aiosipua.transport import TcpSipTransport
+from aiosipua.transport import SipTransport, TcpSipTransport
 
 from server.admission.ratelimit import RateLimited
 from server.call.recordings import OPT_OUT_HEADER, wants_recording
@@ -47,6 +47,7 @@ from server.runtime.registry import CallRegistry, OverCapacity
 
 from .call import PHONE_RATE, SipCall
 from .compat import (
+    TlsTransport,
     UdpTransport,
     check_sip_stack,
     headers_in_answer,
@@ -59,7 +60,7 @@ from .digest import DigestRealm, FailureThrottle
 from .outbound import SESSION_HEADER, OutboundCall
 from .registration import Registrar
 from .resolve import SipResolver
-from .rfc3261 import USER_AGENT, guard
+from .rfc3261 import USER_AGENT, guard, warning
 from .rtp_ports import NoFreePort, RtpPorts
 from .sdp import (
     choose_codec,
@@ -69,6 +70,7 @@ from .sdp import (
     offered_dtmf_type,
     sendable,
 )
+from .srtp import choose_crypto, secure_answer, secured, srtp_problem
 from .transfer import SipTransfers
 
 __all__ = ["SipServer"]
@@ -130,14 +132,25 @@ class SipServer:
             user_agent=USER_AGENT,
             resolver=SipResolver(self.settings.dns_server),
         )
-        for transport in (udp, TcpSipTransport(local_addr=(host, self.port))):
+        transports: list[tuple[SipTransport, tuple[str, int] | None]] = [
+            (udp, self._advertised()),
+            (TcpSipTransport(local_addr=(host, self.port)), self._advertised()),
+        ]
+        tls = self.settings.tls
+        if tls is not None:
+            secure = TlsTransport(local_addr=(tls.host, tls.port), ssl_context=tls.context())
+            transports.append((secure, self._advertised(tls.port)))
+        for transport, advertised in transports:
             agent = SipUAS(
                 transport,
                 user_agent=USER_AGENT,
-                advertised_addr=self._advertised(),
+                advertised_addr=advertised,
                 uac=self.dialer.uac if transport is udp else None,
             )
-            agent.on_invite = self._on_invite
+            if isinstance(transport, TlsTransport):
+                agent.on_invite = functools.partial(self._on_invite, over_tls=True)
+            else:
+                agent.on_invite = self._on_invite
             agent.on_reinvite = self._on_reinvite
             agent.on_bye = self._on_bye
             agent.on_cancel = self._on_cancel
@@ -200,22 +213,22 @@ class SipServer:
             log.warning("SIP from %s ignored: not in --sip-allow", addr[0])
         return False
 
-    def _advertised(self) -> tuple[str, int] | None:
+    def _advertised(self, port: int | None = None) -> tuple[str, int] | None:
         ip = self.settings.advertise or host_ip(self.settings.host)
         if ipaddress.ip_address(ip).is_unspecified:
             return None
-        return (ip, self.port)
+        return (ip, port or self.port)
 
-    def _on_invite(self, invite: IncomingCall) -> None:
+    def _on_invite(self, invite: IncomingCall, *, over_tls: bool = False) -> None:
         task = asyncio.create_task(
-            self._answer_or_fail(invite), name=f"sip-invite:{invite.call_id}"
+            self._answer_or_fail(invite, over_tls), name=f"sip-invite:{invite.call_id}"
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _answer_or_fail(self, invite: IncomingCall) -> None:
+    async def _answer_or_fail(self, invite: IncomingCall, over_tls: bool = False) -> None:
         try:
-            await self._answer(invite)
+            await self._answer(invite, over_tls)
         except Exception:  # a bug: say so, and do not leave the caller ringing
             log.exception("SIP INVITE %s could not be answered", invite.call_id)
             if invite.dialog.state is DialogState.EARLY:
@@ -243,7 +256,7 @@ class SipServer:
         respond_and_end(invite, 401, "Unauthorized", {"WWW-Authenticate": challenge})
         return False
 
-    async def _answer(self, invite: IncomingCall) -> None:
+    async def _answer(self, invite: IncomingCall, over_tls: bool = False) -> None:
         if not self._authenticated(invite):
             return
         offer = invite.sdp_offer
@@ -262,7 +275,15 @@ class SipServer:
             return
         self.calls[invite.call_id] = call
         record_route_in_answers(invite)
-        headers_in_answer(invite, {SESSION_HEADER: call.id})
+        answer_headers = {SESSION_HEADER: call.id}
+        if over_tls and self.settings.tls is not None:  # the dialog stays on TLS
+            ip, port = self._advertised(self.settings.tls.port) or (
+                _local_ip_towards(invite.source_addr[0]),
+                self.settings.tls.port,
+            )
+            shown = f"[{ip}]" if ":" in ip else ip
+            answer_headers["Contact"] = f"<sip:{shown}:{port};transport=tls>"
+        headers_in_answer(invite, answer_headers)
         invite.ringing()
         try:
             await call.start()
@@ -288,10 +309,15 @@ class SipServer:
         playbook_id = registry.playbook_id(_requested_playbook(invite, registry.engines.playbooks))
         opt_out = invite.invite.headers.get_first(OPT_OUT_HEADER)
         chosen = choose_codec(offer)
+        problem = srtp_problem(offer, self.settings.srtp)
         if chosen is None:
-            log.warning("SIP call from %s refused: no G.722 or G.711 audio offered", invite.caller)
-            invite.reject(488, "Not Acceptable Here")
+            problem = "no G.722 or G.711 audio offered"
+        if problem is not None:
+            log.warning("SIP call from %s refused: %s", invite.caller, problem)
+            respond_and_end(invite, 488, "Not Acceptable Here", {"Warning": warning(problem)})
             return None
+        assert chosen is not None
+        theirs = choose_crypto(offer) if secured(offer) else None
         with contextlib.ExitStack() as unless_admitted:
 
             def build(call_id: str, session: Session) -> SipCall:
@@ -318,6 +344,8 @@ class SipServer:
                 )
                 call.transfers = self.transfers
                 call.playbook_id = playbook_id
+                if theirs is not None:
+                    call.srtp = (theirs, secure_answer(media.sdp_answer, theirs))
                 return call
 
             try:

@@ -1,0 +1,219 @@
+"""Encrypted SIP calls: SIP over TLS (``--sip-tls``) and SRTP keyed in the SDP (``--sip-srtp``).
+
+baresip, a real phone with its own TLS and SRTP, calls over TLS with SRTP mandatory: it is
+understood and hears the agent. A hand-made caller reads the packets themselves: with SRTP
+required, a plain RTP offer is refused with 488; an SRTP offer is answered with Vocable's own
+key, every packet it sends is unreadable as G.711 on the wire and authenticates and decrypts
+with that key (libsrtp) into the agent's greeting. Real Whisper, Piper and webrtcvad.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime
+import ipaddress
+import secrets
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from aiohttp.test_utils import TestServer
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from pylibsrtp import Policy, Session
+
+from media import Resampler
+from media.audio import SAMPLE_RATE, pcm_rms_dbfs, silence
+from media.g711 import ulaw_to_pcm
+from server.config.llm import ConfigError
+from server.config.server import ServerConfig, SipSettings, SipTls
+from server.http.app import SIP
+from server.testkit.scripted_llm import ScriptedLLM, answers_by_words
+from server.testkit.sip_phone import SipPhone
+from tests.support.baresip import RATE, loud_frames, start_baresip, until
+from tests.support.calls import transcriber, voice_server, word_error_rate
+from tests.support.phone import ANSWER, phone_audio
+from tests.support.processes import free_port
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
+
+QUESTION = "Where is my order?"
+GREETING_S = 4.5
+"""The support playbook's greeting, which plays while the caller is silent."""
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and its key (PEM files)."""
+    folder = tmp_path_factory.mktemp("tls")
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=2))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = folder / "cert.pem", folder / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
+
+
+@pytest.fixture
+async def server(llm: ScriptedLLM, certificate: tuple[Path, Path]) -> AsyncIterator[TestServer]:
+    llm.script(answers_by_words({}, ANSWER))
+    tls = SipTls("127.0.0.1", free_port(), *certificate)
+    sip = SipSettings(host="127.0.0.1", port=0, srtp="required", tls=tls)
+    async with voice_server(llm.base_url, ServerConfig(sip=sip)) as server:
+        yield server
+
+
+async def test_baresip_over_tls_with_srtp_is_understood_and_hears_the_agent(
+    server: TestServer, llm: ScriptedLLM, tmp_path: Path, certificate: tuple[Path, Path]
+) -> None:
+    sip = server.app[SIP]
+    tls = sip.settings.tls
+    assert tls is not None
+    speech = silence(round(GREETING_S * 1000), RATE) + phone_audio(QUESTION) + silence(5000, RATE)
+    phone = await start_baresip(
+        tmp_path / "caller",
+        speech,
+        account="caller;mediaenc=srtp-mand",
+        dial=f"sip:support@127.0.0.1:{tls.port};transport=tls",
+        extra_config=f"module\t\t\tsrtp.so\nsip_cafile\t\t{certificate[0]}\n",
+    )
+    try:
+        await until(lambda: bool(sip.calls), 10, "baresip's call over TLS was not answered", phone)
+        (call,) = sip.calls.values()
+        await until(call.ended.is_set, len(speech) / 2 / RATE + 10, "it did not end", phone)
+    finally:
+        await phone.stop()
+    assert call.srtp is not None, "the call is not on SRTP"
+    (asked,) = llm.user_turns
+    assert word_error_rate(asked, QUESTION) <= 0.25, asked
+    heard = phone.heard()
+    assert loud_frames(heard[: int(GREETING_S * RATE) * 2]), "baresip heard no greeting"
+    resampler = Resampler(RATE, SAMPLE_RATE)
+    after = heard[int((GREETING_S + 1.5) * RATE) * 2 :]
+    said = (await transcriber().transcribe(resampler.resample(after) + resampler.flush())).text
+    assert word_error_rate(said, ANSWER) <= 0.3, said
+
+
+class _Wire(asyncio.DatagramProtocol):
+    """A caller's RTP port that keeps every packet as it arrives."""
+
+    def __init__(self) -> None:
+        self.packets: list[bytes] = []
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        self.packets.append(data)
+
+
+@pytest.fixture
+async def wire() -> AsyncIterator[tuple[int, _Wire]]:
+    loop = asyncio.get_running_loop()
+    transport, wire = await loop.create_datagram_endpoint(_Wire, local_addr=("127.0.0.1", 0))
+    try:
+        yield int(transport.get_extra_info("sockname")[1]), wire
+    finally:
+        transport.close()
+
+
+def _srtp_offer(port: int, key: bytes) -> str:
+    inline = base64.b64encode(key).decode()
+    return "\r\n".join(
+        [
+            "v=0",
+            "o=phone 1 1 IN IP4 127.0.0.1",
+            "s=-",
+            "c=IN IP4 127.0.0.1",
+            "t=0 0",
+            f"m=audio {port} RTP/SAVP 0",
+            "a=rtpmap:0 PCMU/8000",
+            f"a=crypto:1 AES_CM_128_HMAC_SHA1_80 inline:{inline}",
+            "a=sendrecv",
+            "",
+        ]
+    )
+
+
+def _levels(pcm8k: bytes) -> Iterator[float]:
+    return (pcm_rms_dbfs(pcm8k[i : i + 320]) for i in range(0, len(pcm8k) - 319, 320))
+
+
+async def test_srtp_on_the_wire_is_unreadable_and_decrypts_with_the_sdes_key(
+    server: TestServer, wire: tuple[int, _Wire]
+) -> None:
+    port, received = wire
+    plain = await SipPhone.open(server.app[SIP].port)
+    phone = await SipPhone.open(server.app[SIP].port)
+    try:
+        refused = await plain.invite()  # plain RTP, and SRTP is required
+        phone.request("INVITE", "support", _srtp_offer(port, secrets.token_bytes(30)))
+        answer = await phone.response(10.0)
+        phone.invite_cseq = phone.cseq
+        phone.ack(answer)
+        await asyncio.sleep(3.0)  # the greeting, on the wire
+        await phone.bye()
+    finally:
+        await plain.close()
+        await phone.close()
+
+    assert refused.status_code == 488
+    assert "requires SRTP" in (refused.headers.get_first("warning") or "")
+    assert answer.status_code == 200
+    (crypto,) = [line for line in answer.text.splitlines() if line.startswith("a=crypto:")]
+    assert "RTP/SAVP" in answer.text
+    suite, inline = crypto.split()[1:3]
+    assert suite == "AES_CM_128_HMAC_SHA1_80"
+    key = base64.b64decode(inline.removeprefix("inline:"))
+    profile = Policy.SRTP_PROFILE_AES128_CM_SHA1_80
+    inbound = Session(Policy(key=key, ssrc_type=Policy.SSRC_ANY_INBOUND, srtp_profile=profile))
+    rtp = [p for p in received.packets if len(p) > 12 and not 192 <= p[1] <= 223]
+    assert len(rtp) >= 100, len(rtp)  # 20 ms packets for most of 3 s
+    on_the_wire = b"".join(ulaw_to_pcm(p[12:-10]) for p in rtp)  # as if it were G.711
+    clear = b"".join(ulaw_to_pcm(inbound.unprotect(p)[12:]) for p in rtp)
+    wire_levels, clear_levels = list(_levels(on_the_wire)), list(_levels(clear))
+    assert min(wire_levels) > -20, "a packet on the wire reads as quiet G.711"
+    assert sum(level > -45 for level in clear_levels) > 20, "the greeting is not in the packets"
+    assert sum(level < -60 for level in clear_levels) > 3, "no silence before the greeting"
+
+
+def test_a_certificate_that_does_not_match_its_key_is_refused_in_one_line(
+    certificate: tuple[Path, Path], tmp_path: Path
+) -> None:
+    other = tmp_path / "other.pem"
+    other.write_bytes(
+        ec.generate_private_key(ec.SECP256R1()).private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    with pytest.raises(ConfigError) as refused:
+        SipTls("127.0.0.1", 5061, certificate[0], other).context()
+    assert str(refused.value) == (
+        f"--sip-tls: cannot use {certificate[0]} with {other}: KEY_VALUES_MISMATCH"
+    )
+    with pytest.raises(ConfigError, match="no such file"):
+        SipTls("127.0.0.1", 5061, tmp_path / "missing.pem", other).context()
