@@ -192,7 +192,7 @@ async def test_a_refused_sip_call_gives_its_rtp_port_back(registry: CallRegistry
     await sip.start()
     phone = await SipPhone.open(sip.port)
     try:
-        assert (await phone.invite(payload_types=(9,))).status_code == 488  # G.722 only
+        assert (await phone.invite(payload_types=(18,))).status_code == 488  # G.729 only
         assert not sip.rtp_ports.leased
         assert len(registry) == 0
     finally:
