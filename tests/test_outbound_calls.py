@@ -47,8 +47,8 @@ MESSAGE = "This is Acme. Your parcel arrives on Tuesday. Goodbye."
 QUESTION = "When will it arrive?"
 HELLO = "Hello?"
 VOICEMAIL = (
-    "Hi, you have reached the voicemail of Sam Taylor. I cannot take your call right now, "
-    "so please leave your name, your number and a short message after the tone."
+    "Hi, you have reached the voicemail of Sam Taylor, please leave your name and your number "
+    "after the tone."
 )
 PLAYBOOK = f"""
 id: outreach

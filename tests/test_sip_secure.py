@@ -94,7 +94,7 @@ async def test_baresip_over_tls_with_srtp_is_understood_and_hears_the_agent(
     sip = server.app[SIP]
     tls = sip.settings.tls
     assert tls is not None
-    speech = silence(round(GREETING_S * 1000), RATE) + phone_audio(QUESTION) + silence(5000, RATE)
+    speech = silence(round(GREETING_S * 1000), RATE) + phone_audio(QUESTION) + silence(4000, RATE)
     phone = await start_baresip(
         tmp_path / "caller",
         speech,
