@@ -34,6 +34,7 @@ __all__ = [
     "noisy_question",
     "summarize_noisy",
     "word_error_rate",
+    "word_errors",
     "words_of",
 ]
 
@@ -103,13 +104,19 @@ async def noise_alone(
 
 def word_error_rate(reference: str, hypothesis: str) -> float:
     """Word-level edit distance over the reference's length (words lowercased, no punctuation)."""
+    return word_errors(reference, hypothesis) / max(1, len(words_of(reference)))
+
+
+def word_errors(reference: str, hypothesis: str) -> int:
+    """Word-level edit distance: substitutions, insertions and deletions (as :func:`words_of`
+    reads the words)."""
     ref, hyp = words_of(reference), words_of(hypothesis)
     row = list(range(len(hyp) + 1))
     for i, word in enumerate(ref, 1):
         previous, row[0] = row[0], i
         for j, other in enumerate(hyp, 1):
             previous, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, previous + (word != other))
-    return row[-1] / max(1, len(ref))
+    return row[-1]
 
 
 _CONTRACTIONS = {

@@ -31,7 +31,7 @@ from media.g711 import pcm_to_ulaw, ulaw_to_pcm
 from server.testkit.impairments import mix_at_snr, noise
 from server.testkit.scenarios.speech import _espeak, aligned_speech, aligned_voice, to_rate
 
-from .noisy_calls import words_of
+from .noisy_calls import word_errors, words_of
 
 __all__ = ["LINES", "VOICES", "main"]
 
@@ -93,17 +93,6 @@ def over_g722(pcm: bytes) -> bytes:
     return b"".join(decoder.decode(encoder.encode(frame)) for frame in frames)
 
 
-def errors(reference: str, hypothesis: str) -> int:
-    """Word-level edit distance (as ``benchmarks.noisy_calls.word_error_rate`` counts it)."""
-    ref, hyp = words_of(reference), words_of(hypothesis)
-    row = list(range(len(hyp) + 1))
-    for i, word in enumerate(ref, 1):
-        previous, row[0] = row[0], i
-        for j, other in enumerate(hyp, 1):
-            previous, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, previous + (word != other))
-    return row[-1]
-
-
 async def measure() -> dict[str, Any]:
     transcriber = Transcriber.load()
     codecs = {"G.711": over_g711, "G.722": over_g722}
@@ -114,7 +103,7 @@ async def measure() -> dict[str, Any]:
         record: dict[str, Any] = {"line": text, "voice": VOICES[index % len(VOICES)]}
         for name, carry in codecs.items():
             heard = (await transcriber.transcribe(carry(line))).text
-            count = errors(text, heard)
+            count = word_errors(text, heard)
             totals[name] += count
             record[name] = {"heard": heard, "errors": count}
         lines.append(record)

@@ -62,7 +62,7 @@ class ServerMetrics:
         )
         self.sip_registered = Gauge(
             "vocable_sip_registered",
-            "1 while the SIP registration (--sip-register) holds, else 0 (absent without one).",
+            "1 while the SIP registration (--sip-register) holds, else 0 (also without one).",
             registry=self.registry,
         )
         self.sessions = Counter("vocable_sessions", "Calls accepted.", registry=self.registry)
