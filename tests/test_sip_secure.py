@@ -16,7 +16,9 @@ import ipaddress
 import secrets
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 from cryptography import x509
@@ -30,6 +32,7 @@ from media.audio import SAMPLE_RATE, pcm_rms_dbfs, silence
 from media.g711 import ulaw_to_pcm
 from server.config.llm import ConfigError
 from server.config.server import ServerConfig, SipSettings, SipTls
+from server.config.sip_trunks import Trunk
 from server.http.app import SIP
 from server.testkit.scripted_llm import ScriptedLLM, answers_by_words
 from server.testkit.sip_phone import SipPhone
@@ -217,3 +220,49 @@ def test_a_certificate_that_does_not_match_its_key_is_refused_in_one_line(
     )
     with pytest.raises(ConfigError, match="no such file"):
         SipTls("127.0.0.1", 5061, tmp_path / "missing.pem", other).context()
+
+
+async def _call_ended(server: TestServer, body: dict[str, Any]) -> dict[str, Any]:
+    """Place ``POST /calls`` ``body`` and wait for the call to end; its description."""
+    async with aiohttp.ClientSession() as http:
+        async with http.post(server.make_url("/calls"), json=body) as placed:
+            assert placed.status == 201, await placed.text()
+            url = server.make_url(f"/calls/{(await placed.json())['session_id']}")
+        async with asyncio.timeout(30):
+            while True:
+                async with http.get(url) as got:
+                    described: dict[str, Any] = await got.json()
+                if described["state"] == "ended":
+                    return described
+                await asyncio.sleep(0.1)
+
+
+async def test_a_trunk_on_tls_checks_the_proxys_certificate_and_calls_through_it(
+    llm: ScriptedLLM, tmp_path: Path, certificate: tuple[Path, Path]
+) -> None:
+    cert, key = certificate
+    both = tmp_path / "callee.pem"  # baresip reads its certificate and key from one file
+    both.write_bytes(cert.read_bytes() + key.read_bytes())
+    callee = await start_baresip(
+        tmp_path / "callee",
+        silence(3000, RATE),
+        account="callee;answermode=auto",
+        extra_config=f"sip_certificate\t\t{both}\n",
+    )
+    try:
+        proxy = ("127.0.0.1", callee.sip_port + 1)  # its SIP over TLS
+        trunks = {
+            "tls": Trunk("tls", proxy=proxy, transport="tls", ca_file=cert),
+            "untrusted": Trunk("untrusted", proxy=proxy, transport="tls"),  # system CAs only
+        }
+        tls = SipTls("127.0.0.1", free_port(), cert, key)
+        sip = SipSettings(host="127.0.0.1", port=0, trunks=trunks, tls=tls)
+        async with voice_server(llm.base_url, ServerConfig(sip=sip)) as server:
+            refused = await _call_ended(server, {"to": "callee", "trunk": "untrusted"})
+            answered = await _call_ended(server, {"to": "callee", "trunk": "tls"})
+    finally:
+        await callee.stop()
+    assert refused["result"] == "failed"
+    assert "certificate verify failed" in refused["reason"], refused
+    assert answered["result"] == "answered", answered
+    assert answered["reason"] == "the callee hung up", answered

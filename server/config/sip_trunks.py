@@ -8,7 +8,10 @@ A :class:`Trunk` is named (``POST /calls`` picks one with ``"trunk"``) and says:
   ``sip:+15551230000@domain``); default: the proxy's host;
 - ``username`` and a password: the digest credentials that answer a 401/407 challenge;
 - ``caller_id`` (the From user, the number a callee sees), ``display_name`` and
-  ``asserted_identity`` (a ``P-Asserted-Identity`` URI, which carriers read for caller ID).
+  ``asserted_identity`` (a ``P-Asserted-Identity`` URI, which carriers read for caller ID);
+- ``transport``: ``udp``, or ``tls`` to the proxy (its certificate checked against
+  ``ca_file``, else the system's authorities; the server needs ``--sip-tls``, where the
+  proxy's in-dialog requests come back).
 
 Trunks come from a YAML file (``--sip-trunks``)::
 
@@ -32,7 +35,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
@@ -105,6 +108,10 @@ class Trunk:
     caller_id: str | None = None
     display_name: str | None = None
     asserted_identity: str | None = None
+    transport: Literal["udp", "tls"] = "udp"
+    """How INVITEs reach the proxy: UDP, or TLS (the certificate checked against ``ca_file``,
+    else the system's authorities, for the proxy's name)."""
+    ca_file: Path | None = None
 
     def __post_init__(self) -> None:
         if (self.username is None) != (self.password is None):
@@ -249,6 +256,8 @@ def read_secret(
 class _TrunkEntry(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    transport: Literal["udp", "tls"] = "udp"
+    ca_file: Path | None = None
     proxy: str | None = None
     domain: str | None = None
     username: str | None = None
@@ -285,6 +294,8 @@ def trunk_of(
     caller_id: str | None = None,
     display_name: str | None = None,
     asserted_identity: str | None = None,
+    transport: Literal["udp", "tls"] = "udp",
+    ca_file: Path | None = None,
 ) -> Trunk:
     """A trunk from plain settings (a file's entry, or flags); raises TrunkError."""
     what = f"trunk {name!r}"
@@ -306,8 +317,14 @@ def trunk_of(
     for label, uri in (("asserted_identity", asserted_identity),):
         if uri is not None and not uri.lower().startswith(("sip:", "tel:")):
             raise TrunkError(f"{what}: {label} must be a sip: or tel: URI")
+    if transport == "tls" and address is None:
+        raise TrunkError(f"{what}: transport tls needs a proxy")
+    if ca_file is not None and not ca_file.is_file():
+        raise TrunkError(f"{what}: ca_file {ca_file}: no such file")
     return Trunk(
         name,
+        transport=transport,
+        ca_file=ca_file,
         proxy=address,
         domain=domain,
         username=username or None,

@@ -238,11 +238,17 @@ class UdpTransport(UdpSipTransport):
 
 @dataclasses.dataclass
 class TlsTransport(TcpSipTransport):
-    """aiosipua's TCP transport, its server socket wrapped in TLS (``ssl_context``)."""
+    """aiosipua's TCP transport over TLS: a server socket wrapped in ``ssl_context`` (none when
+    ``listen`` is False), and client connections opened with :meth:`connect_tls`. aiosipua
+    writes ``SIP/2.0/UDP`` in the Via of the requests it builds and no transport in their
+    Contact; on this transport they say TLS, so the peer answers and calls back over TLS."""
 
     ssl_context: ssl.SSLContext | None = None
+    listen: bool = True
 
     async def start(self) -> None:
+        if not self.listen:
+            return
         self._server = await asyncio.start_server(
             self._handle_connection,
             host=self.local_addr[0],
@@ -250,6 +256,38 @@ class TlsTransport(TcpSipTransport):
             ssl=self.ssl_context,
             ssl_handshake_timeout=10,
         )
+
+    async def connect_tls(
+        self, remote: tuple[str, int], context: ssl.SSLContext, server_name: str
+    ) -> None:
+        """A TLS connection to ``remote`` (unless one is open), its certificate checked
+        against ``server_name`` (also sent as SNI when it is a name); raises OSError
+        (ssl.SSLError for a certificate refused)."""
+        if remote in self._connections:
+            return
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(remote[0], remote[1], ssl=context, server_hostname=server_name),
+            10,
+        )
+        self._connections[remote] = (reader, writer)
+        self._spawn(self._handle_incoming(reader, writer, remote))
+
+    def send(self, message: SipRequest | SipResponse, addr: tuple[str, int]) -> None:
+        if isinstance(message, SipRequest):
+            _say_tls(message)
+        super().send(message, addr)
+
+
+def _say_tls(request: SipRequest) -> None:
+    """Make the top Via and the Contact of a request aiosipua built say TLS."""
+    vias = request.headers.get("via")
+    if vias and vias[0].upper().startswith("SIP/2.0/UDP "):
+        request.headers.remove("Via")
+        for value in ("SIP/2.0/TLS " + vias[0][len("SIP/2.0/UDP ") :], *vias[1:]):
+            request.headers.append("Via", value)
+    contact = request.headers.get_first("contact")
+    if contact and "transport=" not in contact.lower() and contact.endswith(">"):
+        request.headers.set_single("Contact", contact[:-1] + ";transport=tls>")
 
 
 def _release(version: str) -> tuple[int, int, int]:

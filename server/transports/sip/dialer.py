@@ -37,6 +37,7 @@ import ipaddress
 import logging
 import secrets
 import socket
+import ssl
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -62,6 +63,7 @@ from aiosipua.transport import SipTransport
 from server.config.sip_trunks import Trunk, parse_hostport, parse_target
 from server.transports.phone.audio import Encoding, encode
 
+from .compat import TlsTransport
 from .digest import DigestClient
 from .resolve import SipResolver
 from .rtp_ports import NoFreePort, RtpPortLease, RtpPorts
@@ -265,10 +267,18 @@ class DialStack:
         """Answered legs by SIP Call-ID."""
         self.peers: set[str] = set()
         """Addresses being dialed or in a call (their answers pass an allowlist)."""
+        self.tls: _Uac | None = None
+        """The UAC on the endpoint's TLS transport (``--sip-tls``), for trunks on TLS."""
         self.resolver = resolver or SipResolver()
         """Where a URI's host sends to (DNS NAPTR and SRV, then A/AAAA)."""
         self.digests: dict[str, DigestClient] = {}
         """Each trunk's credentials, with the nonce its proxy last gave (by trunk name)."""
+
+    def use_tls(self, transport: TlsTransport, advertised: tuple[str, int] | None) -> _Uac:
+        """Let trunks on TLS dial over ``transport``; the UAC its user agent hands responses
+        to."""
+        self.tls = _Uac(transport, advertised)
+        return self.tls
 
     def digest(self, trunk: Trunk) -> DigestClient | None:
         """The trunk's credentials (kept across calls, for their nonce); None without any."""
@@ -328,8 +338,11 @@ class OutboundLeg:
         remote_sdp: SdpMessage,
         port: RtpPortLease,
         peer: str,
+        uac: _Uac,
     ) -> None:
         self.stack = stack
+        self.uac = uac
+        """The UAC the leg's dialog runs on (the endpoint's UDP one, or its TLS one)."""
         self.call = call
         self.media = media
         """The RTP session (aiosipua's ``CallSession``: ``remote_addr``, ``stats``)."""
@@ -378,13 +391,13 @@ class OutboundLeg:
         try:
             if not self.by_peer:
                 with contextlib.suppress(ValueError, RuntimeError, OSError):
-                    self.call.hangup(self.stack.uac)
+                    self.call.hangup(self.uac)
             await self.media.close()
         finally:
             self._port.release()
             self.stack.legs.pop(self.sip_call_id, None)
             self.stack.peers.discard(self._peer)
-            self.stack.uac.forget(self.sip_call_id)
+            self.uac.forget(self.sip_call_id)
             self.ended.set()
 
     def _audio(self, pcm: bytes, _timestamp: int) -> None:
@@ -424,10 +437,44 @@ async def dial(
     with contextlib.ExitStack() as unless_answered:
         unless_answered.callback(lease.release)
         unless_answered.callback(stack.peers.discard, remote[0])
+        uac = await _signalling(stack, trunk, remote, host)
         identity = _Identity.of(stack, trunk, from_user, dict(headers or {}), remote)
-        leg = await _invite(stack, to_uri, remote, lease, ring_timeout_s, identity, on_ringing)
+        leg = await _invite(stack, uac, to_uri, remote, lease, ring_timeout_s, identity, on_ringing)
         unless_answered.pop_all()
     return leg
+
+
+async def _signalling(
+    stack: DialStack, trunk: Trunk | None, remote: tuple[str, int], name: str
+) -> _Uac:
+    """The UAC to call ``remote`` on: the UDP one, or for a trunk on TLS the TLS one, its
+    connection to the proxy open (its certificate checked for ``name``)."""
+    if trunk is None or trunk.transport != "tls":
+        return stack.uac
+    if stack.tls is None:
+        raise DialFailed(
+            DialResult("failed", None, f"trunk {trunk.name!r} is on TLS: serve with --sip-tls")
+        )
+    context = ssl.create_default_context(cafile=trunk.ca_file)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    transport = stack.tls.transport
+    assert isinstance(transport, TlsTransport)
+    try:
+        await transport.connect_tls(remote, context, name)
+    except ssl.SSLCertVerificationError as exc:
+        raise DialFailed(
+            DialResult(
+                "failed",
+                None,
+                f"TLS to {_hostport(*remote)}: certificate verify failed: {exc.verify_message}",
+            )
+        ) from None
+    except (OSError, TimeoutError) as exc:
+        reason = getattr(exc, "reason", None) or exc
+        raise DialFailed(
+            DialResult("failed", None, f"TLS to {_hostport(*remote)}: {reason}")
+        ) from None
+    return stack.tls
 
 
 @dataclass(frozen=True)
@@ -463,6 +510,7 @@ class _Identity:
 
 async def _invite(
     stack: DialStack,
+    uac: _Uac,
     to_uri: str,
     remote: tuple[str, int],
     lease: RtpPortLease,
@@ -470,7 +518,6 @@ async def _invite(
     identity: _Identity,
     on_ringing: Callable[[], None] | None,
 ) -> OutboundLeg:
-    uac = stack.uac
     media_ip = stack.media_ip(remote[0])
     offer = _offer(media_ip, lease.port)
     answered: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
@@ -522,7 +569,7 @@ async def _invite(
         raise DialFailed(_failure(status, reason, identity.credentials, authenticated))
     uac.credentials.pop(call.call_id, None)
     try:
-        return await _connect(stack, call, offer, media_ip, lease, remote[0])
+        return await _connect(stack, uac, call, offer, media_ip, lease, remote[0])
     except BaseException:
         with contextlib.suppress(ValueError, RuntimeError, OSError):
             call.hangup(uac)
@@ -532,6 +579,7 @@ async def _invite(
 
 async def _connect(
     stack: DialStack,
+    uac: _Uac,
     call: OutgoingCall,
     offer: SdpMessage,
     media_ip: str,
@@ -557,13 +605,16 @@ async def _connect(
     except (SdpNegotiationError, ValueError) as exc:
         raise DialFailed(DialResult("failed", 200, f"unusable SDP answer: {exc}")) from None
     await media.start()
-    leg = OutboundLeg(stack, call, media, offer, answer, lease, peer)
+    leg = OutboundLeg(stack, call, media, offer, answer, lease, peer, uac)
     stack.legs[call.call_id] = leg
     return leg
 
 
 async def _retransmit(uac: _Uac, call: OutgoingCall) -> None:
-    """Send the INVITE again at T1, 2*T1, 4*T1... until the callee answers anything."""
+    """Send the INVITE again at T1, 2*T1, 4*T1... until the callee answers anything (over
+    UDP: TLS delivers it once)."""
+    if uac.transport.reliable:
+        return
     interval = T1_S
     while True:
         await asyncio.sleep(interval)

@@ -141,12 +141,12 @@ class SipServer:
             secure = TlsTransport(local_addr=(tls.host, tls.port), ssl_context=tls.context())
             transports.append((secure, self._advertised(tls.port)))
         for transport, advertised in transports:
-            agent = SipUAS(
-                transport,
-                user_agent=USER_AGENT,
-                advertised_addr=advertised,
-                uac=self.dialer.uac if transport is udp else None,
-            )
+            uac = None
+            if transport is udp:
+                uac = self.dialer.uac
+            elif isinstance(transport, TlsTransport):  # trunks on TLS dial over it too
+                uac = self.dialer.use_tls(transport, advertised)
+            agent = SipUAS(transport, user_agent=USER_AGENT, advertised_addr=advertised, uac=uac)
             if isinstance(transport, TlsTransport):
                 agent.on_invite = functools.partial(self._on_invite, over_tls=True)
             else:
