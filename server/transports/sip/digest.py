@@ -152,11 +152,11 @@ class DigestRealm:
             return "bad"
         nonce = p.get("nonce", "")
         issued, _, signature = nonce.partition(".")
-        if not hmac.compare_digest(signature, self._sign(issued)):
+        if not _same(signature, self._sign(issued)) or not _is_hex(issued):
             return "bad"
         if p.get("algorithm", "MD5").upper() != self.algorithm.upper():
             return "bad"
-        if not hmac.compare_digest(p.get("response", ""), self._expected(p, method)):
+        if not _same(p.get("response", ""), self._expected(p, method)):
             return "bad"
         if self.clock() - int(issued, 16) > self.nonce_ttl_s:
             return "stale"
@@ -217,6 +217,12 @@ class FailureThrottle:
             self._failures.pop(source, None)
             return []
         return times[-self.limit :]
+
+
+def _same(given: str, expected: str) -> bool:
+    """A constant-time comparison that takes any text (``hmac.compare_digest`` refuses
+    non-ASCII strings)."""
+    return hmac.compare_digest(given.encode("utf-8", "replace"), expected.encode())
 
 
 def _is_hex(text: str) -> bool:
