@@ -1,6 +1,7 @@
 """SIP trunks and registration against a real PBX: Debian's Kamailio (``tests/kamailio/pbx.cfg``)
 as an outbound proxy that challenges every INVITE with 407 digest authentication, as carriers
-do (found, as a carrier's domain is, through DNS NAPTR and SRV records, served by a stub), and
+do (found, as a carrier's domain is, through DNS NAPTR and SRV records, served by a stub; a
+first target that answers nothing gives way to the next), and
 as a registrar (401 digest, usrloc in memory) that routes calls for ``agent`` to the contact
 Vocable registered.
 
@@ -40,6 +41,7 @@ from server.transports.sip.digest import DigestClient
 from tests.support.calls import voice_server
 from tests.support.dns_stub import dns_stub
 from tests.support.kamailio import PBX_CONFIG, Kamailio, run_kamailio
+from tests.support.processes import free_port
 from tests.support.sipp import run_sipp
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
@@ -120,13 +122,16 @@ async def test_calls_through_a_challenging_proxy_authenticate_once_per_nonce(
 ) -> None:
     caplog.set_level(logging.DEBUG)
     defines = {"PASSWORD": PASSWORD, "ALGORITHM": algorithm}
+    dead = free_port()
     with run_kamailio(tmp_path, PBX_CONFIG, defines) as kamailio:
         records = {  # the trunk's domain, as a carrier publishes it (RFC 3263)
             ("pbx.test", "NAPTR"): ['10 50 "s" "SIP+D2U" "" _sip._udp.pbx.test.'],
             ("_sip._udp.pbx.test", "SRV"): [
-                f"10 0 {kamailio.port} edge.pbx.test.",
-                f"20 0 {kamailio.port + 1} backup.pbx.test.",
+                f"10 0 {dead} down.pbx.test.",  # nothing answers there: the next is tried
+                f"20 0 {kamailio.port} edge.pbx.test.",
+                f"30 0 {kamailio.port} backup.pbx.test.",  # no address: skipped
             ],
+            ("down.pbx.test", "A"): ["127.0.0.1"],
             ("edge.pbx.test", "A"): ["127.0.0.1"],
         }
         async with dns_stub(records) as dns:
@@ -134,6 +139,10 @@ async def test_calls_through_a_challenging_proxy_authenticate_once_per_nonce(
             async with _server(named, dns_server=("127.0.0.1", dns.port)) as server:
                 first = await _ended(server, {"to": "busy", "trunk": "pbx"})
                 second = await _ended(server, {"to": "busy"})  # the only trunk: the default
+                dialer = server.app[SIP].dialer
+                assert dialer is not None
+                edge, down = ("127.0.0.1", kamailio.port), ("127.0.0.1", dead)
+                assert dialer.answering_first([down, edge]) == [edge, down]  # tried last now
         log = kamailio.log_text()
 
     assert ("_sip._udp.pbx.test", "SRV") in dns.asked

@@ -38,6 +38,7 @@ import logging
 import secrets
 import socket
 import ssl
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -88,6 +89,10 @@ CODECS: dict[int, Encoding] = {0: "ulaw", 8: "alaw"}
 DTMF_PAYLOAD_TYPE = 101
 T1_S = 0.5
 """RFC 3261 Timer A's first interval: an unanswered INVITE is sent again after it, doubling."""
+FAILOVER_S = 2.0
+"""How long a target that answers nothing at all (not even 100 Trying) is waited for before
+the next DNS SRV target is tried (and the silent one is tried last for ``SILENT_FOR_S``)."""
+SILENT_FOR_S = 60.0
 BUSY = frozenset({486, 600})
 NO_ANSWER = frozenset({408, 480})
 
@@ -271,8 +276,19 @@ class DialStack:
         """The UAC on the endpoint's TLS transport (``--sip-tls``), for trunks on TLS."""
         self.resolver = resolver or SipResolver()
         """Where a URI's host sends to (DNS NAPTR and SRV, then A/AAAA)."""
+        self._silent: dict[tuple[str, int], float] = {}
+        """Targets that answered nothing, and until when they are tried last."""
         self.digests: dict[str, DigestClient] = {}
         """Each trunk's credentials, with the nonce its proxy last gave (by trunk name)."""
+
+    def silent(self, target: tuple[str, int]) -> None:
+        """``target`` answered nothing: try it last for ``SILENT_FOR_S``."""
+        self._silent[target] = time.monotonic() + SILENT_FOR_S
+
+    def answering_first(self, targets: list[tuple[str, int]]) -> list[tuple[str, int]]:
+        """``targets`` in their order, those recently silent moved to the end."""
+        now = time.monotonic()
+        return sorted(targets, key=lambda target: self._silent.get(target, 0.0) > now)
 
     def use_tls(self, transport: TlsTransport, advertised: tuple[str, int] | None) -> _Uac:
         """Let trunks on TLS dial over ``transport``; the UAC its user agent hands responses
@@ -426,9 +442,43 @@ async def dial(
     if trunk is not None and trunk.proxy is not None:
         host, port = trunk.proxy
     try:
-        remote = await stack.resolver.resolve(host, port, _family(stack.host))
+        candidates = await stack.resolver.candidates(host, port, _family(stack.host))
     except OSError as exc:  # Unresolvable among them
         raise DialFailed(DialResult("failed", None, str(exc))) from None
+    candidates = stack.answering_first(candidates)
+    for remote in candidates[:-1]:  # RFC 3263 4.3: the next target when one stays silent
+        try:
+            return await _dial_at(
+                stack, remote, host, to_uri, ring_timeout_s, trunk, from_user, headers,
+                on_ringing, unheard_s=FAILOVER_S,
+            )  # fmt: skip
+        except _Silent:
+            stack.silent(remote)
+            log.warning("SIP %s:%d did not answer an INVITE: trying the next", *remote)
+    return await _dial_at(
+        stack, candidates[-1], host, to_uri, ring_timeout_s, trunk, from_user, headers,
+        on_ringing, unheard_s=None,
+    )  # fmt: skip
+
+
+class _Silent(Exception):
+    """The target answered nothing at all (not even 100 Trying) within ``FAILOVER_S``."""
+
+
+async def _dial_at(
+    stack: DialStack,
+    remote: tuple[str, int],
+    host: str,
+    to_uri: str,
+    ring_timeout_s: float,
+    trunk: Trunk | None,
+    from_user: str,
+    headers: Mapping[str, str] | None,
+    on_ringing: Callable[[], None] | None,
+    *,
+    unheard_s: float | None,
+) -> OutboundLeg:
+    """One attempt at ``remote``; raises DialFailed, or _Silent (after ``unheard_s``)."""
     try:
         lease = stack.rtp_ports.lease()
     except NoFreePort as exc:
@@ -439,7 +489,9 @@ async def dial(
         unless_answered.callback(stack.peers.discard, remote[0])
         uac = await _signalling(stack, trunk, remote, host)
         identity = _Identity.of(stack, trunk, from_user, dict(headers or {}), remote)
-        leg = await _invite(stack, uac, to_uri, remote, lease, ring_timeout_s, identity, on_ringing)
+        leg = await _invite(
+            stack, uac, to_uri, remote, lease, ring_timeout_s, identity, on_ringing, unheard_s
+        )
         unless_answered.pop_all()
     return leg
 
@@ -517,6 +569,7 @@ async def _invite(
     ring_timeout_s: float,
     identity: _Identity,
     on_ringing: Callable[[], None] | None,
+    unheard_s: float | None = None,
 ) -> OutboundLeg:
     media_ip = stack.media_ip(remote[0])
     offer = _offer(media_ip, lease.port)
@@ -552,7 +605,14 @@ async def _invite(
     resend = asyncio.create_task(_retransmit(uac, call), name=f"sip-invite-timer:{call.call_id}")
     try:
         async with asyncio.timeout(ring_timeout_s):
+            if unheard_s is not None:
+                await asyncio.wait({answered}, timeout=unheard_s)
+                if not answered.done() and call.call_id not in uac.heard:
+                    raise _Silent
             status, reason = await answered
+    except _Silent:
+        _abandon(uac, call)
+        raise
     except TimeoutError:
         _abandon(uac, call)
         raise DialFailed(

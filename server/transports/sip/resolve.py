@@ -9,8 +9,9 @@ publishes in DNS.
 
 The resolver is a setting (``--sip-dns-server``: a nameserver to ask instead of the system's,
 for a split-horizon DNS or a test's stub). dnspython does the asking, asynchronously, so a slow
-DNS holds no other call. Not done: failing over to the next SRV target when the first does not
-answer, and NAPTR for TCP/TLS.
+DNS holds no other call. :meth:`SipResolver.candidates` gives every SRV target in order, for a
+dialer to fail over to the next when one does not answer (``dialer.py``). Not done: NAPTR for
+TCP/TLS.
 """
 
 from __future__ import annotations
@@ -43,24 +44,30 @@ class SipResolver:
     timeout_s: float = 3.0
 
     async def resolve(self, host: str, port: int | None, family: int) -> tuple[str, int]:
-        """The address and port to send to for ``host`` (and ``port`` when the URI gave one);
-        raises Unresolvable."""
+        """The address and port to send to for ``host`` (and ``port`` when the URI gave one):
+        the first of :meth:`candidates`; raises Unresolvable."""
+        return (await self.candidates(host, port, family))[0]
+
+    async def candidates(self, host: str, port: int | None, family: int) -> list[tuple[str, int]]:
+        """Every address to try for ``host``, in order (SRV targets that resolve; else the
+        one address); never empty; raises Unresolvable."""
         try:
             ipaddress.ip_address(host.strip("[]"))
         except ValueError:
             pass
         else:
-            return host.strip("[]"), port or DEFAULT_PORT
+            return [(host.strip("[]"), port or DEFAULT_PORT)]
         if port is not None:
-            return await self._address(host, family), port
+            return [(await self._address(host, family), port)]
         resolver = self._resolver()
         srv_name = await self._naptr(resolver, host) or f"_sip._udp.{host}"
+        found = []
         for target, target_port in await self._srv(resolver, srv_name):
             try:
-                return await self._address(target, family), target_port
+                found.append((await self._address(target, family), target_port))
             except Unresolvable:
                 continue
-        return await self._address(host, family), DEFAULT_PORT
+        return found or [(await self._address(host, family), DEFAULT_PORT)]
 
     def _resolver(self) -> dns.asyncresolver.Resolver:
         if self.nameserver is None:
