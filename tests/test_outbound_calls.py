@@ -256,7 +256,9 @@ async def test_a_voicemail_greeting_gets_the_playbooks_message(
         assert started <= 0.5, started  # within 500 ms after the beep ends
     else:
         assert voicemail["after"] == "silence"
-        assert 2.5 <= started <= 3.5, started  # after 2.5 s of silence without a beep
+        # after 2.5 s of silence without a beep (from the last voiced frame of the greeting,
+        # which ends a frame or two before its file does); the message was synthesized before
+        assert 2.4 <= started <= 3.0, started
     said = await _said(heard[int(greeted_until * RATE) * 2 :])
     assert word_error_rate(said, MESSAGE) <= 0.3, said
     assert llm.requests == []  # no conversation with a machine

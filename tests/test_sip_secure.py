@@ -16,9 +16,7 @@ import ipaddress
 import secrets
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
 
-import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 from cryptography import x509
@@ -38,6 +36,7 @@ from server.testkit.scripted_llm import ScriptedLLM, answers_by_words
 from server.testkit.sip_phone import SipPhone
 from tests.support.baresip import RATE, loud_frames, start_baresip, until
 from tests.support.calls import transcriber, voice_server, word_error_rate
+from tests.support.outbound import call_ended
 from tests.support.phone import ANSWER, phone_audio
 from tests.support.processes import free_port
 
@@ -222,21 +221,6 @@ def test_a_certificate_that_does_not_match_its_key_is_refused_in_one_line(
         SipTls("127.0.0.1", 5061, tmp_path / "missing.pem", other).context()
 
 
-async def _call_ended(server: TestServer, body: dict[str, Any]) -> dict[str, Any]:
-    """Place ``POST /calls`` ``body`` and wait for the call to end; its description."""
-    async with aiohttp.ClientSession() as http:
-        async with http.post(server.make_url("/calls"), json=body) as placed:
-            assert placed.status == 201, await placed.text()
-            url = server.make_url(f"/calls/{(await placed.json())['session_id']}")
-        async with asyncio.timeout(30):
-            while True:
-                async with http.get(url) as got:
-                    described: dict[str, Any] = await got.json()
-                if described["state"] == "ended":
-                    return described
-                await asyncio.sleep(0.1)
-
-
 async def test_a_trunk_on_tls_checks_the_proxys_certificate_and_calls_through_it(
     llm: ScriptedLLM, tmp_path: Path, certificate: tuple[Path, Path]
 ) -> None:
@@ -258,8 +242,8 @@ async def test_a_trunk_on_tls_checks_the_proxys_certificate_and_calls_through_it
         tls = SipTls("127.0.0.1", free_port(), cert, key)
         sip = SipSettings(host="127.0.0.1", port=0, trunks=trunks, tls=tls)
         async with voice_server(llm.base_url, ServerConfig(sip=sip)) as server:
-            refused = await _call_ended(server, {"to": "callee", "trunk": "untrusted"})
-            answered = await _call_ended(server, {"to": "callee", "trunk": "tls"})
+            refused = await call_ended(server, {"to": "callee", "trunk": "untrusted"})
+            answered = await call_ended(server, {"to": "callee", "trunk": "tls"})
     finally:
         await callee.stop()
     assert refused["result"] == "failed"

@@ -41,6 +41,7 @@ from server.transports.sip.digest import DigestClient
 from tests.support.calls import voice_server
 from tests.support.dns_stub import dns_stub
 from tests.support.kamailio import PBX_CONFIG, Kamailio, run_kamailio
+from tests.support.outbound import call_ended, post_call
 from tests.support.processes import free_port
 from tests.support.sipp import run_sipp
 
@@ -93,29 +94,6 @@ async def _server(
         yield server
 
 
-async def _place(server: TestServer, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    async with (
-        aiohttp.ClientSession() as http,
-        http.post(server.make_url("/calls"), json=body) as response,
-    ):
-        return response.status, await response.json()
-
-
-async def _ended(server: TestServer, body: dict[str, Any]) -> dict[str, Any]:
-    """Place a call and wait for it to end; its ``GET /calls/{id}`` description."""
-    status, placed = await _place(server, body)
-    assert status == 201, placed
-    async with aiohttp.ClientSession() as http:
-        url = server.make_url(f"/calls/{placed['session_id']}")
-        async with asyncio.timeout(15):
-            while True:
-                async with http.get(url) as response:
-                    described: dict[str, Any] = await response.json()
-                if described["state"] == "ended":
-                    return described
-                await asyncio.sleep(0.05)
-
-
 @pytest.mark.parametrize("algorithm", ["MD5", "SHA-256"])
 async def test_calls_through_a_challenging_proxy_authenticate_once_per_nonce(
     tmp_path: Path, algorithm: str, caplog: pytest.LogCaptureFixture
@@ -137,8 +115,8 @@ async def test_calls_through_a_challenging_proxy_authenticate_once_per_nonce(
         async with dns_stub(records) as dns:
             named = {"pbx": replace(trunks(kamailio, PASSWORD)["pbx"], proxy=("pbx.test", None))}
             async with _server(named, dns_server=("127.0.0.1", dns.port)) as server:
-                first = await _ended(server, {"to": "busy", "trunk": "pbx"})
-                second = await _ended(server, {"to": "busy"})  # the only trunk: the default
+                first = await call_ended(server, {"to": "busy", "trunk": "pbx"})
+                second = await call_ended(server, {"to": "busy"})  # the only trunk: the default
                 dialer = server.app[SIP].dialer
                 assert dialer is not None
                 edge, down = ("127.0.0.1", kamailio.port), ("127.0.0.1", dead)
@@ -237,10 +215,10 @@ async def test_a_refused_password_and_a_missing_one_are_named(
         bare = {"open": trunks(kamailio, None)["pbx"]}
         ways = {**wrong, "open": Trunk("open", proxy=bare["open"].proxy)}
         async with _server(ways, extension(kamailio, WRONG)) as server:
-            refused = await _ended(server, {"to": "+1 555 765 4321", "trunk": "pbx"})
-            unasked = await _ended(server, {"to": "+15557654321", "trunk": "open"})
-            status, unknown = await _place(server, {"to": "+15557654321", "trunk": "nope"})
-            status_unnamed, unnamed = await _place(server, {"to": "+15557654321"})
+            refused = await call_ended(server, {"to": "+1 555 765 4321", "trunk": "pbx"})
+            unasked = await call_ended(server, {"to": "+15557654321", "trunk": "open"})
+            status, unknown = await post_call(server, {"to": "+15557654321", "trunk": "nope"})
+            status_unnamed, unnamed = await post_call(server, {"to": "+15557654321"})
             failed = await _registration(server, "failed")
 
     assert refused["to"] == f"sip:+15557654321@127.0.0.1:{kamailio.port}"

@@ -47,6 +47,7 @@ __all__ = [
     "Secret",
     "Trunk",
     "TrunkError",
+    "hostport",
     "load_trunks",
     "parse_hostport",
     "parse_target",
@@ -122,7 +123,7 @@ class Trunk:
         """Where a bare number is called: the domain, else the proxy's host."""
         if self.domain is not None:
             return self.domain
-        return None if self.proxy is None else _hostport(*self.proxy)
+        return None if self.proxy is None else hostport(*self.proxy)
 
     def target(self, to: str) -> str:
         """The URI to call for ``to``: a ``sip:`` URI as it is; a number (``+1 555-123 4567``:
@@ -417,7 +418,8 @@ def _as_uri(text: str) -> str:
     return text if text.lower().startswith("sip:") else f"sip:{text}"
 
 
-def _hostport(host: str, port: int | None) -> str:
+def hostport(host: str, port: int | None) -> str:
+    """``host:port`` as SIP writes it (an IPv6 address in brackets; no port when None)."""
     shown = f"[{host}]" if ":" in host else host
     return shown if port is None else f"{shown}:{port}"
 

@@ -61,7 +61,7 @@ from aiosipua.headers import parse_address
 from aiosipua.rtp_bridge import CallSession
 from aiosipua.transport import SipTransport
 
-from server.config.sip_trunks import Trunk, parse_hostport, parse_target
+from server.config.sip_trunks import Trunk, hostport, parse_hostport, parse_target
 from server.transports.phone.audio import Encoding, encode
 
 from .compat import TlsTransport
@@ -277,6 +277,7 @@ class DialStack:
         self.resolver = resolver or SipResolver()
         """Where a URI's host sends to (DNS NAPTR and SRV, then A/AAAA)."""
         self._silent: dict[tuple[str, int], float] = {}
+        self._tls_contexts: dict[str, ssl.SSLContext] = {}
         """Targets that answered nothing, and until when they are tried last."""
         self.digests: dict[str, DigestClient] = {}
         """Each trunk's credentials, with the nonce its proxy last gave (by trunk name)."""
@@ -289,6 +290,15 @@ class DialStack:
         """``targets`` in their order, those recently silent moved to the end."""
         now = time.monotonic()
         return sorted(targets, key=lambda target: self._silent.get(target, 0.0) > now)
+
+    def tls_context(self, trunk: Trunk) -> ssl.SSLContext:
+        """The client TLS context of a trunk on TLS (its CA file read once)."""
+        context = self._tls_contexts.get(trunk.name)
+        if context is None:
+            context = ssl.create_default_context(cafile=trunk.ca_file)
+            context.minimum_version = ssl.TLSVersion.TLSv1_2
+            self._tls_contexts[trunk.name] = context
+        return context
 
     def use_tls(self, transport: TlsTransport, advertised: tuple[str, int] | None) -> _Uac:
         """Let trunks on TLS dial over ``transport``; the UAC its user agent hands responses
@@ -304,6 +314,11 @@ class DialStack:
         if client is None or client.username != trunk.username:
             client = self.digests[trunk.name] = DigestClient(trunk.username, trunk.password)
         return client
+
+    @property
+    def family(self) -> int:
+        """The address family of the bind address (what DNS answers are asked for)."""
+        return _family(self.host)
 
     def signalling_addr(self) -> tuple[str, int]:
         return self.uac.advertised_addr or self.uac.transport.local_addr
@@ -442,7 +457,7 @@ async def dial(
     if trunk is not None and trunk.proxy is not None:
         host, port = trunk.proxy
     try:
-        candidates = await stack.resolver.candidates(host, port, _family(stack.host))
+        candidates = await stack.resolver.candidates(host, port, stack.family)
     except OSError as exc:  # Unresolvable among them
         raise DialFailed(DialResult("failed", None, str(exc))) from None
     candidates = stack.answering_first(candidates)
@@ -507,8 +522,7 @@ async def _signalling(
         raise DialFailed(
             DialResult("failed", None, f"trunk {trunk.name!r} is on TLS: serve with --sip-tls")
         )
-    context = ssl.create_default_context(cafile=trunk.ca_file)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context = stack.tls_context(trunk)
     transport = stack.tls.transport
     assert isinstance(transport, TlsTransport)
     try:
@@ -518,13 +532,13 @@ async def _signalling(
             DialResult(
                 "failed",
                 None,
-                f"TLS to {_hostport(*remote)}: certificate verify failed: {exc.verify_message}",
+                f"TLS to {hostport(*remote)}: certificate verify failed: {exc.verify_message}",
             )
         ) from None
     except (OSError, TimeoutError) as exc:
         reason = getattr(exc, "reason", None) or exc
         raise DialFailed(
-            DialResult("failed", None, f"TLS to {_hostport(*remote)}: {reason}")
+            DialResult("failed", None, f"TLS to {hostport(*remote)}: {reason}")
         ) from None
     return stack.tls
 
@@ -548,12 +562,12 @@ class _Identity:
         remote: tuple[str, int],
     ) -> _Identity:
         sip_host, sip_port = stack.signalling_addr()
-        here = _hostport(sip_host, sip_port)
+        here = hostport(sip_host, sip_port)
         if trunk is None:
             return cls(f"sip:{from_user}@{here}", None, headers, None)
         user = trunk.caller_id or from_user
         if trunk.proxy is not None:
-            headers["Route"] = f"<sip:{_hostport(*remote)};lr>"
+            headers["Route"] = f"<sip:{hostport(*remote)};lr>"
         if trunk.asserted_identity is not None:
             headers["P-Asserted-Identity"] = f"<{trunk.asserted_identity}>"
         domain = trunk.host or here
@@ -748,7 +762,3 @@ def _family(host: str) -> int:
         return socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
     except ValueError:
         return socket.AF_INET
-
-
-def _hostport(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -199,26 +199,27 @@ class OutboundCall(PhoneCall):
         self.spawn(self.hangup(reason), "sip-bye")
 
     async def _voicemail(self) -> None:
-        """Hang up, or wait for the end of the greeting and leave the message, then hang up."""
+        """Hang up, or wait for the end of the greeting and leave the message, then hang up.
+        The message is synthesized while the greeting plays, so it starts as the beep ends
+        however long synthesis takes on this CPU."""
         message = self.voicemail.message
         if self.voicemail.action == "hangup" or message is None:
             await self.hangup("voicemail answered: hung up")
             return
         pickup = self.pickup
         assert pickup is not None
+        tts = self.session.voice.voice().tts
+        synthesized = [pcm async for pcm in tts.synthesize(message)]
         while not pickup.greeting_over:  # noqa: ASYNC110 - set by the audio callback
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.02)
         self.clock.touch()
         speaker = self.session.voice.speaker
-        tts = self.session.voice.voice().tts
         heard: dict[str, Any] = {"after": pickup.over_by}
         if pickup.beep is not None:
             heard["beep_hz"] = pickup.beep.frequency_hz
             heard["beep_ms"] = pickup.beep.duration_ms
         self.events.publish({"type": "voicemail", "t_ms": _now_ms(), "message": message, **heard})
-        playbacks = []
-        async for pcm in tts.synthesize(message):
-            playbacks.append(speaker.push(pcm, tts.sample_rate))
+        playbacks = [speaker.push(pcm, tts.sample_rate) for pcm in synthesized]
         for playback in playbacks:
             await playback.finished()
         await asyncio.sleep(0.3)  # the last packets reach the machine before the BYE

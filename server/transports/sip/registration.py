@@ -22,13 +22,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 import time
 from typing import Any
 
 from aiosipua import Registration, RegistrationState, SipDigestAuth, SipRequest
 
-from server.config.sip_trunks import RegisterSettings
+from server.config.sip_trunks import RegisterSettings, hostport
 
 from .compat import UdpTransport
 from .dialer import DialStack
@@ -155,16 +154,13 @@ class Registrar:
         """Send a REGISTER (again while unanswered); True once registered."""
         try:
             host, port = self.settings.registrar
-            self.address = await self.stack.resolver.resolve(host, port, _family(host))
+            self.address = await self.stack.resolver.resolve(host, port, self.stack.family)
         except OSError as exc:
             self.last_error = str(exc)
             return False
         self.registration.registrar = self.address
-        here = self.stack.media_ip(self.address[0])
-        shown = f"[{here}]" if ":" in here else here
-        self.contact = self.registration.contact_uri = (
-            f"sip:{self.settings.user}@{shown}:{self._port}"
-        )
+        here = hostport(self.stack.media_ip(self.address[0]), self._port)
+        self.contact = self.registration.contact_uri = f"sip:{self.settings.user}@{here}"
         self._changed.clear()
         self.registration.register()
         for wait in (*RETRANSMIT_S, None):
@@ -214,7 +210,3 @@ class Registrar:
         while True:
             await asyncio.sleep(self.settings.keepalive_s)
             self._transport.send_keepalive(self.address)
-
-
-def _family(host: str) -> int:
-    return socket.AF_INET6 if ":" in host else socket.AF_INET

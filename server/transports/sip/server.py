@@ -42,7 +42,7 @@ from server.admission.ratelimit import RateLimited
 from server.call.recordings import OPT_OUT_HEADER, wants_recording
 from server.call.session import Session
 from server.config.server import SipSettings
-from server.config.sip_trunks import pick_trunk
+from server.config.sip_trunks import hostport, pick_trunk
 from server.runtime.registry import CallRegistry, OverCapacity
 
 from .call import PHONE_RATE, SipCall
@@ -276,13 +276,9 @@ class SipServer:
         self.calls[invite.call_id] = call
         record_route_in_answers(invite)
         answer_headers = {SESSION_HEADER: call.id}
-        if over_tls and self.settings.tls is not None:  # the dialog stays on TLS
-            ip, port = self._advertised(self.settings.tls.port) or (
-                _local_ip_towards(invite.source_addr[0]),
-                self.settings.tls.port,
-            )
-            shown = f"[{ip}]" if ":" in ip else ip
-            answer_headers["Contact"] = f"<sip:{shown}:{port};transport=tls>"
+        if over_tls and self.settings.tls is not None and self.dialer is not None:
+            here = hostport(self.dialer.media_ip(invite.source_addr[0]), self.settings.tls.port)
+            answer_headers["Contact"] = f"<sip:{here};transport=tls>"  # the dialog stays on TLS
         headers_in_answer(invite, answer_headers)
         invite.ringing()
         try:
