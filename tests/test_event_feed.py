@@ -46,8 +46,11 @@ def test_the_backlog_keeps_the_latest_items_and_a_listener_can_leave() -> None:
         feed.publish({"n": n})
     queue = feed.listen()
     assert _drain(queue) == [{"n": 3}, {"n": 4}]
+    mark = feed.published
     feed.unlisten(queue)
     feed.publish({"n": 5})
+    assert feed.since(mark) == [{"n": 5}]  # what came after a mark, counted past the backlog
+    assert feed.since(0) == [{"n": 4}, {"n": 5}]  # as much of it as is kept
     feed.end()
     assert _drain(queue) == []
 

@@ -29,12 +29,20 @@ class EventFeed:
         self._listeners: set[FeedQueue] = set()
         self.ended = False
         """Set by :meth:`end`: nothing more is published."""
+        self.published = 0
+        """Events published so far."""
+
+    def since(self, count: int) -> list[dict[str, Any]]:
+        """The kept events (the last ``backlog``) published after the first ``count``, oldest
+        first (``count`` from an earlier :attr:`published`)."""
+        return list(self._backlog)[max(0, len(self._backlog) - (self.published - count)) :]
 
     def publish(self, item: dict[str, Any]) -> None:
         """Keep ``item`` (a JSON object) and pass it to every listener; ignored once ended."""
         if self.ended:
             return
         self._backlog.append(item)
+        self.published += 1
         for queue in self._listeners:
             queue.put_nowait(item)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
@@ -186,12 +187,18 @@ def start_call(
     return call
 
 
+def only_call(server: TestServer) -> TransportCall:
+    """The server's one call (asserts there is exactly one)."""
+    (call,) = server.app[CALLS].calls.values()
+    assert isinstance(call, TransportCall)
+    return call
+
+
 async def answers_spoken(server: TestServer, count: int, timeout_s: float = 30) -> None:
     """Return once the agent of the server's one call has finished ``count`` answers, its
     greeting included (the ``count``-th ``tts_end``: the audio has left the speaker). A wait on
     the event, where a test would otherwise sleep for as long as the audio might last."""
-    (call,) = server.app[CALLS].calls.values()
-    assert isinstance(call, TransportCall)
+    call = only_call(server)
     queue = call.events.listen()  # from the call's first event
     kinds: list[str] = []
     try:
@@ -248,3 +255,34 @@ async def voice_server(
         await server.close()
         if llm is not None:
             await llm.aclose()
+
+
+QUIET_DBFS = -45.0
+"""A received 20 ms chunk at or below this level is silence to the phone tests."""
+
+
+def loud_now(arrivals: list[tuple[float, float]], window_s: float = 0.2) -> bool:
+    """Whether a phone hears the agent now: a loud chunk among those that arrived in the last
+    ``window_s`` (``arrivals``: (monotonic arrival, dBFS) of each chunk, oldest first)."""
+    since = time.monotonic() - window_s
+    return any(at > since and dbfs > QUIET_DBFS for at, dbfs in reversed(arrivals[-50:]))
+
+
+def quiet_after(arrivals: list[tuple[float, float]], after: float, run: int = 10) -> float:
+    """How long after ``after`` the agent's audio stopped: the first of ``run`` quiet chunks in
+    a row arrived then (seconds; infinity: it did not, so far)."""
+    quiet = 0
+    for index, (at, dbfs) in enumerate(arrivals):
+        if at <= after:
+            continue
+        quiet = quiet + 1 if dbfs <= QUIET_DBFS else 0
+        if quiet == run:
+            return arrivals[index - run + 1][0] - after
+    return float("inf")
+
+
+def barge_in_events(call: TransportCall, since: int) -> list[str]:
+    """The types of the call's events published after the first ``since`` (an earlier
+    ``call.events.published``) that tell a barge-in's outcome."""
+    kinds = ("speech_start", "paused", "resumed", "interrupted", "transcript", "tts_start")
+    return [event["type"] for event in call.events.since(since) if event["type"] in kinds]
