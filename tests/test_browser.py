@@ -77,7 +77,19 @@ async def test_a_browser_call_shows_both_sides_and_plays_the_agent(
             metrics = await browser.wait_until(
                 "document.querySelector('#metrics tbody').rows.length", 10
             )
-            assert metrics == 7
+            assert metrics == 8
+            # the page's own voice to voice, for the turn the server timed
+            turn = await browser.wait_until(
+                "window.vocable.turns.find(t => t.server && t.server.voice_to_voice_ms)", 10
+            )
+            # it hears what the server cannot: the question's way to the server (capture, a
+            # 20 ms packet) and the answer's way to the ear (the jitter buffer, decoding: 40-200
+            # ms); its end of speech is a level, not webrtcvad's frames (a window either way)
+            gap_ms = turn["graph_ms"] - turn["server"]["voice_to_voice_ms"]
+            assert -60 <= gap_ms <= 350, turn
+            assert turn["heard_ms"] == turn["graph_ms"] + turn["output_latency_ms"]
+            shown = await browser.evaluate("document.getElementById('heard-ms').textContent")
+            assert shown == f"{int(turn['heard_ms'] + 0.5)} ms"  # Math.round
 
             later = await browser.wait_until(f"{STATS}.then(s => s.energy > 0 && s)", 10)
             assert later["bytes"] > first["bytes"]

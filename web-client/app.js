@@ -23,10 +23,16 @@ const METRIC_LABELS = {
 };
 
 let config = null;
-let call = null;          // {pc, channel, stream, sessionId, meter}
+let call = null;          // {pc, channel, stream, sessionId, meter, timer}
 let wantConnected = false;
 let reconnectAttempts = 0;
 let agentLine = null;     // the transcript line of the agent's current answer
+let serverMetrics = null; // {event, arrived, turn}: the server's last turn_metrics
+// Each answer heard here: {heard_ms (graph + output device), graph_ms, output_latency_ms,
+// server (the server's turn_metrics of the same turn, or null)}. Read by automated clients.
+const heardTurns = [];
+window.vocable = { turns: heardTurns };
+const PAIR_MS = 1500;     // the server's metrics and the page's answer onset of one turn
 
 function setStatus(text) { ui.status.textContent = text; }
 
@@ -61,6 +67,18 @@ function appendAgent(text) {
 
 function showMetrics(event) {
   ui.metrics.textContent = "";
+  const heard = heardTurns.length ? heardTurns[heardTurns.length - 1] : null;
+  const row = ui.metrics.insertRow();
+  row.className = "heard";
+  row.insertCell().textContent = "Voice to voice, heard here";
+  const cell = row.insertCell();
+  cell.className = "value";
+  cell.id = "heard-ms";
+  if (!heard) cell.textContent = "–";
+  else {
+    cell.textContent = `${Math.round(heard.heard_ms)} ms`;
+    if (heard.output_latency_ms) cell.title = `including ${Math.round(heard.output_latency_ms)} ms of the output device`;
+  }
   for (const [key, label] of Object.entries(METRIC_LABELS)) {
     const row = ui.metrics.insertRow();
     row.insertCell().textContent = label;
@@ -85,11 +103,62 @@ function onEvent(event) {
     case "stage_change": ui.stage.textContent = `Stage: ${event.name}`; break;
     case "tool_call_start": addLine("tool", "", `… ${event.name}`); break;
     case "tool_call_end": if (event.error) addLine("tool", "", `${event.name} failed`); break;
-    case "turn_metrics": showMetrics(event); break;
+    case "turn_metrics": onServerMetrics(event); break;
     case "state": if (call) setStatus(`In call — ${event.state}`); break;
     case "error": addLine("system", "", `Error (${event.source}): ${event.message}`); break;
     case "recording_failed": addLine("system", "", `Recording stopped: ${event.message}`); break;
     case "hangup": wantConnected = false; hangUp(`Call ended: ${event.reason}`); break;
+  }
+}
+
+// The server's latency figures of a turn, paired with the page's own of the same turn: whichever
+// of the two comes second, within PAIR_MS of the other.
+function onServerMetrics(event) {
+  const now = performance.now();
+  const last = heardTurns[heardTurns.length - 1];
+  serverMetrics = { event, arrived: now, turn: null };
+  if (last && !last.server && now - last.at < PAIR_MS) { last.server = event; serverMetrics.turn = last; }
+  showMetrics(event);
+}
+
+function onHeard(measured) {
+  const output = call && call.timer ? (call.timer.context.outputLatency || 0) * 1000 : 0;
+  const turn = {
+    heard_ms: measured.voice_to_voice_ms + output, graph_ms: measured.voice_to_voice_ms,
+    output_latency_ms: output, server: null, at: performance.now(),
+  };
+  if (serverMetrics && !serverMetrics.turn && turn.at - serverMetrics.arrived < PAIR_MS) {
+    turn.server = serverMetrics.event;
+    serverMetrics.turn = turn;
+  }
+  heardTurns.push(turn);
+  showMetrics(serverMetrics ? serverMetrics.event : {});
+}
+
+// The voice-to-voice latency as this page hears it (voice-timer.js): the microphone's stream and
+// the agent's, read together on the audio clock. Null where the browser has no AudioWorklet.
+async function startVoiceTimer(stream) {
+  const Context = window.AudioContext || window.webkitAudioContext;
+  if (!Context || !window.AudioWorkletNode) return null;
+  const context = new Context({ latencyHint: "interactive" });
+  try {
+    await context.audioWorklet.addModule("/client/voice-timer.js");
+    const node = new AudioWorkletNode(context, "voice-timer", { numberOfInputs: 2, numberOfOutputs: 1 });
+    context.createMediaStreamSource(stream).connect(node, 0, 0);
+    const silent = context.createGain();
+    silent.gain.value = 0;  // the node runs only when connected to the output; nothing is heard
+    node.connect(silent).connect(context.destination);
+    node.port.onmessage = (message) => { if (message.data.type === "turn") onHeard(message.data); };
+    await context.resume();
+    return {
+      context,
+      listen(remote) { context.createMediaStreamSource(remote).connect(node, 0, 1); },
+      stop() { context.close(); },
+    };
+  } catch (error) {
+    context.close();
+    console.warn("voice-to-voice timing unavailable:", error);
+    return null;
   }
 }
 
@@ -158,8 +227,13 @@ async function startCall() {
   const channel = pc.createDataChannel("events");
   channel.onmessage = (message) => onEvent(JSON.parse(message.data));
   stream.getTracks().forEach((track) => pc.addTrack(track, stream));
-  pc.ontrack = (event) => { ui.remote.srcObject = event.streams[0] || new MediaStream([event.track]); };
-  call = { pc, channel, stream, sessionId: null, meter: startMeter(stream) };
+  const timer = await startVoiceTimer(stream);
+  pc.ontrack = (event) => {
+    const remote = event.streams[0] || new MediaStream([event.track]);
+    ui.remote.srcObject = remote;  // (Chromium feeds WebAudio a remote stream only while it plays)
+    if (timer) timer.listen(remote);
+  };
+  call = { pc, channel, stream, sessionId: null, meter: startMeter(stream), timer };
   pc.onconnectionstatechange = () => {
     if (!call || call.pc !== pc) return;
     if (pc.connectionState === "connected") { reconnectAttempts = 0; setStatus("In call"); }
@@ -193,6 +267,7 @@ function hangUp(message) {
     try { if (call.channel.readyState === "open") call.channel.send(JSON.stringify({ type: "hangup" })); } catch (_) { /* closing anyway */ }
     call.stream.getTracks().forEach((track) => track.stop());
     if (call.meter) call.meter.stop();
+    if (call.timer) call.timer.stop();
     call.pc.close();
     call = null;
   }
