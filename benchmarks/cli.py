@@ -26,6 +26,7 @@ from server.testkit.caller import Listener
 from server.testkit.impairments import NOISE_KINDS, speech_level_dbfs
 from server.testkit.scripted_llm import ScriptedLLM
 
+from .browser_calls import browser_level, browser_markdown, percentiles, summarize_browser
 from .corpus import Utterance, load_corpus
 from .echo_calls import ECHO_PATHS, echo_call, echo_markdown, summarize_echo
 from .hesitant_calls import hesitant_line, hesitation_markdown, summarize_hesitation
@@ -140,6 +141,14 @@ def _parser() -> argparse.ArgumentParser:
         "barge-ins and backchannels with the first)",
     )
     parser.add_argument(
+        "--client",
+        default="aiortc",
+        choices=["aiortc", "chromium"],
+        help="who calls: the harness's aiortc callers (default), or headless Chromium pages "
+        "running the web client, timed by the page itself (each level runs the aiortc "
+        "callers first, back to back, for the on-arrival figure; no barge-ins, no micro)",
+    )
+    parser.add_argument(
         "--barge-in",
         default="pause_resume",
         choices=["immediate", "confirmed", "pause_resume", "disabled"],
@@ -221,8 +230,10 @@ async def _run(args: argparse.Namespace, command: str) -> Path:
             llm_first_sentence_ms=pacing.first_sentence_ms() if scripted else None,
             token=args.token,
         )
-        if args.corpus == "hesitation":
-            results: dict[str, Any] = {"lines": await _hesitation(args, target, llm)}
+        if args.client == "chromium":
+            results: dict[str, Any] = await _browsers(args, target, levels, questions, server)
+        elif args.corpus == "hesitation":
+            results = {"lines": await _hesitation(args, target, llm)}
         elif args.corpus == "noisy":
             results = {"records": await _noisy(args, target, questions, corpus)}
         elif args.corpus == "echo":
@@ -245,6 +256,8 @@ async def _run(args: argparse.Namespace, command: str) -> Path:
         if llm is not None:
             await llm.close()
 
+    if args.client == "chromium":
+        return _write_browsers(folder, command, started_at, args, scripted, levels, results)
     if args.corpus != "questions":
         return _write_corpus(folder, command, started_at, args, scripted, results)
     if not args.no_micro:
@@ -334,6 +347,60 @@ async def _scenarios(
     for calls in levels[1:]:
         await level(calls)
     return results
+
+
+async def _browsers(
+    args: argparse.Namespace,
+    target: BenchTarget,
+    levels: list[int],
+    questions: list[Utterance],
+    server: ServerProcess | None,
+) -> dict[str, Any]:
+    """Each level twice, back to back: the aiortc callers (on arrival), then Chromium pages."""
+    results: dict[str, Any] = {"levels": [], "arrival_levels": []}
+    for calls in levels:
+        print(f"{calls} call(s): aiortc callers, on arrival...", file=sys.stderr)
+        arrival = dataclasses.replace(target, listener="arrival")
+        results["arrival_levels"].append(
+            await concurrency_level(arrival, calls, args.turns, questions, server)
+        )
+        print(f"{calls} call(s): Chromium pages...", file=sys.stderr)
+        results["levels"].append(
+            await browser_level(target.base_url, target.playbook, calls, args.turns, questions)
+        )
+    return results
+
+
+def _write_browsers(
+    folder: Path,
+    command: str,
+    started_at: str,
+    args: argparse.Namespace,
+    scripted: bool,
+    levels: list[int],
+    results: dict[str, Any],
+) -> Path:
+    """run.json and report.md of a ``--client chromium`` run."""
+    summary = []
+    for level, arrival in zip(results["levels"], results["arrival_levels"], strict=True):
+        on_arrival = [t["client_v2v_ms"] for t in arrival["turns"] if t.get("client_v2v_ms")]
+        summary.append({**summarize_browser(level), "on_arrival_ms": percentiles(on_arrival)})
+    run = {
+        **_provenance(command, started_at),
+        "settings": {
+            "llm": _llm_setting(args, scripted),
+            "client": "chromium (headless, fake microphone, ?raw=1)",
+            "sweep": levels,
+            "turns_per_call": args.turns,
+            "server_args": args.server_arg,
+            "server": args.url or "started by the harness",
+        },
+        **results,
+        "summary": summary,
+    }
+    (folder / "run.json").write_text(json.dumps(run, indent=1) + "\n")
+    (folder / "report.md").write_text(browser_markdown(run))
+    return folder
 
 
 async def _hesitation(

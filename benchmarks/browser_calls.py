@@ -1,0 +1,217 @@
+"""Browser callers for the latency harness (``--client chromium``): headless Chromium pages run the
+web client against the server, each with a fake microphone playing the questions, and report
+the voice to voice the page itself hears (``web-client/voice-timer.js``: the microphone's last
+voiced 5 ms to the first audible 5 ms of the answer, on the audio clock, after WebRTC's jitter
+buffer and decoder), beside the server's own figure of the same turn and Chromium's receiver
+statistics (``getStats``).
+
+Each page's microphone file: silence while the greeting plays, then every question followed by
+silence long enough for its answer. Chromium loops the file; a call ends once its page has
+timed ``turns`` answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import statistics
+import tempfile
+import time
+import wave
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from media.audio import SAMPLE_RATE, silence
+from server.testkit.browser import Browser
+
+from .corpus import Utterance
+
+__all__ = ["browser_level", "browser_markdown", "percentiles", "summarize_browser"]
+
+GREETING_S = 7.0
+"""Silence at the head of each microphone file: the greeting plays."""
+ANSWER_S = 7.0
+"""Silence after each question: its answer plays, then a pause."""
+
+STATS = """(async () => {
+    const found = {};
+    (await call.pc.getStats()).forEach((report) => {
+        if (report.type === "inbound-rtp" && report.kind === "audio") found.inbound = report;
+        if (report.type === "media-playout") found.playout = report;
+    });
+    return found;
+})()"""
+"""The agent's stream as Chromium's receiver saw it: the inbound-rtp audio report (jitter
+buffer, concealment, jitter) and the media-playout report (playout delay), whole."""
+
+
+def _microphone(questions: Sequence[Utterance], path: Path) -> Path:
+    pcm = silence(int(GREETING_S * 1000))
+    for question in questions:
+        pcm += question.pcm() + silence(int(ANSWER_S * 1000))
+    with wave.open(str(path), "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(SAMPLE_RATE)
+        wav.writeframes(pcm)
+    return path
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds of the process group ``pid`` leads (Chromium and its helpers), so far."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pid:  # the process group
+                total += (int(fields[11]) + int(fields[12])) / ticks
+    return total
+
+
+async def _one_call(
+    base_url: str, playbook: str | None, index: int, questions: Sequence[Utterance], turns: int
+) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="vocable-browser-") as scratch:
+        folder = Path(scratch)
+        microphone = _microphone(questions, folder / "microphone.wav")
+        query = "raw=1&autocall=1" + (f"&playbook={playbook}" if playbook else "")
+        async with Browser(folder / "profile", microphone) as browser:
+            assert browser.pid is not None
+            cpu_before, started = _cpu_s(browser.pid), time.monotonic()
+            await browser.goto(f"{base_url}/?{query}")
+            await browser.wait_until("call && call.pc.connectionState === 'connected'", 30)
+            cycle_s = GREETING_S + sum(len(q.pcm()) / 2 / SAMPLE_RATE + ANSWER_S for q in questions)
+            await browser.wait_until(
+                f"window.vocable.turns.length >= {turns}",
+                timeout_s=cycle_s * (turns / len(questions) + 1) + 30,
+            )
+            await asyncio.sleep(0.5)  # the last turn's server figures
+            heard = await browser.evaluate("window.vocable.turns")
+            stats = await browser.evaluate(STATS)
+            elapsed = time.monotonic() - started
+            cpu_percent = (_cpu_s(browser.pid) - cpu_before) / elapsed * 100
+            await browser.evaluate("document.getElementById('call').click()")  # hang up
+    return {
+        "call": index,
+        "turns": [_turn(index, n, turn) for n, turn in enumerate(heard[:turns])],
+        "stats": stats,
+        "client_cpu_percent": round(cpu_percent, 1),
+    }
+
+
+def _turn(call: int, number: int, turn: dict[str, Any]) -> dict[str, Any]:
+    server = turn.get("server") or {}
+    return {
+        "call": call,
+        "turn": number,
+        "heard_ms": round(turn["heard_ms"], 1),
+        "graph_ms": round(turn["graph_ms"], 1),
+        "output_latency_ms": round(turn["output_latency_ms"], 1),
+        "server_v2v_ms": server.get("voice_to_voice_ms"),
+        "server": {k: v for k, v in server.items() if k.endswith("_ms")},
+    }
+
+
+async def browser_level(
+    base_url: str,
+    playbook: str | None,
+    calls: int,
+    turns: int,
+    questions: Sequence[Utterance],
+) -> dict[str, Any]:
+    """``calls`` Chromium pages at once (started 1 s apart), each until it timed ``turns``
+    answers; each page asks the questions from a different one on."""
+    cycle = list(questions)
+
+    async def call(index: int) -> dict[str, Any]:
+        await asyncio.sleep(index * 1.0)
+        start = index * len(cycle) // max(1, calls)
+        script = list(itertools.islice(itertools.cycle(cycle), start, start + len(cycle)))
+        return await _one_call(base_url, playbook, index, script, turns)
+
+    started = time.monotonic()
+    pages = await asyncio.gather(*(call(i) for i in range(calls)))
+    return {
+        "calls": calls,
+        "client": "chromium",
+        "pages": pages,
+        "elapsed_s": round(time.monotonic() - started, 1),
+    }
+
+
+def percentiles(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"p50": None, "p95": None, "n": 0}
+    ordered = sorted(values)
+    p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+    return {"p50": round(statistics.median(ordered), 1), "p95": round(p95, 1), "n": len(values)}
+
+
+def summarize_browser(level: dict[str, Any]) -> dict[str, Any]:
+    """Voice to voice as the pages heard it and as the server timed it, their gap per turn,
+    and the receivers' jitter buffer and concealment, over the level's turns."""
+    turns = [t for page in level["pages"] for t in page["turns"]]
+    paired = [t for t in turns if t["server_v2v_ms"] is not None]
+    inbound = [page["stats"].get("inbound", {}) for page in level["pages"]]
+
+    def mean_ms(total: str, count: str) -> float | None:
+        pairs = [(s.get(total), s.get(count)) for s in inbound if s.get(count)]
+        if not pairs:
+            return None
+        return round(statistics.fmean(1000 * t / c for t, c in pairs), 1)
+
+    received = sum(s.get("totalSamplesReceived", 0) for s in inbound)
+    concealed = sum(s.get("concealedSamples", 0) for s in inbound)
+    return {
+        "calls": level["calls"],
+        "heard_ms": percentiles([t["heard_ms"] for t in turns]),
+        "server_v2v_ms": percentiles([t["server_v2v_ms"] for t in paired]),
+        "gap_ms": percentiles([t["graph_ms"] - t["server_v2v_ms"] for t in paired]),
+        "output_latency_ms": percentiles([t["output_latency_ms"] for t in turns]),
+        "jitter_buffer_ms": mean_ms("jitterBufferDelay", "jitterBufferEmittedCount"),
+        "jitter_buffer_target_ms": mean_ms("jitterBufferTargetDelay", "jitterBufferEmittedCount"),
+        "concealed_percent": round(100 * concealed / received, 2) if received else None,
+        "arrival_jitter_ms": _mean([1000 * s["jitter"] for s in inbound if "jitter" in s]),
+        "client_cpu_percent": _mean([page["client_cpu_percent"] for page in level["pages"]]),
+    }
+
+
+def _mean(values: list[float]) -> float | None:
+    return round(statistics.fmean(values), 1) if values else None
+
+
+def browser_markdown(run: dict[str, Any]) -> str:
+    """The report of a ``--client chromium`` run."""
+    lines = [
+        "# Voice to voice in Chromium",
+        "",
+        f"`{run['command']}` at {run['git_commit']} on {run['machine']['cpu']}, "
+        f"{run['started_at']}.",
+        "",
+        "Heard: the page's own figure (microphone's last voiced 5 ms to the answer's first "
+        "audible 5 ms, on the audio clock, plus the output device's latency). Server: the "
+        "server's voice_to_voice_ms of the same turn (caller's last voiced frame in to the "
+        "answer's first frame out). Gap: heard on the audio graph minus server. On arrival: "
+        "the harness's aiortc caller, run just before on the same server.",
+        "",
+        "| calls | heard p50 / p95 (n) | server p50 | on arrival p50 | gap p50 / p95 | "
+        "jitter buffer | concealed | arrival jitter | client CPU |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for summary in run["summary"]:
+        heard, server, gap = summary["heard_ms"], summary["server_v2v_ms"], summary["gap_ms"]
+        arrival = summary.get("on_arrival_ms") or {}
+        lines.append(
+            f"| {summary['calls']} | {heard['p50']} / {heard['p95']} ms ({heard['n']}) "
+            f"| {server['p50']} ms | {arrival.get('p50')} ms | {gap['p50']} / {gap['p95']} ms "
+            f"| {summary['jitter_buffer_ms']} ms (target {summary['jitter_buffer_target_ms']}) "
+            f"| {summary['concealed_percent']} % | {summary['arrival_jitter_ms']} ms "
+            f"| {summary['client_cpu_percent']} % |"
+        )
+    return "\n".join(lines) + "\n"
