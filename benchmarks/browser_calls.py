@@ -75,12 +75,19 @@ def _cpu_s(pid: int) -> float:
 
 
 async def _one_call(
-    base_url: str, playbook: str | None, index: int, questions: Sequence[Utterance], turns: int
+    base_url: str,
+    playbook: str | None,
+    index: int,
+    questions: Sequence[Utterance],
+    turns: int,
+    processing: bool,
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="vocable-browser-") as scratch:
         folder = Path(scratch)
         microphone = _microphone(questions, folder / "microphone.wav")
-        query = "raw=1&autocall=1" + (f"&playbook={playbook}" if playbook else "")
+        query = ("autocall=1" if processing else "raw=1&autocall=1") + (
+            f"&playbook={playbook}" if playbook else ""
+        )
         async with Browser(folder / "profile", microphone) as browser:
             assert browser.pid is not None
             cpu_before, started = _cpu_s(browser.pid), time.monotonic()
@@ -93,21 +100,37 @@ async def _one_call(
             )
             await asyncio.sleep(0.5)  # the last turn's server figures
             heard = await browser.evaluate("window.vocable.turns")
+            offset_ms = (time.time() - time.monotonic()) * 1000
             stats = await browser.evaluate(STATS)
             elapsed = time.monotonic() - started
             cpu_percent = (_cpu_s(browser.pid) - cpu_before) / elapsed * 100
             await browser.evaluate("document.getElementById('call').click()")  # hang up
     return {
         "call": index,
-        "turns": [_turn(index, n, turn) for n, turn in enumerate(heard[:turns])],
+        "turns": [_turn(index, n, turn, offset_ms) for n, turn in enumerate(heard[:turns])],
         "stats": stats,
         "client_cpu_percent": round(cpu_percent, 1),
     }
 
 
-def _turn(call: int, number: int, turn: dict[str, Any]) -> dict[str, Any]:
+def _turn(call: int, number: int, turn: dict[str, Any], offset_ms: float) -> dict[str, Any]:
+    """One answer's record. ``offset_ms``: wall clock less the monotonic clock (the server's
+    event times), both of this machine: the page's wall-clock times split the gap between the
+    page and the server into the question's way in (``uplink_ms``: the caller's last voiced
+    window in the page to the server's last voiced frame) and the answer's way out
+    (``downlink_ms``: the server's first frame out to the first audible window in the page)."""
     server = turn.get("server") or {}
+    speech_end = turn.get("speech_end") or {}
+    onset, voiced = turn.get("onset_unix_ms"), turn.get("last_voiced_unix_ms")
+    first_out = server.get("t_ms")  # turn_metrics is sent as the first frame leaves
+    server_voiced = speech_end.get("last_voiced_ms")
     return {
+        "uplink_ms": None
+        if voiced is None or server_voiced is None
+        else round(server_voiced + offset_ms - voiced, 1),
+        "downlink_ms": None
+        if onset is None or first_out is None
+        else round(onset - (first_out + offset_ms), 1),
         "call": call,
         "turn": number,
         "heard_ms": round(turn["heard_ms"], 1),
@@ -124,22 +147,25 @@ async def browser_level(
     calls: int,
     turns: int,
     questions: Sequence[Utterance],
+    processing: bool = False,
 ) -> dict[str, Any]:
     """``calls`` Chromium pages at once (started 1 s apart), each until it timed ``turns``
-    answers; each page asks the questions from a different one on."""
+    answers; each page asks the questions from a different one on. ``processing``: the pages
+    keep Chromium's echo cancellation, noise suppression and gain control on (else ``?raw=1``)."""
     cycle = list(questions)
 
     async def call(index: int) -> dict[str, Any]:
         await asyncio.sleep(index * 1.0)
         start = index * len(cycle) // max(1, calls)
         script = list(itertools.islice(itertools.cycle(cycle), start, start + len(cycle)))
-        return await _one_call(base_url, playbook, index, script, turns)
+        return await _one_call(base_url, playbook, index, script, turns, processing)
 
     started = time.monotonic()
     pages = await asyncio.gather(*(call(i) for i in range(calls)))
     return {
         "calls": calls,
         "client": "chromium",
+        "audio_processing": processing,
         "pages": pages,
         "elapsed_s": round(time.monotonic() - started, 1),
     }
@@ -166,6 +192,12 @@ def summarize_browser(level: dict[str, Any]) -> dict[str, Any]:
             return None
         return round(statistics.fmean(1000 * t / c for t, c in pairs), 1)
 
+    playout = [page["stats"].get("playout", {}) for page in level["pages"]]
+    playout_ms = [
+        1000 * p["totalPlayoutDelay"] / p["totalSamplesCount"]
+        for p in playout
+        if p.get("totalSamplesCount")
+    ]
     received = sum(s.get("totalSamplesReceived", 0) for s in inbound)
     concealed = sum(s.get("concealedSamples", 0) for s in inbound)
     return {
@@ -174,8 +206,13 @@ def summarize_browser(level: dict[str, Any]) -> dict[str, Any]:
         "server_v2v_ms": percentiles([t["server_v2v_ms"] for t in paired]),
         "gap_ms": percentiles([t["graph_ms"] - t["server_v2v_ms"] for t in paired]),
         "output_latency_ms": percentiles([t["output_latency_ms"] for t in turns]),
+        "uplink_ms": percentiles([t["uplink_ms"] for t in turns if t["uplink_ms"] is not None]),
+        "downlink_ms": percentiles(
+            [t["downlink_ms"] for t in turns if t["downlink_ms"] is not None]
+        ),
         "jitter_buffer_ms": mean_ms("jitterBufferDelay", "jitterBufferEmittedCount"),
         "jitter_buffer_target_ms": mean_ms("jitterBufferTargetDelay", "jitterBufferEmittedCount"),
+        "playout_delay_ms": _mean(playout_ms),
         "concealed_percent": round(100 * concealed / received, 2) if received else None,
         "arrival_jitter_ms": _mean([1000 * s["jitter"] for s in inbound if "jitter" in s]),
         "client_cpu_percent": _mean([page["client_cpu_percent"] for page in level["pages"]]),
@@ -198,11 +235,17 @@ def browser_markdown(run: dict[str, Any]) -> str:
         "audible 5 ms, on the audio clock, plus the output device's latency). Server: the "
         "server's voice_to_voice_ms of the same turn (caller's last voiced frame in to the "
         "answer's first frame out). Gap: heard on the audio graph minus server. On arrival: "
-        "the harness's aiortc caller, run just before on the same server.",
+        "the harness's aiortc caller, run just before on the same server. Way in: the "
+        "caller's last voiced window in the page to the server's last voiced frame; way out: "
+        "the server's first frame out to the first audible window in the page (wall clocks of "
+        "this machine; their sum is the gap).",
+        "",
+        "The browser's echo cancellation, noise suppression and gain control: "
+        + ("on." if run["settings"].get("browser_audio_processing") else "off (`?raw=1`)."),
         "",
         "| calls | heard p50 / p95 (n) | server p50 | on arrival p50 | gap p50 / p95 | "
-        "jitter buffer | concealed | arrival jitter | client CPU |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "way in / out p50 | jitter buffer | concealed | arrival jitter | client CPU |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for summary in run["summary"]:
         heard, server, gap = summary["heard_ms"], summary["server_v2v_ms"], summary["gap_ms"]
@@ -210,7 +253,9 @@ def browser_markdown(run: dict[str, Any]) -> str:
         lines.append(
             f"| {summary['calls']} | {heard['p50']} / {heard['p95']} ms ({heard['n']}) "
             f"| {server['p50']} ms | {arrival.get('p50')} ms | {gap['p50']} / {gap['p95']} ms "
-            f"| {summary['jitter_buffer_ms']} ms (target {summary['jitter_buffer_target_ms']}) "
+            f"| {summary['uplink_ms']['p50']} / {summary['downlink_ms']['p50']} ms "
+            f"| {summary['jitter_buffer_ms']} ms (target {summary['jitter_buffer_target_ms']}; "
+            f"playout {summary['playout_delay_ms']}) "
             f"| {summary['concealed_percent']} % | {summary['arrival_jitter_ms']} ms "
             f"| {summary['client_cpu_percent']} % |"
         )

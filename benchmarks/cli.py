@@ -149,6 +149,12 @@ def _parser() -> argparse.ArgumentParser:
         "callers first, back to back, for the on-arrival figure; no barge-ins, no micro)",
     )
     parser.add_argument(
+        "--browser-processing",
+        action="store_true",
+        help="--client chromium: the pages keep Chromium's echo cancellation, noise "
+        "suppression and gain control on, as real users have them (default: off, ?raw=1)",
+    )
+    parser.add_argument(
         "--barge-in",
         default="pause_resume",
         choices=["immediate", "confirmed", "pause_resume", "disabled"],
@@ -366,7 +372,14 @@ async def _browsers(
         )
         print(f"{calls} call(s): Chromium pages...", file=sys.stderr)
         results["levels"].append(
-            await browser_level(target.base_url, target.playbook, calls, args.turns, questions)
+            await browser_level(
+                target.base_url,
+                target.playbook,
+                calls,
+                args.turns,
+                questions,
+                processing=args.browser_processing,
+            )
         )
     return results
 
@@ -389,7 +402,8 @@ def _write_browsers(
         **_provenance(command, started_at),
         "settings": {
             "llm": _llm_setting(args, scripted),
-            "client": "chromium (headless, fake microphone, ?raw=1)",
+            "client": "chromium (headless, fake microphone)",
+            "browser_audio_processing": args.browser_processing,
             "sweep": levels,
             "turns_per_call": args.turns,
             "server_args": args.server_arg,

@@ -28,8 +28,12 @@ let wantConnected = false;
 let reconnectAttempts = 0;
 let agentLine = null;     // the transcript line of the agent's current answer
 let serverMetrics = null; // {event, arrived, turn}: the server's last turn_metrics
+let speechEnd = null;     // the server's last speech_end event
 // Each answer heard here: {heard_ms (graph + output device), graph_ms, output_latency_ms,
-// server (the server's turn_metrics of the same turn, or null)}. Read by automated clients.
+// server (the server's turn_metrics of the same turn, or null), speech_end (the server's last
+// speech_end before it), onset_unix_ms and last_voiced_unix_ms (the answer's first audible and
+// the caller's last voiced window on the wall clock, to compare with the server's times on the
+// same machine)}. Read by automated clients.
 const heardTurns = [];
 window.vocable = { turns: heardTurns };
 const PAIR_MS = 1500;     // the server's metrics and the page's answer onset of one turn
@@ -104,6 +108,7 @@ function onEvent(event) {
     case "tool_call_start": addLine("tool", "", `… ${event.name}`); break;
     case "tool_call_end": if (event.error) addLine("tool", "", `${event.name} failed`); break;
     case "turn_metrics": onServerMetrics(event); break;
+    case "speech_end": speechEnd = event; break;
     case "state": if (call) setStatus(`In call — ${event.state}`); break;
     case "error": addLine("system", "", `Error (${event.source}): ${event.message}`); break;
     case "recording_failed": addLine("system", "", `Recording stopped: ${event.message}`); break;
@@ -122,10 +127,15 @@ function onServerMetrics(event) {
 }
 
 function onHeard(measured) {
-  const output = call && call.timer ? (call.timer.context.outputLatency || 0) * 1000 : 0;
+  const context = call && call.timer ? call.timer.context : null;
+  const output = context ? (context.outputLatency || 0) * 1000 : 0;
+  const now = performance.now();
+  // audio clock -> wall clock: the render clock is at context.currentTime now
+  const unix = (at) => context ? performance.timeOrigin + now - (context.currentTime - at) * 1000 : null;
   const turn = {
     heard_ms: measured.voice_to_voice_ms + output, graph_ms: measured.voice_to_voice_ms,
-    output_latency_ms: output, server: null, at: performance.now(),
+    output_latency_ms: output, server: null, speech_end: speechEnd, at: now,
+    onset_unix_ms: unix(measured.at), last_voiced_unix_ms: unix(measured.last_voiced_at),
   };
   if (serverMetrics && !serverMetrics.turn && turn.at - serverMetrics.arrived < PAIR_MS) {
     turn.server = serverMetrics.event;

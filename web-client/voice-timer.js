@@ -10,7 +10,8 @@
 //   quiet lead-in, or comfort noise, is not the answer;
 // - an answer starts when the agent becomes audible after 300 ms without being audible. If the
 //   caller spoke since the previous answer started, the worklet posts
-//   {type: "turn", voice_to_voice_ms, at}: from the caller's last voiced window to that start.
+//   {type: "turn", voice_to_voice_ms, at, last_voiced_at}: from the caller's last voiced window
+//   (ending at ``last_voiced_at``, seconds on the audio clock) to that start (``at``).
 // The page adds the output device's latency (AudioContext.outputLatency) where reported.
 "use strict";
 
@@ -82,7 +83,9 @@ class VoiceTimer extends AudioWorkletProcessor {
       const spoke = this.lastVoicedAt !== null && this.lastVoicedAt > this.answerStartedAt;
       if (spoke) {
         const ms = (windowStart - this.lastVoicedAt) * 1000;
-        this.port.postMessage({ type: "turn", voice_to_voice_ms: ms, at: windowStart });
+        this.port.postMessage({
+          type: "turn", voice_to_voice_ms: ms, at: windowStart, last_voiced_at: this.lastVoicedAt,
+        });
       }
       this.answerStartedAt = windowStart;
     }
