@@ -213,6 +213,7 @@ def summarize_browser(level: dict[str, Any]) -> dict[str, Any]:
         "jitter_buffer_ms": mean_ms("jitterBufferDelay", "jitterBufferEmittedCount"),
         "jitter_buffer_target_ms": mean_ms("jitterBufferTargetDelay", "jitterBufferEmittedCount"),
         "playout_delay_ms": _mean(playout_ms),
+        "processing_delay_ms": mean_ms("totalProcessingDelay", "totalSamplesReceived"),
         "concealed_percent": round(100 * concealed / received, 2) if received else None,
         "arrival_jitter_ms": _mean([1000 * s["jitter"] for s in inbound if "jitter" in s]),
         "client_cpu_percent": _mean([page["client_cpu_percent"] for page in level["pages"]]),
