@@ -187,7 +187,7 @@ def summarize_browser(level: dict[str, Any]) -> dict[str, Any]:
     inbound = [page["stats"].get("inbound", {}) for page in level["pages"]]
 
     def mean_ms(total: str, count: str) -> float | None:
-        pairs = [(s.get(total), s.get(count)) for s in inbound if s.get(count)]
+        pairs = [(s[total], s[count]) for s in inbound if s.get(count) and total in s]
         if not pairs:
             return None
         return round(statistics.fmean(1000 * t / c for t, c in pairs), 1)
