@@ -19,13 +19,12 @@ import os
 import statistics
 import tempfile
 import time
-import wave
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from media.audio import SAMPLE_RATE, silence
-from server.testkit.browser import Browser
+from server.testkit.browser import Browser, microphone_file
 
 from .corpus import Utterance
 
@@ -52,12 +51,7 @@ def _microphone(questions: Sequence[Utterance], path: Path) -> Path:
     pcm = silence(int(GREETING_S * 1000))
     for question in questions:
         pcm += question.pcm() + silence(int(ANSWER_S * 1000))
-    with wave.open(str(path), "wb") as wav:
-        wav.setnchannels(1)
-        wav.setsampwidth(2)
-        wav.setframerate(SAMPLE_RATE)
-        wav.writeframes(pcm)
-    return path
+    return microphone_file(path, pcm)
 
 
 def _cpu_s(pid: int) -> float:

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import wave
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from aiohttp.test_utils import TestServer
 
-from media.audio import SAMPLE_RATE, silence
+from media.audio import silence
+from server.testkit.browser import microphone_file
 from server.testkit.scripted_llm import ScriptedLLM, answers_by_words
 from tests.support.browser import Browser
 from tests.support.calls import piper_speech, voice_server
@@ -39,12 +39,7 @@ async def server(llm: ScriptedLLM) -> AsyncIterator[TestServer]:
 def _microphone(path: Path) -> Path:
     """Greeting-length silence, the question, then a long pause (Chromium loops the file)."""
     pcm = silence(6000) + piper_speech("Hello, I am calling about my order.") + silence(20000)
-    with wave.open(str(path), "wb") as wav:
-        wav.setnchannels(1)
-        wav.setsampwidth(2)
-        wav.setframerate(SAMPLE_RATE)
-        wav.writeframes(pcm)
-    return path
+    return microphone_file(path, pcm)
 
 
 async def test_a_browser_call_shows_both_sides_and_plays_the_agent(

@@ -14,7 +14,6 @@ import json
 import os
 import re
 import time
-import wave
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,12 +21,13 @@ from typing import Any
 import aiohttp
 import pytest
 
-from media.audio import SAMPLE_RATE, silence
+from media.audio import silence
 from playbooks import OrchestratorOptions, PlaybookOrchestrator, load_playbook
 from playbooks.llm import ChatClient
 from server.call.session import SessionSettings
 from server.llm.gguf import read_gguf
 from server.llm.llamacpp import EmbeddedLLM, EmbeddedSettings, ModelThreads, model_cpu_time
+from server.testkit.browser import microphone_file
 from server.testkit.caller import WebRTCCaller
 from tests.conftest import REPO
 from tests.support.browser import Browser
@@ -134,13 +134,8 @@ async def test_a_webrtc_caller_hears_english_the_model_wrote(model: EmbeddedLLM)
 @pytest.mark.timeout(120)
 async def test_chromium_plays_an_answer_the_model_wrote(model: EmbeddedLLM, tmp_path: Path) -> None:
     """The web client, in a real browser, shows and plays what the model answered."""
-    microphone = tmp_path / "mic.wav"
     pcm = silence(1500) + piper_speech(QUESTION) + silence(20000)  # (Chromium loops the file)
-    with wave.open(str(microphone), "wb") as wav:
-        wav.setnchannels(1)
-        wav.setsampwidth(2)
-        wav.setframerate(SAMPLE_RATE)
-        wav.writeframes(pcm)
+    microphone = microphone_file(tmp_path / "mic.wav", pcm)
     async with (
         voice_server(
             model.base_url, playbooks=PLAYBOOKS / "chat.yaml", llm_api_key=model.api_key

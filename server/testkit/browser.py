@@ -16,13 +16,16 @@ import os
 import re
 import shutil
 import signal
+import wave
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-__all__ = ["Browser", "Spawn", "chromium_path"]
+from media.audio import SAMPLE_RATE
+
+__all__ = ["Browser", "Spawn", "chromium_path", "microphone_file"]
 
 Spawn = Callable[..., Awaitable[asyncio.subprocess.Process]]
 """Starts a program (``asyncio.create_subprocess_exec``'s arguments) in a process group of its
@@ -51,6 +54,17 @@ FLAGS = (
 
 STARTUP_TIMEOUT_S = 60.0
 """How long Chromium may take to open its DevTools port."""
+
+
+def microphone_file(path: Path, pcm16k: bytes) -> Path:
+    """Write ``pcm16k`` (16 kHz mono PCM16) to ``path`` as the WAV file a fake microphone plays
+    (Chromium loops it); returns ``path``."""
+    with wave.open(str(path), "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(SAMPLE_RATE)
+        wav.writeframes(pcm16k)
+    return path
 
 
 def chromium_path() -> str:
