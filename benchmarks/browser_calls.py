@@ -27,6 +27,7 @@ from media.audio import SAMPLE_RATE, silence
 from server.testkit.browser import Browser, microphone_file
 
 from .corpus import Utterance
+from .report import percentile
 
 __all__ = ["browser_level", "browser_markdown", "percentiles", "summarize_browser"]
 
@@ -166,11 +167,13 @@ async def browser_level(
 
 
 def percentiles(values: list[float]) -> dict[str, float | None]:
-    if not values:
-        return {"p50": None, "p95": None, "n": 0}
-    ordered = sorted(values)
-    p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
-    return {"p50": round(statistics.median(ordered), 1), "p95": round(p95, 1), "n": len(values)}
+    """p50 and p95 by nearest rank (the harness's :func:`~.report.percentile`), and how many."""
+    p50, p95 = percentile(values, 50), percentile(values, 95)
+    return {
+        "p50": None if p50 is None else round(p50, 1),
+        "p95": None if p95 is None else round(p95, 1),
+        "n": len(values),
+    }
 
 
 def summarize_browser(level: dict[str, Any]) -> dict[str, Any]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
@@ -258,14 +257,8 @@ async def voice_server(
 
 
 QUIET_DBFS = -45.0
-"""A received 20 ms chunk at or below this level is silence to the phone tests."""
-
-
-def loud_now(arrivals: list[tuple[float, float]], window_s: float = 0.2) -> bool:
-    """Whether a phone hears the agent now: a loud chunk among those that arrived in the last
-    ``window_s`` (``arrivals``: (monotonic arrival, dBFS) of each chunk, oldest first)."""
-    since = time.monotonic() - window_s
-    return any(at > since and dbfs > QUIET_DBFS for at, dbfs in reversed(arrivals[-50:]))
+"""A received 20 ms chunk at or below this level is silence to the phone tests (as to
+``SipPhone.heard``)."""
 
 
 def quiet_after(arrivals: list[tuple[float, float]], after: float, run: int = 10) -> float:
@@ -281,8 +274,26 @@ def quiet_after(arrivals: list[tuple[float, float]], after: float, run: int = 10
     return float("inf")
 
 
-def barge_in_events(call: TransportCall, since: int) -> list[str]:
-    """The types of the call's events published after the first ``since`` (an earlier
-    ``call.events.published``) that tell a barge-in's outcome."""
+def greeted(server: TestServer) -> bool:
+    """Whether the server's one call has played its greeting out (its first ``tts_end``: the
+    audio has left the speaker); False while there is no call yet."""
+    if len(server.app[CALLS]) != 1:
+        return False
+    return any(event["type"] == "tts_end" for event in only_call(server).events.since(0))
+
+
+def assert_cut_off(
+    arrivals: list[tuple[float, float]], call: TransportCall, talk_at: float, mark: int
+) -> None:
+    """Assert that the caller who started talking at ``talk_at`` over the agent cut it off:
+    its audio went quiet within 0.6 s (``arrivals``: (monotonic arrival, dBFS) of each chunk
+    the phone heard), and the call's events after ``mark`` (an earlier
+    ``call.events.published``) show the caller's speech, a pause or a cut (not a lull between
+    sentences), and no resuming after the caller spoke."""
+    stopped_after = quiet_after(arrivals, talk_at)
     kinds = ("speech_start", "paused", "resumed", "interrupted", "transcript", "tts_start")
-    return [event["type"] for event in call.events.since(since) if event["type"] in kinds]
+    outcome = [event["type"] for event in call.events.since(mark) if event["type"] in kinds]
+    assert stopped_after <= 0.6, (stopped_after, outcome)
+    assert "speech_start" in outcome, outcome
+    assert {"paused", "interrupted"} & set(outcome), outcome
+    assert "resumed" not in outcome[outcome.index("speech_start") :], outcome
