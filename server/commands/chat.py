@@ -124,7 +124,8 @@ async def run_chat(
         if json_lines:
             emit({"type": "answer", "text": turn.answer, "stage": orchestrator.engine.stage.id})
         else:
-            stdout.write(turn.answer + "\n")
+            # one line per answer, as one line per turn in (a model may write several)
+            stdout.write(" ".join(turn.answer.split()) + "\n")
             stdout.flush()
 
 
