@@ -32,6 +32,7 @@ import pytest
 import yaml
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from aioice import stun
 from aiortc import RTCPeerConnection
 from aiosipua import SipResponse, parse_sdp
 from hypothesis import HealthCheck, assume, example, given, settings
@@ -655,6 +656,14 @@ def sip_cases(draw: st.DrawFn) -> SipCase:
 sip_datagrams = st.one_of(st.binary(max_size=400).map(lambda data: (data, None)), sip_cases())
 
 
+STUN_ANSWER = bytes(
+    stun.Message(
+        stun.Method.BINDING, stun.Class.RESPONSE, attributes={"XOR-MAPPED-ADDRESS": ("1.2.3.4", 5)}
+    )
+)
+"""A STUN Binding answer, as a registrar sends to a keep-alive (cut short, it is malformed)."""
+
+
 @pytest.mark.slow
 @pytest.mark.filterwarnings(LOOP_USES_RANDOM)
 async def test_sip_datagrams_never_disturb_the_endpoint(caplog: pytest.LogCaptureFixture) -> None:
@@ -760,6 +769,9 @@ async def _fuzz_sip(server: TestServer, phone: SipPhone, caplog: pytest.LogCaptu
     @example(case=SipCase("INVITE", body=UNREACHABLE_SDPS[1], expect=488))
     @example(case=SipCase("INVITE", expect=200))
     @example(case=(b"", None))
+    # STUN on the SIP socket (keep-alives' answers): a request, and a truncated answer
+    @example(case=(bytes(stun.Message(stun.Method.BINDING, stun.Class.REQUEST)), None))
+    @example(case=(STUN_ANSWER[:-4], None))
     @fuzz(600)
     def check(case: tuple[bytes, None] | SipCase) -> None:
         if isinstance(case, SipCase):

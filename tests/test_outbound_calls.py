@@ -127,12 +127,19 @@ async def _said(pcm8k: bytes) -> str:
 
 
 @asynccontextmanager
-async def _baresip_callee(workdir: Path, speech: bytes) -> AsyncIterator[tuple[str, Baresip]]:
+async def _baresip_callee(
+    workdir: Path, speech: bytes, *, wideband: bool = False
+) -> AsyncIterator[tuple[str, Baresip]]:
     """baresip listening on 127.0.0.1 and answering at once; it says ``speech`` (8 kHz PCM16)
-    from the answer on and hangs up at its end. Yields the URI to dial and the phone (what it
-    heard: :meth:`Baresip.heard`); it is stopped when the block ends."""
+    from the answer on and hangs up at its end (with ``wideband``, on G.722 only). Yields the
+    URI to dial and the phone (what it heard: :meth:`Baresip.heard`); it is stopped when the
+    block ends."""
     callee = await start_baresip(
-        workdir / "callee", speech, account="callee;answermode=auto", linger_s=40
+        workdir / "callee",
+        speech,
+        account="callee;answermode=auto",
+        linger_s=40,
+        wideband=wideband,
     )
     try:
         await asyncio.sleep(0.5)  # listening
@@ -142,11 +149,11 @@ async def _baresip_callee(workdir: Path, speech: bytes) -> AsyncIterator[tuple[s
 
 
 async def _call_baresip(
-    server: TestServer, workdir: Path, speech: bytes
+    server: TestServer, workdir: Path, speech: bytes, *, wideband: bool = False
 ) -> tuple[dict[str, Any], list[dict[str, Any]], bytes]:
     """Place a call to a baresip callee saying ``speech``; returns the call's final description,
     its events and what baresip heard (8 kHz PCM16 from the answer on)."""
-    async with _baresip_callee(workdir, speech) as (uri, callee):
+    async with _baresip_callee(workdir, speech, wideband=wideband) as (uri, callee):
         return await _call(server, {"to": uri}, speech, callee)
 
 
@@ -169,8 +176,10 @@ async def test_a_callee_who_says_hello_hears_the_greeting_after_it_and_talks(
 ) -> None:
     hello, question = phone_audio(HELLO), phone_audio(QUESTION)
     speech = silence(300, RATE) + hello + silence(7000, RATE) + question + silence(7000, RATE)
-    described, events, heard = await _call_baresip(server, tmp_path, speech)
+    # a wideband phone: the call is on G.722 both ways (offered first, answered)
+    described, events, heard = await _call_baresip(server, tmp_path, speech, wideband=True)
 
+    assert described["codec"] == "G722"
     assert described["state"] == "ended"
     assert described["result"] == "answered"
     assert described["answered_by"] == "person"
@@ -222,6 +231,7 @@ async def test_a_silent_callee_through_a_challenging_trunk_hears_the_greeting_af
     assert "in-dialog BYE from 127.0.0.1 routed" in log, log
     assert "without a route" not in log, log
     assert (described["result"], described["answered_by"]) == ("answered", "person")
+    assert described["codec"] == "PCMU"  # a narrowband phone: G.722 offered, G.711 answered
     loud = loud_frames(heard)
     assert loud, "the callee heard nothing"
     assert 0.9 <= loud[0] <= 4.0, loud[0]  # waits ~1 s for the callee's words, then greets

@@ -36,6 +36,7 @@ from server.testkit.scripted_llm import ScriptedLLM, answers_by_words
 from server.testkit.sip_phone import SipPhone
 from tests.support.baresip import RATE, loud_frames, start_baresip, until
 from tests.support.calls import transcriber, voice_server, word_error_rate
+from tests.support.dns_stub import dns_stub
 from tests.support.outbound import call_ended
 from tests.support.phone import ANSWER, phone_audio
 from tests.support.processes import free_port
@@ -49,7 +50,8 @@ GREETING_S = 4.5
 
 @pytest.fixture(scope="module")
 def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A self-signed certificate for 127.0.0.1 and its key (PEM files)."""
+    """A self-signed certificate for 127.0.0.1 and ``sip.test`` (a trunk's domain) and its
+    key (PEM files)."""
     folder = tmp_path_factory.mktemp("tls")
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
@@ -63,7 +65,9 @@ def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         .not_valid_before(now - datetime.timedelta(days=1))
         .not_valid_after(now + datetime.timedelta(days=2))
         .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("sip.test")]
+            ),
             critical=False,
         )
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
@@ -227,26 +231,42 @@ async def test_a_trunk_on_tls_checks_the_proxys_certificate_and_calls_through_it
     cert, key = certificate
     both = tmp_path / "callee.pem"  # baresip reads its certificate and key from one file
     both.write_bytes(cert.read_bytes() + key.read_bytes())
-    callee = await start_baresip(
+    callee = await start_baresip(  # it says "Hello?" and takes SRTP calls only
         tmp_path / "callee",
-        silence(3000, RATE),
-        account="callee;answermode=auto",
-        extra_config=f"sip_certificate\t\t{both}\n",
+        silence(300, RATE) + phone_audio("Hello?") + silence(3500, RATE),
+        account="callee;answermode=auto;mediaenc=srtp-mand",
+        extra_config=f"sip_certificate\t\t{both}\nmodule\t\t\tsrtp.so\n",
     )
+    records = {  # the trunk's domain publishes its SIP over TLS (RFC 3263), on baresip's
+        ("sip.test", "NAPTR"): ['10 50 "s" "SIP+D2U" "" _sip._udp.sip.test.',
+                                '20 50 "s" "SIPS+D2T" "" _sips._tcp.sip.test.'],
+        ("_sips._tcp.sip.test", "SRV"): [f"10 0 {callee.sip_port + 1} edge.sip.test."],
+        ("edge.sip.test", "A"): ["127.0.0.1"],
+    }  # fmt: skip
     try:
-        proxy = ("127.0.0.1", callee.sip_port + 1)  # its SIP over TLS
-        trunks = {
-            "tls": Trunk("tls", proxy=proxy, transport="tls", ca_file=cert),
-            "untrusted": Trunk("untrusted", proxy=proxy, transport="tls"),  # system CAs only
-        }
-        tls = SipTls("127.0.0.1", free_port(), cert, key)
-        sip = SipSettings(host="127.0.0.1", port=0, trunks=trunks, tls=tls)
-        async with voice_server(llm.base_url, ServerConfig(sip=sip)) as server:
-            refused = await call_ended(server, {"to": "callee", "trunk": "untrusted"})
-            answered = await call_ended(server, {"to": "callee", "trunk": "tls"})
+        async with dns_stub(records) as dns:
+            proxy = ("sip.test", None)
+            trunks = {
+                "tls": Trunk("tls", proxy=proxy, transport="tls", ca_file=cert, srtp=True),
+                "untrusted": Trunk("untrusted", proxy=proxy, transport="tls"),  # system CAs
+            }
+            tls = SipTls("127.0.0.1", free_port(), cert, key)
+            sip = SipSettings(
+                host="127.0.0.1", port=0, trunks=trunks, tls=tls, dns_server=("127.0.0.1", dns.port)
+            )
+            async with voice_server(llm.base_url, ServerConfig(sip=sip)) as server:
+                refused = await call_ended(server, {"to": "callee", "trunk": "untrusted"})
+                answered = await call_ended(server, {"to": "callee", "trunk": "tls"})
+                pickup = server.app[SIP].outbound[answered["session_id"]].pickup
     finally:
         await callee.stop()
+    assert ("_sips._tcp.sip.test", "SRV") in dns.asked  # the NAPTR record for TLS, not UDP's
     assert refused["result"] == "failed"
     assert "certificate verify failed" in refused["reason"], refused
     assert answered["result"] == "answered", answered
     assert answered["reason"] == "the callee hung up", answered
+    # on SRTP both ways: the callee's "Hello?" was decrypted and heard, and it heard the agent
+    assert answered["srtp"] is True, answered
+    assert pickup is not None
+    assert pickup.verdict == "person", pickup.heard_ms
+    assert loud_frames(callee.heard()), "the callee heard nothing of the agent"

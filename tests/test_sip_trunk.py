@@ -66,13 +66,16 @@ def trunks(kamailio: Kamailio, password: str | None) -> dict[str, Trunk]:
     }
 
 
-def extension(kamailio: Kamailio, password: str, expires_s: int = 300) -> RegisterSettings:
+def extension(
+    kamailio: Kamailio, password: str, expires_s: int = 300, keepalive_s: float = 25.0
+) -> RegisterSettings:
     return RegisterSettings(
         f"sip:agent@127.0.0.1:{kamailio.port}",
         ("127.0.0.1", kamailio.port),
         "agent",
         Secret(password),
         expires_s=expires_s,
+        keepalive_s=keepalive_s,
     )
 
 
@@ -144,12 +147,13 @@ async def _health(server: TestServer) -> dict[str, Any]:
         return health
 
 
-async def _registration(server: TestServer, state: str) -> dict[str, Any]:
-    """``/healthz``'s registration once it is in ``state`` (within 10 s)."""
+async def _registration(server: TestServer, state: str, **having: Any) -> dict[str, Any]:
+    """``/healthz``'s registration once it is in ``state`` with the items ``having`` (within
+    10 s)."""
     async with asyncio.timeout(10):
         while True:
             found: dict[str, Any] = (await _health(server))["sip_registration"]
-            if found["state"] == state:
+            if found["state"] == state and having.items() <= found.items():
                 return found
             await asyncio.sleep(0.05)
 
@@ -179,16 +183,23 @@ async def test_an_extension_registers_takes_calls_and_registers_again_after_a_re
     defines = {"PASSWORD": PASSWORD}
     with contextlib.ExitStack() as first_run:
         kamailio = first_run.enter_context(run_kamailio(tmp_path / "first", PBX_CONFIG, defines))
-        async with _server({}, extension(kamailio, PASSWORD, expires_s=2)) as server:
+        settings = extension(kamailio, PASSWORD, expires_s=2, keepalive_s=0.2)
+        async with _server({}, settings) as server:
             sip = server.app[SIP]
-            registered = await _registration(server, "registered")
-            assert registered["contact"] == f"sip:agent@127.0.0.1:{sip.port}"
+            here = f"127.0.0.1:{sip.port}"
+            # STUN keep-alives (RFC 5626) from the SIP socket: the registrar answers with it
+            registered = await _registration(server, "registered", keepalive="stun")
+            assert registered["reflexive"] == here
+            assert registered["contact"] == f"sip:agent@{here}"
             assert registered["expires_s"] == 2
             assert "vocable_sip_registered 1.0" in await _metrics(server)
             assert await _call_agent(kamailio) == 200
 
-            first_run.close()  # the registrar restarts, its bindings lost
-            restart = run_kamailio(tmp_path / "second", PBX_CONFIG, defines, port=kamailio.port)
+            first_run.close()  # the registrar restarts, its bindings lost, without STUN now
+            without_stun = {**defines, "NO_STUN": "1"}
+            restart = run_kamailio(
+                tmp_path / "second", PBX_CONFIG, without_stun, port=kamailio.port
+            )
             with restart as restarted:
                 restarted_at = time.monotonic()
                 async with asyncio.timeout(3.0):  # the refresh interval (1.8 s), and a margin
@@ -197,6 +208,8 @@ async def test_an_extension_registers_takes_calls_and_registers_again_after_a_re
                 await _registration(server, "registered")
                 again_s = time.monotonic() - restarted_at
                 assert await _call_agent(restarted) == 200
+                # the lost flow was seen by its keep-alive; this registrar gets CRLFs
+                await _registration(server, "registered", keepalive="crlf", reflexive=None)
 
                 await sip.unregister()  # on drain
                 assert (await _registration(server, "unregistered"))["expires_s"] is None

@@ -11,7 +11,10 @@ A :class:`Trunk` is named (``POST /calls`` picks one with ``"trunk"``) and says:
   ``asserted_identity`` (a ``P-Asserted-Identity`` URI, which carriers read for caller ID);
 - ``transport``: ``udp``, or ``tls`` to the proxy (its certificate checked against
   ``ca_file``, else the system's authorities; the server needs ``--sip-tls``, where the
-  proxy's in-dialog requests come back).
+  proxy's in-dialog requests come back);
+- ``srtp``: the calls' audio on SRTP (SDES keys in the SDP, RFC 4568; use it with ``tls``,
+  since the keys are only as secret as the signalling): a callee that answers without SRTP is
+  hung up.
 
 Trunks come from a YAML file (``--sip-trunks``)::
 
@@ -113,6 +116,8 @@ class Trunk:
     """How INVITEs reach the proxy: UDP, or TLS (the certificate checked against ``ca_file``,
     else the system's authorities, for the proxy's name)."""
     ca_file: Path | None = None
+    srtp: bool = False
+    """Offer SRTP only (``RTP/SAVP`` with SDES keys)."""
 
     def __post_init__(self) -> None:
         if (self.username is None) != (self.password is None):
@@ -259,6 +264,7 @@ class _TrunkEntry(BaseModel):
 
     transport: Literal["udp", "tls"] = "udp"
     ca_file: Path | None = None
+    srtp: bool = False
     proxy: str | None = None
     domain: str | None = None
     username: str | None = None
@@ -297,6 +303,7 @@ def trunk_of(
     asserted_identity: str | None = None,
     transport: Literal["udp", "tls"] = "udp",
     ca_file: Path | None = None,
+    srtp: bool = False,
 ) -> Trunk:
     """A trunk from plain settings (a file's entry, or flags); raises TrunkError."""
     what = f"trunk {name!r}"
@@ -326,6 +333,7 @@ def trunk_of(
         name,
         transport=transport,
         ca_file=ca_file,
+        srtp=srtp,
         proxy=address,
         domain=domain,
         username=username or None,

@@ -68,6 +68,11 @@ class PhoneCall(TransportCall):
         for frame in self._audio.frames(payload):
             self.take_frame(frame, at)
 
+    def hear_at(self, rate: int) -> None:
+        """The caller's audio comes at ``rate`` from now on (an outbound call learns its codec
+        from the callee's answer)."""
+        self._audio = CallerAudio(self._audio.encoding, rate)
+
     def heard_signal(self) -> None:
         """The caller sent something other than audio (a digit): the line is alive."""
         self.gap.heard()

@@ -32,6 +32,8 @@ from aiosipua.transport import SipTransport, TcpSipTransport, UdpSipTransport
 
 from server.config.llm import ConfigError
 
+from .stun_keepalive import StunPinger, is_stun
+
 __all__ = [
     "TESTED_VERSIONS",
     "MessageHandler",
@@ -204,6 +206,8 @@ class UdpTransport(UdpSipTransport):
     def __init__(self, local_addr: tuple[str, int], sendable: Callable[[str, int], bool]) -> None:
         super().__init__(local_addr=local_addr)
         self._sendable = sendable
+        self.stun = StunPinger(self._send_datagram)
+        """STUN Binding requests from this socket (keep-alives toward a registrar)."""
 
     async def start(self) -> None:
         owner = self
@@ -232,8 +236,18 @@ class UdpTransport(UdpSipTransport):
     def send_keepalive(self, addr: tuple[str, int]) -> None:
         """A double CRLF to ``addr``: keeps a NAT binding toward a registrar open (a SIP
         stack reads it as nothing). Nothing when the socket is not open."""
+        self._send_datagram(b"\r\n\r\n", addr)
+
+    def _send_datagram(self, data: bytes, addr: tuple[str, int]) -> None:
         if self._udp_transport is not None:
-            self._udp_transport.sendto(b"\r\n\r\n", addr)
+            self._udp_transport.sendto(data, addr)
+
+    def _dispatch(self, data: bytes, addr: tuple[str, int]) -> None:
+        """A STUN datagram (a keep-alive's answer) to :attr:`stun`; anything else to SIP."""
+        if is_stun(data):
+            self.stun.received(data)
+        else:
+            super()._dispatch(data, addr)
 
 
 @dataclasses.dataclass

@@ -4,12 +4,13 @@ can carry an agent's call (``outbound.py``) or one side of a bridge.
 Contract::
 
     leg = await dial(stack, "sip:alice@192.0.2.7:5060", ring_timeout_s=30)
-    leg.on_audio = lambda pcm: ...     # the callee's audio: 8 kHz PCM16, as RTP delivers it
-    leg.send_pcm(frame)                # ours: 8 kHz PCM16, one call per 20 ms frame (320 bytes)
+    leg.on_audio = lambda pcm: ...     # the callee's audio: PCM16 at leg.rate, as RTP delivers it
+    leg.send_pcm(frame)                # ours: PCM16 at leg.rate, one call per 20 ms frame
     leg.on_hangup = lambda reason: ... # the callee hung up (BYE); called once
     await leg.hangup()                 # BYE (unless the callee hung up), RTP closed, port freed
 
-:func:`dial` sends the INVITE (PCMU and PCMA offered, RFC 4733 digits), retransmits it until the
+:func:`dial` sends the INVITE (PCMU and PCMA offered, G.722 first when ``wideband``; RFC 4733
+digits), retransmits it until the
 callee answers anything (RFC 3261 Timer A, over UDP), and returns an :class:`OutboundLeg` once a
 200 OK is ACKed and its RTP socket is bound. Every other ending raises :class:`DialFailed`, whose
 :class:`DialResult` says which: ``busy`` (486, 600), ``no_answer`` (no final answer within
@@ -62,15 +63,16 @@ from aiosipua.rtp_bridge import CallSession
 from aiosipua.transport import SipTransport
 
 from server.config.sip_trunks import Trunk, hostport, parse_hostport, parse_target
-from server.transports.phone.audio import Encoding, encode
+from server.transports.phone.audio import encode
 
 from .compat import TlsTransport
 from .digest import DigestClient
 from .resolve import SipResolver
 from .rtp_ports import NoFreePort, RtpPortLease, RtpPorts
+from .sdp import CODECS, G722, codec_name, codec_rate, wideband_available
+from .srtp import SUITES, Crypto, choose_crypto, protect_session, secured
 
 __all__ = [
-    "CODECS",
     "PHONE_RATE",
     "DialFailed",
     "DialOutcome",
@@ -85,7 +87,6 @@ log = logging.getLogger(__name__)
 
 PHONE_RATE = 8000
 SAMPLES_PER_FRAME = 160
-CODECS: dict[int, Encoding] = {0: "ulaw", 8: "alaw"}
 DTMF_PAYLOAD_TYPE = 101
 T1_S = 0.5
 """RFC 3261 Timer A's first interval: an unanswered INVITE is sent again after it, doubling."""
@@ -379,10 +380,19 @@ class OutboundLeg:
         """The RTP session (aiosipua's ``CallSession``: ``remote_addr``, ``stats``)."""
         self.local_sdp = local_sdp
         self.remote_sdp = remote_sdp
-        self.encoding = CODECS[media.chosen_payload_type]
+        payload_type = media.chosen_payload_type
+        self.codec = codec_name(payload_type)
+        """The codec the callee answered with: G722, PCMU or PCMA."""
+        self.rate = codec_rate(payload_type)
+        """The rate of the PCM the leg sends and hears: 16 kHz on G.722, else 8 kHz."""
+        self._g711 = CODECS.get(payload_type)
+        """G.711's encoding, encoded here; None: G.722, which aiortp encodes (its state runs
+        across frames)."""
         self.result = DialResult("answered", 200, "answered")
+        self.srtp = False
+        """Whether the leg's audio is on SRTP (a trunk's ``srtp``)."""
         self.on_audio: Callable[[bytes], None] | None = None
-        """The callee's audio as it arrives: 8 kHz PCM16, any length."""
+        """The callee's audio as it arrives: PCM16 at :attr:`rate`, any length."""
         self.on_dtmf: Callable[[str], None] | None = None
         self.on_hangup: Callable[[str], None] | None = None
         """Called once if the callee ends the call (then call :meth:`hangup` to free it)."""
@@ -401,10 +411,14 @@ class OutboundLeg:
         return self.call.call_id
 
     def send_pcm(self, pcm: bytes) -> None:
-        """Send one frame of 8 kHz PCM16 (20 ms: 320 bytes) as G.711 RTP; the caller paces."""
-        if not self._closing:
-            self.media.send_audio(encode(pcm, self.encoding), self._timestamp)
-        self._timestamp = (self._timestamp + len(pcm) // 2) & 0xFFFFFFFF
+        """Send one 20 ms frame of PCM16 at :attr:`rate` as RTP in the answered codec; the
+        caller paces."""
+        if not self._closing and self._g711 is not None:
+            self.media.send_audio(encode(pcm, self._g711), self._timestamp)
+        elif not self._closing:
+            self.media.send_audio_pcm(pcm, self._timestamp)
+        ticks = len(pcm) // 2 * PHONE_RATE // self.rate  # G.722's RTP clock is 8 kHz too
+        self._timestamp = (self._timestamp + ticks) & 0xFFFFFFFF
 
     def peer_hung_up(self, reason: str) -> None:
         if self.by_peer or self._closing:
@@ -449,15 +463,21 @@ async def dial(
     from_user: str = "vocable",
     headers: Mapping[str, str] | None = None,
     on_ringing: Callable[[], None] | None = None,
+    wideband: bool = False,
 ) -> OutboundLeg:
     """Call ``to_uri`` (see the module docstring) through ``trunk`` (None: straight to the
     URI's host, as ``from_user``); ``headers`` are added to the INVITE, ``on_ringing`` runs on
-    each 180/183. Raises DialFailed, or ValueError for a bad URI."""
+    each 180/183. With ``wideband`` G.722 is offered first (when its codec is installed): the
+    leg's :attr:`~OutboundLeg.rate` then says what the callee answered. Raises DialFailed, or
+    ValueError for a bad URI."""
+    codecs = (G722, *CODECS) if wideband and wideband_available() else tuple(CODECS)
+    offered = _Offered(codecs, _our_keys() if trunk is not None and trunk.srtp else ())
     host, port = parse_hostport(to_uri)
     if trunk is not None and trunk.proxy is not None:
         host, port = trunk.proxy
     try:
-        candidates = await stack.resolver.candidates(host, port, stack.family)
+        transport = "udp" if trunk is None else trunk.transport
+        candidates = await stack.resolver.candidates(host, port, stack.family, transport)
     except OSError as exc:  # Unresolvable among them
         raise DialFailed(DialResult("failed", None, str(exc))) from None
     candidates = stack.answering_first(candidates)
@@ -465,14 +485,14 @@ async def dial(
         try:
             return await _dial_at(
                 stack, remote, host, to_uri, ring_timeout_s, trunk, from_user, headers,
-                on_ringing, unheard_s=FAILOVER_S,
+                on_ringing, offered, unheard_s=FAILOVER_S,
             )  # fmt: skip
         except _Silent:
             stack.silent(remote)
             log.warning("SIP %s:%d did not answer an INVITE: trying the next", *remote)
     return await _dial_at(
         stack, candidates[-1], host, to_uri, ring_timeout_s, trunk, from_user, headers,
-        on_ringing, unheard_s=None,
+        on_ringing, offered, unheard_s=None,
     )  # fmt: skip
 
 
@@ -490,10 +510,12 @@ async def _dial_at(
     from_user: str,
     headers: Mapping[str, str] | None,
     on_ringing: Callable[[], None] | None,
+    offered: _Offered,
     *,
     unheard_s: float | None,
 ) -> OutboundLeg:
-    """One attempt at ``remote``; raises DialFailed, or _Silent (after ``unheard_s``)."""
+    """One attempt at ``remote``, offering ``offered``; raises DialFailed, or _Silent (after
+    ``unheard_s``)."""
     try:
         lease = stack.rtp_ports.lease()
     except NoFreePort as exc:
@@ -505,8 +527,9 @@ async def _dial_at(
         uac = await _signalling(stack, trunk, remote, host)
         identity = _Identity.of(stack, trunk, from_user, dict(headers or {}), remote)
         leg = await _invite(
-            stack, uac, to_uri, remote, lease, ring_timeout_s, identity, on_ringing, unheard_s
-        )
+            stack, uac, to_uri, remote, lease, ring_timeout_s, identity, on_ringing, offered,
+            unheard_s,
+        )  # fmt: skip
         unless_answered.pop_all()
     return leg
 
@@ -583,10 +606,11 @@ async def _invite(
     ring_timeout_s: float,
     identity: _Identity,
     on_ringing: Callable[[], None] | None,
+    offered: _Offered,
     unheard_s: float | None = None,
 ) -> OutboundLeg:
     media_ip = stack.media_ip(remote[0])
-    offer = _offer(media_ip, lease.port)
+    offer = offered.sdp(media_ip, lease.port)
     answered: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
 
     def settle(status: int, reason: str) -> None:
@@ -643,7 +667,7 @@ async def _invite(
         raise DialFailed(_failure(status, reason, identity.credentials, authenticated))
     uac.credentials.pop(call.call_id, None)
     try:
-        return await _connect(stack, uac, call, offer, media_ip, lease, remote[0])
+        return await _connect(stack, uac, call, offer, offered, media_ip, lease, remote[0])
     except BaseException:
         with contextlib.suppress(ValueError, RuntimeError, OSError):
             call.hangup(uac)
@@ -656,6 +680,7 @@ async def _connect(
     uac: _Uac,
     call: OutgoingCall,
     offer: SdpMessage,
+    offered: _Offered,
     media_ip: str,
     lease: RtpPortLease,
     peer: str,
@@ -667,19 +692,23 @@ async def _connect(
             raise ValueError("the answer has no SDP")
         if answer.rtp_address is None or answer.rtp_address[1] == 0:
             raise ValueError("the answer declines audio")
+        keys = offered.keys_of(answer)
         media = CallSession(
             local_ip=stack.host,
             rtp_port=lease.port,
             offer=answer,  # the callee's answer: picks one of the codecs we offered
             advertised_ip=None if media_ip == stack.host else media_ip,
-            supported_codecs=list(CODECS),
+            supported_codecs=list(offered.codecs),
             dtmf_payload_type=_dtmf_type(answer),
             symmetric_rtp=True,
         )
     except (SdpNegotiationError, ValueError) as exc:
         raise DialFailed(DialResult("failed", 200, f"unusable SDP answer: {exc}")) from None
     await media.start()
+    if keys is not None:
+        protect_session(media.rtp_session, *keys)
     leg = OutboundLeg(stack, call, media, offer, answer, lease, peer, uac)
+    leg.srtp = keys is not None
     stack.legs[call.call_id] = leg
     return leg
 
@@ -729,24 +758,52 @@ def _failure(
     return DialResult("rejected", status, f"rejected ({text})")
 
 
-def _offer(ip: str, port: int) -> SdpMessage:
-    kind = "IP6" if ":" in ip else "IP4"
-    session = str(secrets.randbelow(1 << 31))
-    lines = [
-        "v=0",
-        f"o=vocable {session} {session} IN {kind} {ip}",
-        "s=-",
-        f"c=IN {kind} {ip}",
-        "t=0 0",
-        f"m=audio {port} RTP/AVP 0 8 {DTMF_PAYLOAD_TYPE}",
-        "a=rtpmap:0 PCMU/8000",
-        "a=rtpmap:8 PCMA/8000",
-        f"a=rtpmap:{DTMF_PAYLOAD_TYPE} telephone-event/8000",
-        f"a=fmtp:{DTMF_PAYLOAD_TYPE} 0-16",
-        "a=ptime:20",
-        "a=sendrecv",
-    ]
-    return parse_sdp("\r\n".join(lines) + "\r\n")
+@dataclass(frozen=True)
+class _Offered:
+    """What an INVITE offers: ``codecs`` (static payload types, preferred first) and RFC 4733
+    digits, on SRTP with ``keys`` (our SDES keys, one per suite) when there are any."""
+
+    codecs: tuple[int, ...]
+    keys: tuple[Crypto, ...] = ()
+
+    def sdp(self, ip: str, port: int) -> SdpMessage:
+        """The offer's SDP, media on ``ip``:``port``."""
+        kind = "IP6" if ":" in ip else "IP4"
+        session = str(secrets.randbelow(1 << 31))
+        profile = "RTP/SAVP" if self.keys else "RTP/AVP"
+        types = " ".join(map(str, self.codecs))
+        lines = [
+            "v=0",
+            f"o=vocable {session} {session} IN {kind} {ip}",
+            "s=-",
+            f"c=IN {kind} {ip}",
+            "t=0 0",
+            f"m=audio {port} {profile} {types} {DTMF_PAYLOAD_TYPE}",
+            *(f"a=rtpmap:{pt} {codec_name(pt)}/8000" for pt in self.codecs),  # G.722's: 8 kHz
+            f"a=rtpmap:{DTMF_PAYLOAD_TYPE} telephone-event/8000",
+            f"a=fmtp:{DTMF_PAYLOAD_TYPE} 0-16",
+            *(f"a=crypto:{key.line()}" for key in self.keys),
+            "a=ptime:20",
+            "a=sendrecv",
+        ]
+        return parse_sdp("\r\n".join(lines) + "\r\n")
+
+    def keys_of(self, answer: SdpMessage) -> tuple[Crypto, Crypto] | None:
+        """(the callee's key, ours) for an SRTP offer, None for a plain one; raises ValueError
+        when the answer does not take the offered SRTP (RFC 4568 7.1.2: its tag and suite)."""
+        if not self.keys:
+            return None
+        theirs = choose_crypto(answer) if secured(answer) else None
+        taken = None if theirs is None else (theirs.tag, theirs.suite)
+        ours = next((key for key in self.keys if (key.tag, key.suite) == taken), None)
+        if theirs is None or ours is None:
+            raise ValueError("the answer is not on the SRTP offered (RTP/SAVP with a key)")
+        return theirs, ours
+
+
+def _our_keys() -> tuple[Crypto, ...]:
+    """A fresh SDES key for each suite Vocable has, tagged 1, 2 ... in its preference."""
+    return tuple(Crypto.fresh(tag, suite) for tag, suite in enumerate(SUITES, start=1))
 
 
 def _dtmf_type(sdp: SdpMessage) -> int:

@@ -9,6 +9,10 @@ call's, and a ``call`` item at each state). After the answer,
 :class:`~server.call.pickup.Pickup` decides when the agent greets (never over the callee's
 "Hello?") and whether a voicemail greeting answered, which the playbook's ``voicemail``
 setting handles (hang up, or leave its message once the greeting is over).
+
+The INVITE offers G.722 first where its codec is installed (the call's speaker then runs at 16
+kHz), then G.711: the callee's answer picks, and a G.711 answer hears and speaks through an 8
+kHz step.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import asyncio
 import time
 from typing import Any, Literal
 
+from media import Resampler
 from playbooks.models import Voicemail
 from server.call.pickup import Pickup, PickupSettings
 from server.call.session import Session
@@ -25,7 +30,7 @@ from server.config.sip_trunks import Trunk
 from server.runtime.registry import CallRegistry
 from server.transports.phone.line import PhoneCall
 
-from .dialer import DialFailed, DialOutcome, DialStack, OutboundLeg, dial
+from .dialer import PHONE_RATE, DialFailed, DialOutcome, DialStack, OutboundLeg, dial
 
 __all__ = ["SESSION_HEADER", "CallState", "OutboundCall"]
 
@@ -56,7 +61,12 @@ class OutboundCall(PhoneCall):
         trunk: Trunk | None = None,
     ) -> None:
         super().__init__(
-            registry, call_id, session, "slin", 8000, media_timeout_s=settings.media_timeout_s
+            registry,
+            call_id,
+            session,
+            "slin",
+            session.voice.speaker.sample_rate,  # the line's, once the callee has answered
+            media_timeout_s=settings.media_timeout_s,
         )
         self.stack = stack
         self.to_uri = to_uri
@@ -77,6 +87,8 @@ class OutboundCall(PhoneCall):
         self.leg: OutboundLeg | None = None
         self.pickup: Pickup | None = None
         self._dialing: asyncio.Task[Any] | None = None
+        self._to_line: Resampler | None = None
+        """The agent's audio to the answered codec's rate, when the speaker's differs."""
 
     # -- what clients see ----------------------------------------------------------------------
 
@@ -87,6 +99,8 @@ class OutboundCall(PhoneCall):
             "to": self.to_uri,
             "playbook": self.playbook_id,
             "trunk": None if self.trunk is None else self.trunk.name,
+            "codec": None if self.leg is None else self.leg.codec,
+            "srtp": None if self.leg is None else self.leg.srtp,
             "state": self.state,
             "result": self.result,
             "status": self.status,
@@ -129,6 +143,7 @@ class OutboundCall(PhoneCall):
                 trunk=self.trunk,
                 from_user=self.playbook_id,
                 headers={SESSION_HEADER: self.id},
+                wideband=self.session.voice.speaker.sample_rate > PHONE_RATE,
             )
         except DialFailed as exc:
             result = exc.result
@@ -150,6 +165,9 @@ class OutboundCall(PhoneCall):
         if self.hung_up:
             return
         self.clock.touch()
+        rate = self.session.voice.speaker.sample_rate
+        self._to_line = None if leg.rate == rate else Resampler(rate, leg.rate, aligned=True)
+        self.hear_at(leg.rate)
         leg.on_audio = self.hear
         leg.on_dtmf = self._on_dtmf
         leg.on_hangup = self._peer_hung_up
@@ -160,7 +178,7 @@ class OutboundCall(PhoneCall):
             )
         )
         self.start_media(self._send, when_idle="silence")
-        self.log.info("outbound call %s answered by %s (%s)", self.id, self.to_uri, leg.encoding)
+        self.log.info("outbound call %s answered by %s (%s)", self.id, self.to_uri, leg.codec)
         self._announce("answered")
 
     def take_frame(self, frame: bytes, at: float) -> None:
@@ -193,7 +211,7 @@ class OutboundCall(PhoneCall):
 
     async def _send(self, pcm: bytes) -> None:
         if self.leg is not None:
-            self.leg.send_pcm(pcm)
+            self.leg.send_pcm(pcm if self._to_line is None else self._to_line.resample(pcm))
 
     def _peer_hung_up(self, reason: str) -> None:
         self.spawn(self.hangup(reason), "sip-bye")

@@ -9,8 +9,12 @@ deployment meets:
   4 s (RFC 3261 Timer E), then counted as a failure;
 - after a failure (no answer, a 403, a password refused) it registers again after 1, 2, 4 ...
   up to 60 s, and at once when a binding expires unrefreshed;
-- a keep-alive (a double CRLF) goes to the registrar every ``keepalive_s`` so a NAT's UDP
-  binding stays open between refreshes (RFC 5626 3.5.1 asks for STUN on UDP: not done);
+- a keep-alive goes to the registrar every ``keepalive_s`` so a NAT's UDP binding stays open
+  between refreshes: a STUN Binding request from the SIP socket (RFC 5626 4.4.2), whose answer
+  also names the address the registrar sees this socket at; if that address moves (the NAT
+  rebound the flow) or a registrar that answered STUN stops answering, the flow is lost and
+  Vocable registers again at once. A registrar that never answers STUN gets a double CRLF
+  instead;
 - on drain it unregisters (``Expires: 0``), waiting briefly for the answer.
 
 :meth:`Registrar.describe` is what ``/healthz`` shows; :attr:`Registrar.registered` what
@@ -23,7 +27,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Any
+from typing import Any, Literal
 
 from aiosipua import Registration, RegistrationState, SipDigestAuth, SipRequest
 
@@ -41,6 +45,10 @@ RETRANSMIT_S = (0.5, 1.0, 2.0, 4.0)
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0)
 """Waits before registering again after successive failures."""
 UNREGISTER_WAIT_S = 2.0
+STUN_WAIT_S = 3.5
+"""How long a STUN keep-alive waits for its answer (sent at 0, 0.5 and 1.5 s), at most the
+keep-alive interval."""
+KeepAlive = Literal["stun", "crlf"]
 
 
 class _Registration(Registration):
@@ -88,6 +96,13 @@ class Registrar:
         self.last_error: str | None = None
         self.registered_at: float | None = None
         self.failures = 0
+        self.keepalive: KeepAlive | None = None
+        """How this registration's flow is kept alive: STUN, or a CRLF where the registrar
+        does not answer STUN (None: not known yet)."""
+        self.reflexive: tuple[str, int] | None = None
+        """The address the registrar sees the SIP socket at (its STUN answer)."""
+        self._lost: str | None = None
+        """Why the flow was found lost (a registration follows at once)."""
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -107,6 +122,8 @@ class Registrar:
             "expires_s": self.registration.granted_expires or None,
             "registered_at": self.registered_at,
             "last_error": self.last_error,
+            "keepalive": self.keepalive,
+            "reflexive": None if self.reflexive is None else hostport(*self.reflexive),
         }
 
     def start(self) -> None:
@@ -159,6 +176,7 @@ class Registrar:
             self.last_error = str(exc)
             return False
         self.registration.registrar = self.address
+        self.keepalive = self.reflexive = None  # a new flow: what keeps it alive is found again
         here = hostport(self.stack.media_ip(self.address[0]), self._port)
         self.contact = self.registration.contact_uri = f"sip:{self.settings.user}@{here}"
         self._changed.clear()
@@ -195,6 +213,10 @@ class Registrar:
         while True:
             self._changed.clear()
             await self._changed.wait()
+            if self._lost is not None:
+                self.last_error, self._lost = self._lost, None
+                log.warning("SIP registration of %s: %s", self.settings.aor, self.last_error)
+                return
             if self.registered:
                 self.registered_at = time.time()
                 continue
@@ -207,6 +229,31 @@ class Registrar:
         self._changed.set()
 
     async def _keep_alive(self) -> None:
+        """Every ``keepalive_s`` while registered: STUN, or a CRLF (the module docstring)."""
+        interval = self.settings.keepalive_s
         while True:
-            await asyncio.sleep(self.settings.keepalive_s)
-            self._transport.send_keepalive(self.address)
+            await asyncio.sleep(interval)
+            if not self.registered or self._lost is not None:
+                continue
+            if self.keepalive == "crlf":
+                self._transport.send_keepalive(self.address)
+                continue
+            mapped = await self._transport.stun.reflexive(
+                self.address, within_s=min(STUN_WAIT_S, interval)
+            )
+            if not self.registered:
+                continue
+            if mapped is None and self.keepalive is None:  # no STUN at this registrar
+                self.keepalive = "crlf"
+                self._transport.send_keepalive(self.address)
+            elif mapped is None:
+                self._flow_lost("the registrar stopped answering STUN keep-alives")
+            elif self.reflexive is not None and mapped != self.reflexive:
+                seen = f"{hostport(*self.reflexive)} -> {hostport(*mapped)}"
+                self._flow_lost(f"the registrar sees this endpoint at a new address ({seen})")
+            else:
+                self.keepalive, self.reflexive = "stun", mapped
+
+    def _flow_lost(self, why: str) -> None:
+        self._lost = why
+        self._changed.set()

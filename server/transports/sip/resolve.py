@@ -1,17 +1,19 @@
-"""Where a SIP URI's requests go (RFC 3263 4.1-4.2, for UDP): the address a trunk's domain
-publishes in DNS.
+"""Where a SIP URI's requests go (RFC 3263 4.1-4.2, over UDP or TLS): the address a trunk's
+domain publishes in DNS.
 
-- A numeric host, or a host with an explicit port: its address (A/AAAA), that port (5060).
-- Otherwise NAPTR first: a record whose service is ``SIP+D2U`` names the SRV domain; without
-  one, ``_sip._udp.HOST``. SRV records are taken in priority order (weighted at random within a
+- A numeric host, or a host with an explicit port: its address (A/AAAA), that port (5060, or
+  5061 over TLS).
+- Otherwise NAPTR first: a record whose service is the transport's (``SIP+D2U`` for UDP,
+  ``SIPS+D2T`` for TLS) names the SRV domain; without one, ``_sip._udp.HOST`` or
+  ``_sips._tcp.HOST``. SRV records are taken in priority order (weighted at random within a
   priority, RFC 2782), and the first whose target resolves is used.
-- No NAPTR and no SRV: the host's address, port 5060.
+- No NAPTR and no SRV: the host's address, port 5060 (5061).
 
 The resolver is a setting (``--sip-dns-server``: a nameserver to ask instead of the system's,
 for a split-horizon DNS or a test's stub). dnspython does the asking, asynchronously, so a slow
 DNS holds no other call. :meth:`SipResolver.candidates` gives every SRV target in order, for a
-dialer to fail over to the next when one does not answer (``dialer.py``). Not done: NAPTR for
-TCP/TLS.
+dialer to fail over to the next when one does not answer (``dialer.py``). SIP over plain TCP is
+not a transport Vocable dials, so its records are not read.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import ipaddress
 import random
 import socket
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import dns.asyncresolver
 import dns.exception
@@ -30,6 +32,12 @@ import dns.resolver
 __all__ = ["SipResolver", "Unresolvable"]
 
 DEFAULT_PORT = 5060
+Transport = Literal["udp", "tls"]
+_SERVICES: dict[str, tuple[str, str, int]] = {
+    "udp": ("SIP+D2U", "_sip._udp", DEFAULT_PORT),
+    "tls": ("SIPS+D2T", "_sips._tcp", 5061),
+}
+"""Per transport: its NAPTR service, its SRV prefix and its default port."""
 
 
 class Unresolvable(OSError):
@@ -43,31 +51,36 @@ class SipResolver:
     nameserver: tuple[str, int] | None = None
     timeout_s: float = 3.0
 
-    async def resolve(self, host: str, port: int | None, family: int) -> tuple[str, int]:
+    async def resolve(
+        self, host: str, port: int | None, family: int, transport: Transport = "udp"
+    ) -> tuple[str, int]:
         """The address and port to send to for ``host`` (and ``port`` when the URI gave one):
         the first of :meth:`candidates`; raises Unresolvable."""
-        return (await self.candidates(host, port, family))[0]
+        return (await self.candidates(host, port, family, transport))[0]
 
-    async def candidates(self, host: str, port: int | None, family: int) -> list[tuple[str, int]]:
-        """Every address to try for ``host``, in order (SRV targets that resolve; else the
-        one address); never empty; raises Unresolvable."""
+    async def candidates(
+        self, host: str, port: int | None, family: int, transport: Transport = "udp"
+    ) -> list[tuple[str, int]]:
+        """Every address to try for ``host`` over ``transport``, in order (SRV targets that
+        resolve; else the one address); never empty; raises Unresolvable."""
+        service, prefix, default_port = _SERVICES[transport]
         try:
             ipaddress.ip_address(host.strip("[]"))
         except ValueError:
             pass
         else:
-            return [(host.strip("[]"), port or DEFAULT_PORT)]
+            return [(host.strip("[]"), port or default_port)]
         if port is not None:
             return [(await self._address(host, family), port)]
         resolver = self._resolver()
-        srv_name = await self._naptr(resolver, host) or f"_sip._udp.{host}"
+        srv_name = await self._naptr(resolver, host, service) or f"{prefix}.{host}"
         found = []
         for target, target_port in await self._srv(resolver, srv_name):
             try:
                 found.append((await self._address(target, family), target_port))
             except Unresolvable:
                 continue
-        return found or [(await self._address(host, family), DEFAULT_PORT)]
+        return found or [(await self._address(host, family), default_port)]
 
     def _resolver(self) -> dns.asyncresolver.Resolver:
         if self.nameserver is None:
@@ -79,13 +92,16 @@ class SipResolver:
         resolver.lifetime = self.timeout_s
         return resolver
 
-    async def _naptr(self, resolver: dns.asyncresolver.Resolver, host: str) -> str | None:
-        """The SRV domain a ``SIP+D2U`` NAPTR record of ``host`` names, if any."""
+    async def _naptr(
+        self, resolver: dns.asyncresolver.Resolver, host: str, wanted: str
+    ) -> str | None:
+        """The SRV domain a NAPTR record of ``host`` for the service ``wanted`` names, if
+        any."""
         answers = await _query(resolver, host, "NAPTR")
         records = sorted(answers, key=lambda r: (r.order, r.preference))
         for record in records:
             service, flags = record.service.decode().upper(), record.flags.decode().lower()
-            if service == "SIP+D2U" and flags == "s":
+            if service == wanted and flags == "s":
                 return str(record.replacement).rstrip(".")
         return None
 

@@ -26,6 +26,7 @@ __all__ = [
     "offered_dtmf_type",
     "reanswer",
     "sendable",
+    "wideband_available",
 ]
 
 CODECS: dict[int, Encoding] = {0: "ulaw", 8: "alaw"}
@@ -40,7 +41,8 @@ _LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 
 
 @functools.cache
-def _wideband_available() -> bool:
+def wideband_available() -> bool:
+    """Whether G.722's codec (the ``G722`` package, through aiortp) is installed."""
     try:
         from aiortp.codecs import get_codec
 
@@ -59,7 +61,7 @@ def choose_codec(offer: SdpMessage) -> int | None:
         for codec in (audio.codecs if audio is not None else [])
         if _NAMES.get(codec.payload_type) == codec.encoding_name.upper()
     ]
-    if G722 in offered and _wideband_available():
+    if G722 in offered and wideband_available():
         return G722
     return next((pt for pt in offered if pt in CODECS), None)
 

@@ -63,12 +63,14 @@ from .resolve import SipResolver
 from .rfc3261 import USER_AGENT, guard, warning
 from .rtp_ports import NoFreePort, RtpPorts
 from .sdp import (
+    G722,
     choose_codec,
     codec_rate,
     host_ip,
     media_problem,
     offered_dtmf_type,
     sendable,
+    wideband_available,
 )
 from .srtp import choose_crypto, secure_answer, secured, srtp_problem
 from .transfer import SipTransfers
@@ -408,7 +410,8 @@ class SipServer:
                 way_out,
             )
 
-        call = registry.open(build, rate=PHONE_RATE, playbook=playbook_id, address=address)
+        rate = codec_rate(G722) if wideband_available() else PHONE_RATE  # G.722 offered first
+        call = registry.open(build, rate=rate, playbook=playbook_id, address=address)
         call_id = call.id
         self.outbound[call_id] = call
         while len(self.outbound) > MAX_KEPT_CALLS:  # forget the oldest ended calls
