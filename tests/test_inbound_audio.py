@@ -20,6 +20,7 @@ from aiortc.mediastreams import AudioStreamTrack
 from aiortc.rtcrtpparameters import RTCRtpCodecParameters
 from aiortc.rtp import RtpPacket
 
+from media import opus
 from media.audio import pcm_rms_dbfs
 from server.transports.webrtc import libopus
 from server.transports.webrtc.inbound import LoopDecoder, PromptAudioBuffer, hear_promptly
@@ -111,9 +112,9 @@ async def test_opus_is_decoded_there_and_then_to_mono(channels: int, rate: int |
 def test_the_callers_opus_is_decoded_at_48_khz_when_no_libopus_loads(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    libopus._libopus.cache_clear()
+    opus.load_libopus.cache_clear()
     monkeypatch.setattr(ctypes.util, "find_library", lambda name: None)
-    monkeypatch.setattr(libopus, "Path", lambda _: Path("/nonexistent/av/__init__.py"))
+    monkeypatch.setattr(opus, "Path", lambda _: Path("/nonexistent/av/__init__.py"))
     try:
         assert libopus.narrow_opus_decoder(16000) is None
         assert "no libopus to load" in caplog.text
@@ -124,7 +125,7 @@ def test_the_callers_opus_is_decoded_at_48_khz_when_no_libopus_loads(
         assert heard is not None
         assert heard.sample_rate == 48000
     finally:
-        libopus._libopus.cache_clear()
+        opus.load_libopus.cache_clear()
 
 
 async def test_other_codecs_use_aiortcs_decoders() -> None:

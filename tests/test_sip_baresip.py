@@ -91,8 +91,10 @@ async def call_from_baresip(
     user: str = "support",
     *,
     wideband: bool = False,
+    opus: bool = False,
 ) -> Recording:
-    """baresip dials ``sip:USER@`` the server (offering G.722 too when ``wideband``), says
+    """baresip dials ``sip:USER@`` the server (offering G.722 too when ``wideband``, G.722 and
+    Opus when ``opus``), says
     ``speech`` (8 kHz PCM16) and hangs up at its end; returns what it recorded. baresip is
     always stopped (killed if it must be)."""
     sip = server.app[SIP]
@@ -101,6 +103,7 @@ async def call_from_baresip(
         speech,
         dial=f"sip:{user}@127.0.0.1:{sip.port}",
         wideband=wideband,
+        opus=opus,
     )
     seconds = len(speech) / 2 / RATE
     try:
@@ -121,12 +124,14 @@ async def call_from_baresip(
     return Recording(phone.sent(), phone.heard(), call)
 
 
-async def test_baresip_on_g722_hears_the_scripted_answer(
+async def test_baresip_on_opus_hears_the_scripted_answer(
     server: TestServer, llm: ScriptedLLM, tmp_path: Path
 ) -> None:
+    """A wideband phone (PCMU, PCMA, G.722 and Opus offered, in that order) is answered on Opus,
+    understood and heard (G.722 both ways: test_outbound_calls)."""
     llm.script(_replies)
     speech = silence(GREETING_MS, RATE) + phone_audio(QUESTION) + silence(6000, RATE)
-    recording = await call_from_baresip(server, speech, tmp_path, wideband=True)
+    recording = await call_from_baresip(server, speech, tmp_path, opus=True)
 
     (asked_text,) = llm.user_turns
     assert _wer(asked_text, QUESTION) <= 0.25, asked_text
@@ -135,7 +140,7 @@ async def test_baresip_on_g722_hears_the_scripted_answer(
     assert recording.heard_loud(0, asked), "baresip heard no greeting"
     said = await recording.heard_said(asked)
     assert _wer(said, ANSWER) <= 0.25, said
-    assert recording.call.encoding == "G722"  # preferred, though baresip offers PCMU first
+    assert recording.call.encoding == "opus"  # preferred, though baresip offers PCMU first
     assert recording.call.session.barge_ins == 0
     assert len(server.app[CALLS]) == 0
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from media import Resampler
@@ -101,11 +102,15 @@ class Baresip:
         return self._recorded("dec")
 
     def _recorded(self, direction: str) -> bytes:
-        """A recording at 8 kHz (a G.722 call's, at 16 kHz, resampled)."""
+        """A recording at 8 kHz, mono (a G.722 call's at 16 kHz and an Opus call's at 48 kHz
+        in stereo, taken down)."""
         (path,) = (self.folder / "recordings").glob(f"dump-*-{direction}.wav")
         with wave.open(str(path), "rb") as wav:
-            assert (wav.getnchannels(), wav.getsampwidth()) == (1, 2)
+            channels = wav.getnchannels()
+            assert (channels in (1, 2), wav.getsampwidth()) == (True, 2)
             rate, pcm = wav.getframerate(), wav.readframes(wav.getnframes())
+        if channels == 2:  # the left channel
+            pcm = np.frombuffer(pcm, np.int16)[::2].tobytes()
         if rate == RATE:
             return pcm
         resampler = Resampler(rate, RATE)
@@ -143,6 +148,7 @@ async def start_baresip(
     dial: str | None = None,
     linger_s: float = 30.0,
     wideband: bool = False,
+    opus: bool = False,
     extra_config: str = "",
 ) -> Baresip:
     """Start baresip in ``folder`` (created) with one local account that never registers
@@ -150,8 +156,9 @@ async def start_baresip(
     once), saying ``speech`` (8 kHz PCM16) in each call; it dials ``dial`` if given. It quits
     by itself ``linger_s`` after the speech would end, even if the test dies; stop it with
     :meth:`Baresip.stop`. With ``wideband`` it also has G.722, offered after PCMU and PCMA
-    (and its file source then plays at 16 kHz: the call must settle on G.722). ``extra_config``:
-    more lines for its configuration (modules, ``sip_cafile``...).
+    (and its file source then plays at 16 kHz: the call must settle on G.722); with ``opus``
+    Opus, offered after those (its file source at 48 kHz: the call must settle on Opus).
+    ``extra_config``: more lines for its configuration (modules, ``sip_cafile``...).
     Fails the test if baresip is not installed."""
     path = shutil.which("baresip")
     if path is None:
@@ -159,12 +166,16 @@ async def start_baresip(
     config, recordings, wav_path = folder / "config", folder / "recordings", folder / "speech.wav"
     for made in (config, recordings):
         made.mkdir(parents=True)
-    rate = RATE
-    if wideband:  # its file source plays at the codec's rate: the call must be on G.722
-        resampler, rate = Resampler(RATE, 2 * RATE), 2 * RATE
+    rate = 48000 if opus else 2 * RATE if wideband else RATE
+    if rate != RATE:  # its file source plays at the codec's rate: the call must be on it
+        resampler = Resampler(RATE, rate)
         speech = resampler.resample(speech) + resampler.flush()
+    channels = 2 if opus else 1  # its Opus takes stereo only
+    if opus:
+        mono = np.frombuffer(speech, np.int16)
+        speech = np.repeat(mono, 2).tobytes()
     with wave.open(str(wav_path), "wb") as wav:
-        wav.setnchannels(1)
+        wav.setnchannels(channels)
         wav.setsampwidth(2)
         wav.setframerate(rate)
         wav.writeframes(speech)
@@ -174,7 +185,9 @@ async def start_baresip(
             sip_port=port,
             speech=wav_path,
             recordings=recordings,
-            extra=("module\t\t\tg722.so\n" if wideband else "") + extra_config,
+            extra=("module\t\t\tg722.so\n" if wideband or opus else "")
+            + ("module\t\t\topus.so\n" if opus else "")
+            + extra_config,
         )
     )
     user, _, parameters = account.partition(";")

@@ -1,5 +1,6 @@
-"""One SIP call the endpoint answered: its RTP media, the agent's audio sent as G.722 or G.711 on
-a steady 20 ms clock, the caller's decoded for the session, re-INVITEs (hold) and transfers."""
+"""One SIP call the endpoint answered: its RTP media, the agent's audio sent as Opus, G.722 or
+G.711 on a steady 20 ms clock, the caller's decoded for the session, re-INVITEs (hold) and
+transfers."""
 
 from __future__ import annotations
 
@@ -20,12 +21,11 @@ from server.transports.phone.line import PhoneCall
 
 from .rtp_ports import RtpPortLease
 from .sdp import (
-    CODECS,
     SENDING_DIRECTIONS,
-    codec_name,
-    codec_rate,
+    LineCodec,
     direction,
     media_problem,
+    opus_answer,
     reanswer,
 )
 from .srtp import Crypto, protect_session
@@ -49,19 +49,19 @@ class SipCall(PhoneCall):
         registry: CallRegistry,
         invite: IncomingCall,
         media: CallSession,
+        codec: LineCodec,
         call_id: str,
         session: Session,
         settings: SipSettings,
         rtp_port: RtpPortLease,
         on_end: Callable[[SipCall], None],
     ) -> None:
-        payload_type = media.chosen_payload_type
         super().__init__(
             registry,
             call_id,
             session,
             "slin",  # aiortp decodes
-            codec_rate(payload_type),
+            codec.rate,
             media_timeout_s=settings.media_timeout_s,
         )
         self.invite = invite
@@ -69,11 +69,9 @@ class SipCall(PhoneCall):
         self.settings = settings
         self.rtp_port = rtp_port
         """The call's RTP port pair, given back once its socket is closed."""
-        self.encoding = codec_name(payload_type)
-        """The codec's name: G722, PCMU or PCMA."""
-        self._g711 = CODECS.get(payload_type)
-        """G.711's encoding, which is encoded here; None: G.722, which aiortp encodes (its
-        state runs across frames)."""
+        self.codec = codec
+        self.encoding = codec.name
+        """The codec's name: opus, G722, PCMU or PCMA."""
         self.answer = media.sdp_answer
         """The SDP answer in force (a re-INVITE replaces it)."""
         self.sending = direction(self.answer) in SENDING_DIRECTIONS
@@ -88,8 +86,7 @@ class SipCall(PhoneCall):
         self.relay: Callable[[bytes], None] | None = None
         """While bridged to a person (a transfer): where the caller's audio goes instead, at
         8 kHz (a bridge's leg is G.711)."""
-        rate = codec_rate(payload_type)
-        self._narrow = None if rate == PHONE_RATE else Resampler(rate, PHONE_RATE)
+        self._narrow = None if codec.rate == PHONE_RATE else Resampler(codec.rate, PHONE_RATE)
 
     @property
     def sip_call_id(self) -> str:
@@ -126,11 +123,12 @@ class SipCall(PhoneCall):
     async def _send(self, pcm: bytes) -> None:
         """Every 20 ms: our next frame out (the ``CallerGap`` ticks after it: silence in for
         the session while the caller sends nothing)."""
-        if self.sending and self._g711 is not None:
-            self.media.send_audio(encode(pcm, self._g711), self._timestamp)
+        g711 = self.codec.g711
+        if self.sending and g711 is not None:
+            self.media.send_audio(encode(pcm, g711), self._timestamp)
         elif self.sending:
             self.media.send_audio_pcm(pcm, self._timestamp)
-        self._timestamp = (self._timestamp + SAMPLES_PER_FRAME) & 0xFFFFFFFF
+        self._timestamp = (self._timestamp + self.codec.ticks_per_frame) & 0xFFFFFFFF
 
     @property
     def receiving(self) -> bool:
@@ -144,7 +142,9 @@ class SipCall(PhoneCall):
             invite.accept(self.answer)
             return
         try:
-            answer = reanswer(offer, self.answer, self.media.chosen_payload_type)
+            answer = reanswer(offer, self.answer, self.codec.payload_type)
+            if self.codec.name == "opus":
+                opus_answer(answer, self.codec.payload_type)
             if self.srtp is not None:  # the keys stay those of the call
                 audio = answer.audio
                 assert audio is not None

@@ -1,6 +1,6 @@
-"""SDP as the SIP endpoint reads and writes it: the codecs it takes (G.722, preferred, then
-G.711), whether an offer's media can be reached, the answer to a re-INVITE, the direction of a
-stream."""
+"""SDP as the SIP endpoint reads and writes it: the codecs it takes (Opus, preferred, then
+G.722, then G.711), whether an offer's media can be reached, the answer to a re-INVITE, the
+direction of a stream."""
 
 from __future__ import annotations
 
@@ -8,15 +8,19 @@ import functools
 import ipaddress
 import re
 import socket
+from dataclasses import dataclass
 
 from aiosipua import SdpMessage, negotiate_sdp
 
 from server.transports.phone.audio import Encoding
 
+from .opus import OPUS_RATE, opus_available
+
 __all__ = [
     "CODECS",
     "G722",
     "SENDING_DIRECTIONS",
+    "LineCodec",
     "choose_codec",
     "codec_name",
     "codec_rate",
@@ -52,18 +56,74 @@ def wideband_available() -> bool:
     return True
 
 
-def choose_codec(offer: SdpMessage) -> int | None:
-    """The payload type to answer ``offer`` with: G.722 when it offers it (and its codec is
-    installed), else the first G.711 it offers; None when it offers neither."""
+@dataclass(frozen=True)
+class LineCodec:
+    """The codec a call's audio is on: its payload type, name, the rate of the PCM the call
+    hears and sends, and its RTP clock."""
+
+    payload_type: int
+    name: str
+    """``opus``, ``G722``, ``PCMU`` or ``PCMA``."""
+    rate: int
+    clock_rate: int = 8000
+
+    @property
+    def g711(self) -> Encoding | None:
+        """G.711's encoding, which Vocable encodes itself; None for the codecs aiortp
+        encodes (their state runs across frames)."""
+        return CODECS.get(self.payload_type) if self.name in ("PCMU", "PCMA") else None
+
+    @property
+    def ticks_per_frame(self) -> int:
+        """RTP timestamp units in a 20 ms frame."""
+        return self.clock_rate * 20 // 1000
+
+
+def static_codec(payload_type: int) -> LineCodec:
+    """G.722 or G.711 by its static payload type."""
+    return LineCodec(payload_type, codec_name(payload_type), codec_rate(payload_type))
+
+
+def choose_codec(offer: SdpMessage) -> LineCodec | None:
+    """The codec to answer ``offer`` with: Opus when it offers it (``opus/48000/2`` on a
+    dynamic payload type, and libopus loads), else G.722 (when its codec is installed), else
+    the first G.711 it offers; None when it offers none of them."""
     audio = offer.audio
+    codecs = audio.codecs if audio is not None else []
+    for codec in codecs:
+        if (
+            codec.encoding_name.lower() == "opus"
+            and codec.clock_rate == 48000
+            and 96 <= codec.payload_type <= 127
+            and opus_available()
+        ):
+            return LineCodec(codec.payload_type, "opus", OPUS_RATE, 48000)
     offered = [
         codec.payload_type
-        for codec in (audio.codecs if audio is not None else [])
+        for codec in codecs
         if _NAMES.get(codec.payload_type) == codec.encoding_name.upper()
     ]
     if G722 in offered and wideband_available():
-        return G722
-    return next((pt for pt in offered if pt in CODECS), None)
+        return static_codec(G722)
+    return next((static_codec(pt) for pt in offered if pt in CODECS), None)
+
+
+def opus_answer(answer: SdpMessage, payload_type: int) -> None:
+    """Make an answer on Opus say it as RFC 7587 asks (``opus/48000/2``; aiosipua writes
+    ``opus/48000``), mono, and that audio above 16 kHz is not wanted."""
+    audio = answer.audio
+    assert audio is not None
+    audio.attributes["rtpmap"] = [
+        line if not line.startswith(f"{payload_type} ") else f"{payload_type} opus/48000/2"
+        for line in audio.attributes.get("rtpmap", [])
+    ]
+    fmtp = [
+        line for line in audio.attributes.get("fmtp", []) if not line.startswith(f"{payload_type} ")
+    ]
+    audio.attributes["fmtp"] = [
+        f"{payload_type} maxplaybackrate={OPUS_RATE};stereo=0;sprop-stereo=0;useinbandfec=1",
+        *fmtp,
+    ]
 
 
 def codec_rate(payload_type: int) -> int:

@@ -57,6 +57,7 @@ from .compat import (
 )
 from .dialer import DialStack, parse_target
 from .digest import DigestRealm, FailureThrottle
+from .opus import use_opus_at
 from .outbound import SESSION_HEADER, OutboundCall
 from .registration import Registrar
 from .resolve import SipResolver
@@ -69,6 +70,7 @@ from .sdp import (
     host_ip,
     media_problem,
     offered_dtmf_type,
+    opus_answer,
     sendable,
     wideband_available,
 )
@@ -309,7 +311,7 @@ class SipServer:
         chosen = choose_codec(offer)
         problem = srtp_problem(offer, self.settings.srtp)
         if chosen is None:
-            problem = "no G.722 or G.711 audio offered"
+            problem = "no Opus, G.722 or G.711 audio offered"
         if problem is not None:
             log.warning("SIP call from %s refused: %s", invite.caller, problem)
             respond_and_end(invite, 488, "Not Acceptable Here", {"Warning": warning(problem)})
@@ -321,19 +323,24 @@ class SipServer:
             def build(call_id: str, session: Session) -> SipCall:
                 rtp_port = self.rtp_ports.lease()
                 unless_admitted.callback(rtp_port.release)  # the call gives it back once admitted
+                if chosen.name == "opus":
+                    use_opus_at(chosen.payload_type)
                 media = CallSession(
                     local_ip=self.settings.host,
                     rtp_port=rtp_port.port,
                     offer=offer,
                     advertised_ip=self._media_ip(invite.source_addr),
-                    supported_codecs=[chosen],
+                    supported_codecs=[chosen.payload_type],
                     dtmf_payload_type=offered_dtmf_type(offer),
                     symmetric_rtp=True,
                 )
+                if chosen.name == "opus":
+                    opus_answer(media.sdp_answer, chosen.payload_type)
                 call = SipCall(
                     registry,
                     invite,
                     media,
+                    chosen,
                     call_id,
                     session,
                     self.settings,
@@ -349,7 +356,7 @@ class SipServer:
             try:
                 call = registry.open(
                     build,
-                    rate=codec_rate(chosen),
+                    rate=chosen.rate,
                     playbook=playbook_id,
                     address=invite.source_addr[0],
                     record=wants_recording(opt_out),
