@@ -128,18 +128,19 @@ async def _said(pcm8k: bytes) -> str:
 
 @asynccontextmanager
 async def _baresip_callee(
-    workdir: Path, speech: bytes, *, wideband: bool = False
+    workdir: Path, speech: bytes, *, wideband: bool = False, opus: bool = False
 ) -> AsyncIterator[tuple[str, Baresip]]:
     """baresip listening on 127.0.0.1 and answering at once; it says ``speech`` (8 kHz PCM16)
-    from the answer on and hangs up at its end (with ``wideband``, on G.722 only). Yields the
-    URI to dial and the phone (what it heard: :meth:`Baresip.heard`); it is stopped when the
-    block ends."""
+    from the answer on and hangs up at its end (with ``wideband`` on G.722, with ``opus`` on
+    Opus). Yields the URI to dial and the phone (what it heard: :meth:`Baresip.heard`); it is
+    stopped when the block ends."""
     callee = await start_baresip(
         workdir / "callee",
         speech,
         account="callee;answermode=auto",
         linger_s=40,
         wideband=wideband,
+        opus=opus,
     )
     try:
         await asyncio.sleep(0.5)  # listening
@@ -149,11 +150,16 @@ async def _baresip_callee(
 
 
 async def _call_baresip(
-    server: TestServer, workdir: Path, speech: bytes, *, wideband: bool = False
+    server: TestServer,
+    workdir: Path,
+    speech: bytes,
+    *,
+    wideband: bool = False,
+    opus: bool = False,
 ) -> tuple[dict[str, Any], list[dict[str, Any]], bytes]:
     """Place a call to a baresip callee saying ``speech``; returns the call's final description,
     its events and what baresip heard (8 kHz PCM16 from the answer on)."""
-    async with _baresip_callee(workdir, speech, wideband=wideband) as (uri, callee):
+    async with _baresip_callee(workdir, speech, wideband=wideband, opus=opus) as (uri, callee):
         return await _call(server, {"to": uri}, speech, callee)
 
 
@@ -248,10 +254,11 @@ async def test_a_voicemail_greeting_gets_the_playbooks_message(
 ) -> None:
     greeting = phone_audio(VOICEMAIL)
     tone = silence(600, RATE) + _tone(1000, 500) if beep else b""
-    described, events, heard = await _call_baresip(
-        server, tmp_path, greeting + tone + silence(10000, RATE)
+    described, events, heard = await _call_baresip(  # the machine with a beep is on Opus
+        server, tmp_path, greeting + tone + silence(10000, RATE), opus=beep
     )
 
+    assert described["codec"] == ("opus" if beep else "PCMU")
     assert described["result"] == "answered"
     assert described["answered_by"] == "voicemail"
     assert described["reason"] == "voicemail answered: message left"

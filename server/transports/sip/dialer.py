@@ -9,16 +9,15 @@ Contract::
     leg.on_hangup = lambda reason: ... # the callee hung up (BYE); called once
     await leg.hangup()                 # BYE (unless the callee hung up), RTP closed, port freed
 
-:func:`dial` sends the INVITE (PCMU and PCMA offered, G.722 first when ``wideband``; RFC 4733
-digits), retransmits it until the
-callee answers anything (RFC 3261 Timer A, over UDP), and returns an :class:`OutboundLeg` once a
-200 OK is ACKed and its RTP socket is bound. Every other ending raises :class:`DialFailed`, whose
-:class:`DialResult` says which: ``busy`` (486, 600), ``no_answer`` (no final answer within
-``ring_timeout_s``: CANCEL sent; or 408/480), ``rejected`` (any other 3xx-6xx; a 401/407
-challenge is answered once with the trunk's credentials, ``authentication failed`` when they are
-refused), ``failed`` (no route, an unusable SDP answer). Cancelling ``dial()`` sends CANCEL (or
-BYE if the answer won the race) and frees the port. Nothing of the leg is left behind whichever
-way ``dial()`` ends without returning it.
+:func:`dial` sends the INVITE (PCMU and PCMA offered, Opus and G.722 first when ``wideband``;
+RFC 4733 digits), retransmits it until the callee answers anything (RFC 3261 Timer A, over UDP),
+and returns an :class:`OutboundLeg` once a 200 OK is ACKed and its RTP socket is bound. Every
+other ending raises :class:`DialFailed`, whose :class:`DialResult` says which: ``busy`` (486,
+600), ``no_answer`` (no final answer within ``ring_timeout_s``: CANCEL sent; or 408/480),
+``rejected`` (any other 3xx-6xx; a 401/407 challenge is answered once with the trunk's
+credentials, ``authentication failed`` when they are refused), ``failed`` (no route, an unusable
+SDP answer). Cancelling ``dial()`` sends CANCEL (or BYE if the answer won the race) and frees
+the port. Nothing of the leg is left behind whichever way ``dial()`` ends without returning it.
 
 The leg does not pace itself (the caller of ``send_pcm`` does, every 20 ms) nor watch for silent
 media; the :class:`DialStack` comes from the running SIP endpoint (``SipServer.dialer``), which
@@ -67,9 +66,10 @@ from server.transports.phone.audio import encode
 
 from .compat import TlsTransport
 from .digest import DigestClient
+from .opus import OPUS_RATE, opus_available, use_opus_at
 from .resolve import SipResolver
 from .rtp_ports import NoFreePort, RtpPortLease, RtpPorts
-from .sdp import CODECS, G722, codec_name, codec_rate, wideband_available
+from .sdp import CODECS, G722, OPUS_FMTP, LineCodec, codec_name, static_codec, wideband_available
 from .srtp import SUITES, Crypto, choose_crypto, protect_session, secured
 
 __all__ = [
@@ -88,6 +88,8 @@ log = logging.getLogger(__name__)
 PHONE_RATE = 8000
 SAMPLES_PER_FRAME = 160
 DTMF_PAYLOAD_TYPE = 101
+OPUS_PAYLOAD_TYPE = 111
+"""The dynamic payload type our offers put Opus on."""
 T1_S = 0.5
 """RFC 3261 Timer A's first interval: an unanswered INVITE is sent again after it, doubling."""
 FAILOVER_S = 2.0
@@ -381,13 +383,16 @@ class OutboundLeg:
         self.local_sdp = local_sdp
         self.remote_sdp = remote_sdp
         payload_type = media.chosen_payload_type
-        self.codec = codec_name(payload_type)
-        """The codec the callee answered with: G722, PCMU or PCMA."""
-        self.rate = codec_rate(payload_type)
-        """The rate of the PCM the leg sends and hears: 16 kHz on G.722, else 8 kHz."""
-        self._g711 = CODECS.get(payload_type)
-        """G.711's encoding, encoded here; None: G.722, which aiortp encodes (its state runs
-        across frames)."""
+        line = (
+            LineCodec(payload_type, "opus", OPUS_RATE, 48000)
+            if payload_type == OPUS_PAYLOAD_TYPE
+            else static_codec(payload_type)
+        )
+        self._line = line
+        self.codec = line.name
+        """The codec the callee answered with: opus, G722, PCMU or PCMA."""
+        self.rate = line.rate
+        """The rate of the PCM the leg sends and hears: 16 kHz on Opus and G.722, else 8 kHz."""
         self.result = DialResult("answered", 200, "answered")
         self.srtp = False
         """Whether the leg's audio is on SRTP (a trunk's ``srtp``)."""
@@ -413,11 +418,12 @@ class OutboundLeg:
     def send_pcm(self, pcm: bytes) -> None:
         """Send one 20 ms frame of PCM16 at :attr:`rate` as RTP in the answered codec; the
         caller paces."""
-        if not self._closing and self._g711 is not None:
-            self.media.send_audio(encode(pcm, self._g711), self._timestamp)
+        g711 = self._line.g711
+        if not self._closing and g711 is not None:
+            self.media.send_audio(encode(pcm, g711), self._timestamp)
         elif not self._closing:
             self.media.send_audio_pcm(pcm, self._timestamp)
-        ticks = len(pcm) // 2 * PHONE_RATE // self.rate  # G.722's RTP clock is 8 kHz too
+        ticks = len(pcm) // 2 * self._line.clock_rate // self.rate
         self._timestamp = (self._timestamp + ticks) & 0xFFFFFFFF
 
     def peer_hung_up(self, reason: str) -> None:
@@ -467,10 +473,12 @@ async def dial(
 ) -> OutboundLeg:
     """Call ``to_uri`` (see the module docstring) through ``trunk`` (None: straight to the
     URI's host, as ``from_user``); ``headers`` are added to the INVITE, ``on_ringing`` runs on
-    each 180/183. With ``wideband`` G.722 is offered first (when its codec is installed): the
-    leg's :attr:`~OutboundLeg.rate` then says what the callee answered. Raises DialFailed, or
-    ValueError for a bad URI."""
-    codecs = (G722, *CODECS) if wideband and wideband_available() else tuple(CODECS)
+    each 180/183. With ``wideband`` Opus and G.722 are offered first (where libopus and G.722's
+    codec are installed): the leg's :attr:`~OutboundLeg.rate` then says what the callee
+    answered. Raises DialFailed, or ValueError for a bad URI."""
+    wide = [OPUS_PAYLOAD_TYPE] if wideband and opus_available() else []
+    wide += [G722] if wideband and wideband_available() else []
+    codecs = (*wide, *CODECS)
     offered = _Offered(codecs, _our_keys() if trunk is not None and trunk.srtp else ())
     host, port = parse_hostport(to_uri)
     if trunk is not None and trunk.proxy is not None:
@@ -687,6 +695,8 @@ async def _connect(
 ) -> OutboundLeg:
     """The answered call's RTP, from the callee's SDP answer; DialFailed when it is unusable."""
     answer = call.sdp_answer
+    if OPUS_PAYLOAD_TYPE in offered.codecs:
+        use_opus_at(OPUS_PAYLOAD_TYPE)
     try:
         if answer is None:
             raise ValueError("the answer has no SDP")
@@ -779,8 +789,13 @@ class _Offered:
             f"c=IN {kind} {ip}",
             "t=0 0",
             f"m=audio {port} {profile} {types} {DTMF_PAYLOAD_TYPE}",
-            *(f"a=rtpmap:{pt} {codec_name(pt)}/8000" for pt in self.codecs),  # G.722's: 8 kHz
+            *(_rtpmap(pt) for pt in self.codecs),
             f"a=rtpmap:{DTMF_PAYLOAD_TYPE} telephone-event/8000",
+            *(
+                [f"a=fmtp:{OPUS_PAYLOAD_TYPE} {OPUS_FMTP}"]
+                if OPUS_PAYLOAD_TYPE in self.codecs
+                else []
+            ),
             f"a=fmtp:{DTMF_PAYLOAD_TYPE} 0-16",
             *(f"a=crypto:{key.line()}" for key in self.keys),
             "a=ptime:20",
@@ -799,6 +814,12 @@ class _Offered:
         if theirs is None or ours is None:
             raise ValueError("the answer is not on the SRTP offered (RTP/SAVP with a key)")
         return theirs, ours
+
+
+def _rtpmap(payload_type: int) -> str:
+    if payload_type == OPUS_PAYLOAD_TYPE:
+        return f"a=rtpmap:{payload_type} opus/48000/2"
+    return f"a=rtpmap:{payload_type} {codec_name(payload_type)}/8000"  # G.722's clock: 8 kHz
 
 
 def _our_keys() -> tuple[Crypto, ...]:

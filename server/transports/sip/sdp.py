@@ -19,6 +19,7 @@ from .opus import OPUS_RATE, opus_available
 __all__ = [
     "CODECS",
     "G722",
+    "OPUS_FMTP",
     "SENDING_DIRECTIONS",
     "LineCodec",
     "choose_codec",
@@ -108,6 +109,10 @@ def choose_codec(offer: SdpMessage) -> LineCodec | None:
     return next((static_codec(pt) for pt in offered if pt in CODECS), None)
 
 
+OPUS_FMTP = f"maxplaybackrate={OPUS_RATE};stereo=0;sprop-stereo=0;useinbandfec=1"
+"""What Vocable says of its Opus (RFC 7587 7): mono, and nothing above 16 kHz wanted."""
+
+
 def opus_answer(answer: SdpMessage, payload_type: int) -> None:
     """Make an answer on Opus say it as RFC 7587 asks (``opus/48000/2``; aiosipua writes
     ``opus/48000``), mono, and that audio above 16 kHz is not wanted."""
@@ -121,7 +126,7 @@ def opus_answer(answer: SdpMessage, payload_type: int) -> None:
         line for line in audio.attributes.get("fmtp", []) if not line.startswith(f"{payload_type} ")
     ]
     audio.attributes["fmtp"] = [
-        f"{payload_type} maxplaybackrate={OPUS_RATE};stereo=0;sprop-stereo=0;useinbandfec=1",
+        f"{payload_type} {OPUS_FMTP}",
         *fmtp,
     ]
 

@@ -57,7 +57,7 @@ from .compat import (
 )
 from .dialer import DialStack, parse_target
 from .digest import DigestRealm, FailureThrottle
-from .opus import use_opus_at
+from .opus import opus_available, use_opus_at
 from .outbound import SESSION_HEADER, OutboundCall
 from .registration import Registrar
 from .resolve import SipResolver
@@ -417,7 +417,8 @@ class SipServer:
                 way_out,
             )
 
-        rate = codec_rate(G722) if wideband_available() else PHONE_RATE  # G.722 offered first
+        wide = wideband_available() or opus_available()  # offered first: 16 kHz
+        rate = codec_rate(G722) if wide else PHONE_RATE
         call = registry.open(build, rate=rate, playbook=playbook_id, address=address)
         call_id = call.id
         self.outbound[call_id] = call
