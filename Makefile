@@ -6,7 +6,8 @@ STAMP := $(VENV)/.installed
 TEST_MODELS := $(VENV)/.test-models
 
 # Debian packages the tests use as real peers and voices (installed when missing; needs root).
-TEST_PACKAGES := espeak-ng chromium sip-tester baresip-core sox redis-server kamailio
+TEST_PACKAGES := espeak-ng chromium sip-tester baresip-core sox redis-server kamailio \
+	kamailio-tls-modules
 
 .PHONY: run test lint typecheck unit clean system-deps
 

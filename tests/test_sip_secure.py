@@ -30,13 +30,14 @@ from media.audio import SAMPLE_RATE, pcm_rms_dbfs, silence
 from media.g711 import ulaw_to_pcm
 from server.config.llm import ConfigError
 from server.config.server import ServerConfig, SipSettings, SipTls
-from server.config.sip_trunks import Trunk
+from server.config.sip_trunks import RegisterSettings, Secret, Trunk
 from server.http.app import SIP
 from server.testkit.scripted_llm import ScriptedLLM, answers_by_words
 from server.testkit.sip_phone import SipPhone
 from tests.support.baresip import RATE, loud_frames, start_baresip, until
 from tests.support.calls import transcriber, voice_server, word_error_rate
 from tests.support.dns_stub import dns_stub
+from tests.support.kamailio import PBX_CONFIG, run_kamailio
 from tests.support.outbound import call_ended
 from tests.support.phone import ANSWER, phone_audio
 from tests.support.processes import free_port
@@ -270,3 +271,38 @@ async def test_a_trunk_on_tls_checks_the_proxys_certificate_and_calls_through_it
     assert pickup is not None
     assert pickup.verdict == "person", pickup.heard_ms
     assert loud_frames(callee.heard()), "the callee heard nothing of the agent"
+
+
+async def test_an_extension_registers_over_tls_and_its_calls_come_over_tls(
+    llm: ScriptedLLM, tmp_path: Path, certificate: tuple[Path, Path]
+) -> None:
+    """Kamailio as a PBX on TLS: Vocable registers over TLS (the registrar's certificate
+    checked), and a call to the extension reaches it over TLS."""
+    cert, key = certificate
+    with run_kamailio(tmp_path / "pbx", PBX_CONFIG, {"PASSWORD": "s3cret"}, tls=(cert, key)) as pbx:
+        assert pbx.tls_port is not None
+        register = RegisterSettings(
+            f"sip:agent@127.0.0.1:{pbx.tls_port};transport=tls",
+            ("127.0.0.1", pbx.tls_port),
+            "agent",
+            Secret("s3cret"),
+            transport="tls",
+            ca_file=cert,
+        )
+        tls = SipTls("127.0.0.1", free_port(), cert, key)
+        sip = SipSettings(host="127.0.0.1", port=0, tls=tls, register=register)
+        async with voice_server(llm.base_url, ServerConfig(sip=sip)) as server:
+            registrar = server.app[SIP].registrar
+            assert registrar is not None
+            await until(lambda: registrar.registered, 10, "not registered over TLS")
+            assert registrar.describe()["contact"] == f"sip:agent@127.0.0.1:{tls.port}"
+            phone = await SipPhone.open(pbx.port)  # a phone on the PBX, over UDP
+            try:
+                answer = await phone.invite("agent")
+                assert answer.status_code == 200, answer
+                assert "transport=tls" in (answer.headers.get_first("contact") or "")
+                assert (await phone.bye()).status_code == 200
+            finally:
+                await phone.close()
+        log = pbx.log_text()
+    assert "REGISTER of sip:agent@" in log, log  # challenged, then taken

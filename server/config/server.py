@@ -391,6 +391,9 @@ def _sip_settings(options: ServeOptions) -> SipSettings | None:
         )
     except TrunkError as exc:
         raise ConfigError(str(exc)) from None
+    tls = _sip_tls(options, host)
+    if register is not None and register.transport == "tls" and tls is None:
+        raise ConfigError("--sip-register over TLS (transport=tls) needs --sip-tls")
     return SipSettings(
         host=host,
         port=port,
@@ -403,7 +406,7 @@ def _sip_settings(options: ServeOptions) -> SipSettings | None:
         auth=auth,
         dns_server=options.sip_dns_server,
         srtp=options.sip_srtp,
-        tls=_sip_tls(options, host),
+        tls=tls,
     )
 
 

@@ -166,6 +166,10 @@ class RegisterSettings:
     grants."""
     keepalive_s: float = 25.0
     """How often a keep-alive goes to the registrar (NAT bindings on UDP last ~30 s)."""
+    transport: Literal["udp", "tls"] = "udp"
+    """How REGISTERs reach the registrar: UDP, or TLS (``;transport=tls`` in the AOR; the
+    registrar's certificate checked against ``ca_file``, else the system's authorities)."""
+    ca_file: Path | None = None
 
     @property
     def user(self) -> str:
@@ -225,7 +229,10 @@ def register_settings(
     secret = read_secret(
         value=password, env=None, path=password_file, what="--sip-register", sources=FLAG_SOURCES
     )
-    return RegisterSettings(aor, registrar, user, secret, expires_s=expires_s)
+    tls = "transport=tls" in aor.lower().partition(";")[2]
+    return RegisterSettings(
+        aor, registrar, user, secret, expires_s=expires_s, transport="tls" if tls else "udp"
+    )
 
 
 def read_secret(

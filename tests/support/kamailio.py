@@ -38,6 +38,8 @@ def kamailio_binary() -> str:
 class Kamailio:
     port: int
     log: Path
+    tls_port: int | None = None
+    """Its SIP over TLS port, when it has one."""
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")
@@ -45,15 +47,32 @@ class Kamailio:
 
 @contextmanager
 def run_kamailio(
-    workdir: Path, config: Path, defines: Mapping[str, str | int], port: int | None = None
+    workdir: Path,
+    config: Path,
+    defines: Mapping[str, str | int],
+    port: int | None = None,
+    tls: tuple[Path, Path] | None = None,
 ) -> Iterator[Kamailio]:
     """Kamailio with ``config`` on a UDP port of 127.0.0.1 (``port``, default a free one),
-    each of ``defines`` given as ``-A NAME=VALUE`` (strings quoted); yields it once it
-    listens."""
+    each of ``defines`` given as ``-A NAME=VALUE`` (strings quoted); with ``tls`` (a
+    certificate and its key), also SIP over TLS on a free port (``TLS_LISTEN`` and
+    ``TLS_CONFIG`` defined for the configuration). Yields it once it listens."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     log = workdir / f"kamailio-{port}.log"
-    arguments = [f"LISTEN=udp:127.0.0.1:{port}"] + [
+    tls_port = None
+    arguments = [f"LISTEN=udp:127.0.0.1:{port}"]
+    if tls is not None:
+        tls_port = free_port()
+        tls_config = workdir / "tls.cfg"
+        tls_config.write_text(
+            "[server:default]\nmethod = TLSv1.2+\nverify_certificate = no\n"
+            f"require_certificate = no\ncertificate = {tls[0]}\nprivate_key = {tls[1]}\n\n"
+            "[client:default]\nmethod = TLSv1.2+\nverify_certificate = no\n"
+            "require_certificate = no\n"
+        )
+        arguments += [f"TLS_LISTEN=tls:127.0.0.1:{tls_port}", f'TLS_CONFIG="{tls_config}"']
+    arguments += [
         f'{name}="{value}"' if isinstance(value, str) else f"{name}={value}"
         for name, value in defines.items()
     ]
@@ -72,7 +91,7 @@ def run_kamailio(
             assert process.poll() is None, log.read_text()[-2000:]
             assert time.monotonic() < deadline, "kamailio did not start listening"
             time.sleep(0.02)
-        yield Kamailio(port, log)
+        yield Kamailio(port, log, tls_port)
     finally:
         kill_group(process.pid)
         process.wait(10)

@@ -168,7 +168,9 @@ class SipServer:
         if not self.settings.allow and self.realm is None and not loopback:
             log.warning("SIP on %s:%d answers any source; set --sip-allow", host, self.port)
         if self.settings.register is not None:
-            self.registrar = Registrar(self.dialer, udp, self.settings.register, self.port)
+            register, tls = self.settings.register, self.settings.tls
+            port = tls.port if register.transport == "tls" and tls is not None else self.port
+            self.registrar = Registrar(self.dialer, udp, register, port)
             self.registrar.start()
 
     async def unregister(self) -> None:
