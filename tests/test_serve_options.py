@@ -253,6 +253,10 @@ def test_secrets_stay_out_of_the_repr() -> None:
         (["--sip-register", "agent@pbx"], None, (
             "--sip-register: 'agent@pbx' is not a sip:user@registrar URI"
         )),
+        (["--sip-register", "sip:agent@pbx;transport=tls", "--sip-username", "a",
+          "--sip-password", "pw"], None, (
+            "--sip-register over TLS (transport=tls) needs --sip-tls"
+        )),
         (["--sip-auth", "pbx"], None, (
             "--sip-auth: give the password once, as one of --sip-auth-password, "
             "VOCABLE_SIP_AUTH_PASSWORD or --sip-auth-password-file"
