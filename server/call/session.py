@@ -1,4 +1,6 @@
-"""One call: caller frames -> VAD -> turns, the speaker, and barge-in.
+"""One call: caller frames -> VAD -> turns, the speaker, and barge-in. When a turn ends, and the
+words heard at each pause, are :class:`~.turn_taking.TurnTaking`'s to say; the session starts,
+confirms or undoes the answers.
 
 A session owns its listen loop (fed by the transport), one answer at a time (the greeting, a
 spoken or typed turn, a preemptive answer: an :class:`~.answer.Answer` handle around its task),
@@ -72,9 +74,10 @@ from media.turn_model import TurnModel
 from playbooks import BargeInPolicy
 
 from .answer import Answer, AnswerKind, AnswerState, Preemption
-from .endpointing import EndpointSettings, Speculation, TurnEnd, is_listener_noise
+from .endpointing import EndpointSettings, Speculation, is_listener_noise
 from .keypad import Keypad, keypad_line
 from .timeline import TurnTimeline
+from .turn_taking import TurnTaking
 from .voice import VoicePlaybookOrchestrator
 
 __all__ = ["Phase", "Session", "SessionSettings", "SessionState"]
@@ -172,23 +175,22 @@ class Session:
             voice.speaker.taps.append(self.hearing.played)
         gate = self.settings.echo
         self.echo = EchoGate(replace(gate, enabled=False) if hearing.echo_cancellation else gate)
-        self._speculation: Speculation | None = None
+        self.turn_taking = TurnTaking(
+            session_id,
+            endpoint,
+            self.vad,
+            voice.transcriber,
+            configured_pause_ms=self.settings.vad.pause_ms,
+            end_silence_ms=self.settings.vad.end_silence_ms,
+            clock=clock,
+            turn_model=turn_model,
+            emit=voice.emit,
+            on_known=self._on_known,
+            before_discard=self._undo_preemption,
+        )
+        """The caller's pauses transcribed and scored, and when their turn ends."""
         self._reading_ahead: asyncio.Task[bool] | None = None
         """The LLM reading the words of a pause the caller went on after (``_read_ahead``)."""
-        self._turn_end: TurnEnd | None = None
-        """Why the utterance being ended ends (told in its ``speech_end``)."""
-        self._skipped_pause: SpeechPaused | None = None
-        """The pause whose decode was skipped for the backlog, while the caller stays silent:
-        its decode starts as soon as the backlog clears."""
-        self.speculations = {
-            "used": 0,
-            "wasted": 0,
-            "preempted": 0,
-            "preempted_wasted": 0,
-            "skipped": 0,
-        }
-        """Speculative transcriptions whose result became the turn's, and those thrown away;
-        turns started on one before the end of the turn, and those undone."""
         self._questions_early = True
         """Questions get the early lead (``EndpointSettings.question_lead_ms``) until a
         preemptive answer of this call is undone: its caller goes on after pauses."""
@@ -223,6 +225,12 @@ class Session:
         self.resumes = 0
 
     # -- state ---------------------------------------------------------------------------------
+
+    @property
+    def speculations(self) -> dict[str, int]:
+        """Speculative transcriptions whose result became the turn's, and those thrown away;
+        turns started on one before the end of the turn, and those undone (``OUTCOMES``)."""
+        return self.turn_taking.counts
 
     @property
     def state(self) -> SessionState:
@@ -343,21 +351,22 @@ class Session:
             frame = self.hearing.heard(frame)
         if self.muted or self.echo.is_echo(frame, self.voice.speaker.levels):
             frame = self._silence
-        self.vad.pause_ms = self._speculation_pause_ms()
+        turns = self.turn_taking
+        self.vad.pause_ms = turns.pause_ms()
         for event in self.vad.push(frame, at):
             if isinstance(event, SpeechStarted):
                 self._on_speech_started(event)
             elif isinstance(event, SpeechPaused):
                 self._speculate(event)
             elif isinstance(event, SpeechResumed):
-                self._skipped_pause = None
+                turns.skipped_pause = None
                 self._read_ahead()
-                self._discard_speculation()
+                turns.discard()
             else:
                 self._on_speech_ended(event)
-        if self._skipped_pause is not None and self.vad.speaking:
-            self._speculate(self._skipped_pause, again=True)
-        self._score_pause()
+        if turns.skipped_pause is not None and self.vad.speaking:
+            self._speculate(turns.skipped_pause, again=True)
+        turns.score_pause()
         self._check_onset()
         self._check_end_of_turn(at)
         self._check_barge_in()
@@ -418,50 +427,21 @@ class Session:
 
     # -- end of turn ---------------------------------------------------------------------------
 
-    def _speculation_pause_ms(self) -> int:
-        """The pause that starts a speculative decode: ``quick_pause_ms`` while a Whisper
-        worker is idle of other calls' decodes, else the VAD's; where the transcriber does not
-        tell (a remote one), quick while no decode waits for a worker."""
-        quick = self.settings.endpoint.quick_pause_ms
-        configured = self.settings.vad.pause_ms
-        if not quick or not configured or quick >= configured:
-            return configured
-        idle = self.voice.transcriber.has_idle_worker(besides=self.id)
-        if idle is None:
-            idle = self.voice.transcriber.backlog == 0
-        return quick if idle else configured
-
     def _speculate(self, paused: SpeechPaused, *, again: bool = False) -> None:
-        """Transcribe the utterance so far, unless it cannot become a turn (a short sound over
-        the agent, which only a barge-in would make one) or decodes already queue
-        (``EndpointSettings.skip_backlog``: counted as ``skipped``, and tried ``again`` at each
-        frame of the same pause until the backlog clears or the pause ends)."""
+        """Transcribe the utterance so far (:meth:`TurnTaking.speculate`), unless it cannot
+        become a turn: a short sound over the agent, which only a barge-in would make one."""
         if not self.settings.endpoint.speculate:
             return
         if self._phase in AUDIBLE and not self._interrupted_this_utterance:
-            self._skipped_pause = None
+            self.turn_taking.skipped_pause = None
             return
-        skip = self.settings.endpoint.skip_backlog
-        backlog = self.voice.transcriber.backlog
-        if skip and backlog is not None and backlog >= skip:
-            if not again:
-                self._count("skipped")
-                self._skipped_pause = paused
-            return
-        self._skipped_pause = None
-        self._discard_speculation()
-        decode = self.voice.transcriber.transcribe(
-            paused.audio, slack_s=self._slack_s(paused), owner=self.id
-        )
-        task = asyncio.create_task(decode, name=f"speculation:{self.id}")
-        speculation = self._speculation = Speculation(paused, task)
-        task.add_done_callback(lambda _: self._on_known(speculation))
+        self.turn_taking.speculate(paused, again=again)
 
     def _read_ahead(self) -> None:
         """The caller went on after a pause whose words are known: the LLM reads the turn so
         far (``PlaybookOrchestrator.read_ahead``) while they speak, one request at a time, and
         only while the agent is not answering (its own requests come first)."""
-        speculation = self._speculation
+        speculation = self.turn_taking.speculation
         transcript = speculation.transcript if speculation is not None else None
         if (
             transcript is None
@@ -473,80 +453,28 @@ class Session:
             self.voice.orchestrator.read_ahead(transcript.text), name=f"read-ahead:{self.id}"
         )
 
-    def _slack_s(self, paused: SpeechPaused) -> float:
-        """How long a speculative decode's words can wait: until its answer could start at the
-        soonest (the complete-turn silence, less the longest preemption lead). Decodes of turns
-        that have ended go first."""
-        endpoint = self.settings.endpoint
-        lead = max(endpoint.preempt_lead_ms, endpoint.question_lead_ms) if endpoint.preempt else 0
-        due = paused.last_voiced_at + max(0, endpoint.complete_silence_ms - lead) / 1000
-        return max(0.0, due - self.clock())
-
-    def _score_pause(self) -> None:
-        """At ``model_silence_ms`` of a pause being transcribed, have the turn model score the
-        voice so far, and once more at ``model_recheck_ms`` if it doubted the turn was over
-        (the words and the latest score decide together)."""
-        speculation = self._speculation
-        if self.turn_model is None or speculation is None:
-            return
-        endpoint = self.settings.endpoint
-        silent_ms = self.vad.silent_ms
-        if speculation.scoring is None and silent_ms >= endpoint.model_silence_ms:
-            speculation.scoring = self._start_scoring(speculation)
-        elif speculation.recheck_due(silent_ms, endpoint):
-            speculation.rechecking = self._start_scoring(speculation)
-
-    def _start_scoring(self, speculation: Speculation) -> asyncio.Task[float]:
-        assert self.turn_model is not None
-        scoring = asyncio.create_task(
-            self.turn_model.completion(self.vad.utterance_audio()), name=f"turn-score:{self.id}"
-        )
-        scoring.add_done_callback(lambda _: self._on_known(speculation))
-        return scoring
-
     def _on_known(self, speculation: Speculation) -> None:
         """The words (or the voice's score) came back: a preemptive answer or an end of turn
         they make due happens now, not at the next caller frame."""
-        if self._speculation is speculation and not self._closed:
+        if self.turn_taking.speculation is speculation and not self._closed:
             self._check_end_of_turn(self.clock())
             self._publish()
 
-    def _discard_speculation(self) -> None:
-        self._undo_preemption()
-        self._waste(self._speculation)
-        self._speculation = None
-
-    def _waste(self, speculation: Speculation | None) -> None:
-        if speculation is not None:
-            speculation.discard()
-            self._count("wasted")
-
-    def _count(self, outcome: str) -> None:
-        """Tally a speculation's outcome (``speculations``) and tell clients and metrics."""
-        self.speculations[outcome] += 1
-        self.voice.emit("speculation", outcome=outcome)
-
     def _check_end_of_turn(self, at: float) -> None:
-        """End the utterance once its silence is as long as its words call for (the configured
-        end silence when nothing is being transcribed)."""
+        """End the utterance once its silence is as long as its words call for
+        (:meth:`TurnTaking.end`), else start a preemptive answer if one is due."""
         if not self.settings.endpoint.speculate or not self.vad.speaking:
             return
-        base = self.settings.vad.end_silence_ms
-        speculation = self._speculation
-        end = (
-            TurnEnd(base, "silence")
-            if speculation is None
-            else speculation.turn_end(base, self.settings.endpoint)
-        )
+        turns = self.turn_taking
+        end = turns.end()
         if self.vad.silent_ms >= end.silence_ms:
-            self._turn_end = end
+            turns.turn_end = end
             ended = self.vad.end_now(at)
             if ended is not None:
                 self._on_speech_ended(ended)
-        elif speculation is not None and speculation.preempt_due(
-            self.vad.silent_ms, base, self.settings.endpoint, questions_early=self._questions_early
-        ):
-            self._preempt(speculation)
+        elif turns.preempt_due(questions_early=self._questions_early):
+            assert turns.speculation is not None
+            self._preempt(turns.speculation)
 
     # -- preemptive answers ----------------------------------------------------------------------
 
@@ -572,7 +500,7 @@ class Session:
         log.debug(
             "preemptive answer to %r at %d ms of silence", transcript.text, self.vad.silent_ms
         )
-        self._count("preempted")
+        self.turn_taking.count("preempted")
         self._start_answer(
             self._run_preemptive(preemption, transcript.text), "preemptive", preemption=preemption
         )
@@ -594,11 +522,12 @@ class Session:
         preemption = answer.preemption
         assert preemption is not None
         speculation = preemption.speculation
-        if self._speculation is not speculation or not speculation.covers(ended):
+        turns = self.turn_taking
+        if turns.speculation is not speculation or not speculation.covers(ended):
             self._stop(answer)
             return False
-        self._speculation = None
-        self._count("used")
+        turns.speculation = None
+        turns.count("used")
         transcript = speculation.transcript
         assert transcript is not None
         self.voice.emit_transcript(transcript, speculative=True)
@@ -613,31 +542,21 @@ class Session:
         if answer is not None and answer.held:
             self._stop(answer)
 
-    def _take_speculation(self, ended: SpeechEnded) -> Speculation | None:
-        """The speculation that heard all of ``ended``'s words, if any (others are wasted)."""
-        speculation, self._speculation = self._speculation, None
-        if speculation is None:
-            return None
-        if not speculation.covers(ended):
-            self._waste(speculation)
-            return None
-        return speculation
-
     def _on_speech_ended(self, event: SpeechEnded) -> None:
-        self._skipped_pause = None
+        self.turn_taking.skipped_pause = None
         held = self._answer.preemption if self._answer is not None else None
         if self._confirm_preemption(event):
             assert held is not None
             self._emit_speech_end(event, held.speculation)
             return
-        speculation = self._take_speculation(event)
+        speculation = self.turn_taking.take(event)
         self._emit_speech_end(event, speculation)
         self._handle_utterance(event, speculation)
 
     def _emit_speech_end(self, event: SpeechEnded, speculation: Speculation | None) -> None:
         """``speech_end``, with why the turn ended (``reason``: see ``EndReason``) and the
         voice's score, when the turn model gave one."""
-        end, self._turn_end = self._turn_end, None
+        end, self.turn_taking.turn_end = self.turn_taking.turn_end, None
         reason = "forced" if event.forced else end.reason if end is not None else "silence"
         score = speculation.score if speculation is not None else None
         self.voice.emit(
@@ -653,7 +572,7 @@ class Session:
         if self._carry:  # the words of a turn cut during STT: transcribe them all together
             event = _prepend_audio(self._carry, event)
             self._carry = b""
-            self._waste(speculation)
+            self.turn_taking.waste(speculation)
             speculation = None
         if self._phase is Phase.LISTENING or self._interrupted_this_utterance:
             # (an answer cut short meanwhile is still settling: the new one waits for it)
@@ -665,7 +584,7 @@ class Session:
         if self.barge_in_policy == "disabled":
             self._pending = event  # heard after the agent finishes
         # else: too short to interrupt the agent: a cough or a backchannel, not a turn
-        self._waste(speculation)
+        self.turn_taking.waste(speculation)
 
     def _check_barge_in(self) -> None:
         if (
@@ -704,7 +623,7 @@ class Session:
         """The sound that paused the agent has ended: resume if its words are a backchannel or
         nothing, else cut the agent off and answer them."""
         if speculation is not None:
-            self._count("used")
+            self.turn_taking.count("used")
             transcript = speculation.task
         else:
             transcript = asyncio.create_task(self.voice.transcriber.transcribe(utterance.audio))
@@ -771,7 +690,7 @@ class Session:
                 assert answer.preemption is not None
                 self.voice.orchestrator.restore(answer.preemption.snapshot)
             log.debug("preemptive answer thrown away: the caller went on")
-            self._count("preempted_wasted")
+            self.turn_taking.count("preempted_wasted")
             self._questions_early = False  # this caller goes on after a pause
         else:
             self.barge_ins += 1
@@ -787,7 +706,7 @@ class Session:
     ) -> None:
         transcript = None
         if speculation is not None:
-            self._count("used")
+            self.turn_taking.count("used")
             transcript = speculation.task
         self._start_answer(
             self.voice.answer_utterance(utterance, transcript, speculative=transcript is not None),
@@ -856,9 +775,7 @@ class Session:
             return
         self._closed = True
         self._pending = None
-        if self._speculation is not None:
-            self._speculation.discard()
-            self._speculation = None
+        self.turn_taking.close()
         if self._settling is not None:
             self._settling.cancel()
         if self._reading_ahead is not None:
