@@ -64,7 +64,9 @@ def test_every_phase_is_reachable_and_every_phase_can_close() -> None:
             reached.add(nxt)
             frontier.append(nxt)
     assert reached == set(Phase)
-    assert all(Phase.CLOSED in _MOVES[phase] for phase in Phase if phase is not Phase.CLOSED)
+    closing = (Phase.CLOSING, Phase.CLOSED)
+    assert all(Phase.CLOSING in _MOVES[phase] for phase in Phase if phase not in closing)
+    assert _MOVES[Phase.CLOSING] == {Phase.CLOSED}  # nothing starts or resumes while closing
     assert _MOVES[Phase.CLOSED] == frozenset()
     # an answer is never paused while held, nor held again once playing
     assert Phase.PAUSED not in _MOVES[Phase.PREPARING]
@@ -637,7 +639,7 @@ async def test_a_closed_call_ignores_typed_text(
     assert answer.state is AnswerState.INTERRUPTED
     assert line.session.phase is Phase.CLOSED
     assert line.session.state == "closed"
-    assert line.states[-2:] == ["listening", "closed"]
+    assert line.states[-2:] == ["speaking", "closed"]  # straight to closed: nothing between
     line.session.submit_text("Hello?")
     assert line.session.answer is answer
     assert line.session.turns == 1

@@ -22,6 +22,7 @@ THINKING   answers; nothing of the answer is queued                    thinking
 SPEAKING   answers; its audio is queued or playing                     speaking
 PAUSED     stopped mid-answer by a caller sound, waiting for the       speaking if audio is
            words to decide (``pause_resume``)                          queued, else thinking
+CLOSING    ``close()`` runs: its answers are cut and wind down         as it was
 CLOSED     the call is over                                            closed
 =========  ==========================================================  ==========================
 
@@ -36,7 +37,8 @@ Moves::
     PAUSED -> THINKING | SPEAKING     resumed: the words were a backchannel or noise
     THINKING | SPEAKING | PAUSED      a barge-in (the policy's, 700 ms voiced over a pause, words
         -> LISTENING                  over a pause), typed text, or the answer ended
-    any -> CLOSED                     ``close()``
+    any -> CLOSING -> CLOSED          ``close()`` (while CLOSING, the moves of answers winding
+                                      down are not made: nothing can start or resume any more)
 
 Any other move is a bug: it is logged as an error, with the stack, and made anyway (the phase
 follows what the code did; a call is not dropped over its bookkeeping). Not part of the phase:
@@ -95,15 +97,17 @@ class Phase(enum.StrEnum):
     THINKING = "thinking"
     SPEAKING = "speaking"
     PAUSED = "paused"
+    CLOSING = "closing"
     CLOSED = "closed"
 
 
 _MOVES: dict[Phase, frozenset[Phase]] = {
-    Phase.LISTENING: frozenset({Phase.THINKING, Phase.PREPARING, Phase.CLOSED}),
-    Phase.PREPARING: frozenset({Phase.THINKING, Phase.SPEAKING, Phase.LISTENING, Phase.CLOSED}),
-    Phase.THINKING: frozenset({Phase.SPEAKING, Phase.PAUSED, Phase.LISTENING, Phase.CLOSED}),
-    Phase.SPEAKING: frozenset({Phase.THINKING, Phase.PAUSED, Phase.LISTENING, Phase.CLOSED}),
-    Phase.PAUSED: frozenset({Phase.THINKING, Phase.SPEAKING, Phase.LISTENING, Phase.CLOSED}),
+    Phase.LISTENING: frozenset({Phase.THINKING, Phase.PREPARING, Phase.CLOSING}),
+    Phase.PREPARING: frozenset({Phase.THINKING, Phase.SPEAKING, Phase.LISTENING, Phase.CLOSING}),
+    Phase.THINKING: frozenset({Phase.SPEAKING, Phase.PAUSED, Phase.LISTENING, Phase.CLOSING}),
+    Phase.SPEAKING: frozenset({Phase.THINKING, Phase.PAUSED, Phase.LISTENING, Phase.CLOSING}),
+    Phase.PAUSED: frozenset({Phase.THINKING, Phase.SPEAKING, Phase.LISTENING, Phase.CLOSING}),
+    Phase.CLOSING: frozenset({Phase.CLOSED}),
     Phase.CLOSED: frozenset(),
 }
 
@@ -206,7 +210,6 @@ class Session:
         the next turn, whatever the agent is doing)."""
         self._onset_paused = False
         """Paused by a sound not (yet) an utterance (``pause_onset_ms``)."""
-        self._closed = False
         self._state: SessionState = "listening"
         self.turns = 0
         self.barge_ins = 0
@@ -259,10 +262,15 @@ class Session:
         cost while calls are in turns."""
         return self.vad.speaking or self._phase in _PREPARING_ANSWERS
 
+    @property
+    def _closed(self) -> bool:
+        """Whether ``close()`` has begun."""
+        return self._phase in (Phase.CLOSING, Phase.CLOSED)
+
     def _enter(self, phase: Phase) -> None:
         """The one place the phase changes; a move the machine lacks is logged as a bug."""
         current = self._phase
-        if phase is current:
+        if phase is current or (current is Phase.CLOSING and phase is not Phase.CLOSED):
             return
         if phase not in _MOVES[current]:
             log.error(
@@ -293,6 +301,8 @@ class Session:
                 return "thinking"
             case Phase.SPEAKING:
                 return "speaking"
+            case Phase.CLOSING:
+                return self._state
             case Phase.CLOSED:
                 return "closed"
             case _:
@@ -773,7 +783,7 @@ class Session:
         collector gets to them). Idempotent."""
         if self._closed:
             return
-        self._closed = True
+        self._enter(Phase.CLOSING)
         self._pending = None
         self.turn_taking.close()
         if self._settling is not None:
