@@ -79,6 +79,9 @@ class Call(Protocol):
     def emit(self, event: VoiceEvent) -> None:
         """The session's event sink."""
 
+    def agent_cleared(self) -> None:
+        """The agent's audio queued at the speaker was dropped (a barge-in)."""
+
     def transfer_problem(self, request: TransferRequest) -> str | None:
         """Why this call cannot be transferred as asked (None: it can be tried)."""
 
@@ -94,7 +97,8 @@ CallT = TypeVar("CallT", bound=Call)
 
 class _CallPort(Generic[CallT]):
     """How a session reaches what is made after it: the transport's call built around it (its
-    events, its conversation's transfers) and, for a recorded call, its recorder. The registry
+    events, its conversation's transfers, its speaker's clearing) and, for a recorded call, its
+    recorder. The registry
     builds the session first, speaking at ``rate``, then the call, then points the port at
     them; the session never sees either before it exists."""
 
@@ -115,6 +119,10 @@ class _CallPort(Generic[CallT]):
     def emit(self, event: VoiceEvent) -> None:
         if self.call is not None:  # a session emits nothing while it is being built
             self.call.emit(event)
+
+    def cleared(self) -> None:
+        if self.call is not None:
+            self.call.agent_cleared()
 
     async def transfer(self, request: TransferRequest) -> TransferOutcome:
         if self.call is None:
@@ -284,6 +292,7 @@ class CallRegistry:
                 port.recorder.event(event)
 
         speaker = Speaker(port.rate)
+        speaker.on_clear.append(port.cleared)
         if port.recorded:
             speaker.taps.append(port.agent_said)
         voice = VoicePlaybookOrchestrator(

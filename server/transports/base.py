@@ -82,6 +82,10 @@ class TransportCall:
     def on_event(self, event: VoiceEvent) -> None:
         """Tell the peer about ``event`` if the transport can (default: nothing)."""
 
+    def agent_cleared(self) -> None:
+        """The agent's audio queued at the speaker was dropped (a barge-in): a transport whose
+        peer buffers audio tells it to drop its own (default: nothing)."""
+
     def spawn(self, work: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         """Run ``work`` as one of the call's tasks (named ``name:ID``), cancelled at hang-up."""
         task = asyncio.create_task(work, name=f"{name}:{self.id}")

@@ -148,7 +148,6 @@ class TwilioCall(PhoneCall):
         rate: int,
     ) -> None:
         super().__init__(registry, call_id, session, encoding, rate)
-        session.voice.speaker.on_clear.append(self.on_clear)
         self.ws = ws
         self.stream_sid = stream_sid
         self.marks_sent: list[str] = []
@@ -203,7 +202,8 @@ class TwilioCall(PhoneCall):
             self.spawn(self.hangup(f"transferred to {request.destination}"), "transferred")
         return outcome
 
-    def on_clear(self) -> None:
+    def agent_cleared(self) -> None:
+        """The platform drops the audio it buffered too (a ``clear`` message)."""
         self._spawn_send({"event": "clear", "streamSid": self.stream_sid})
 
     async def _receive(self) -> None:
