@@ -24,19 +24,24 @@ from server.testkit.scripted_llm import ScriptedLLM, answers_by_words
 from server.transports.sip.call import SipCall
 from tests.support.baresip import RATE, loud_frames, start_baresip, until, utterances
 from tests.support.calls import transcriber, voice_server, word_error_rate, words
-from tests.support.phone import ANSWER, INTERRUPTION, LONG_ANSWER, PARCEL, phone_audio
+from tests.support.phone import (
+    ANSWER,
+    INTERRUPTION,
+    LONG_ANSWER,
+    PARCEL,
+    QUESTION,
+    phone_audio,
+    prepare_phone_speech,
+)
 
 pytestmark = pytest.mark.slow
 
 GREETING_MS = 4500  # the support playbook's greeting plays while the caller is silent
 
-QUESTION = "Where is my order?"
-
 
 @pytest.fixture(scope="module", autouse=True)
 def _speech_ready() -> None:
-    for text in (QUESTION, PARCEL, INTERRUPTION):
-        phone_audio(text)
+    prepare_phone_speech()
 
 
 @pytest.fixture

@@ -45,17 +45,22 @@ from tests.support.calls import (
     voice_server,
     word_error_rate,
 )
-from tests.support.phone import ANSWER, INTERRUPTION, LONG_ANSWER, PARCEL, phone_audio
+from tests.support.phone import (
+    ANSWER,
+    INTERRUPTION,
+    LONG_ANSWER,
+    PARCEL,
+    QUESTION,
+    phone_audio,
+    prepare_phone_speech,
+)
 
 pytestmark = pytest.mark.slow
-
-QUESTION = "Where is my order?"
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _speech_ready() -> None:
-    for text in (QUESTION, PARCEL, INTERRUPTION):
-        phone_audio(text)
+    prepare_phone_speech()
 
 
 @pytest.fixture

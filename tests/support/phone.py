@@ -6,8 +6,17 @@ from media import Resampler
 from media.audio import SAMPLE_RATE
 from tests.support.speech import piper_speech
 
-__all__ = ["ANSWER", "INTERRUPTION", "LONG_ANSWER", "PARCEL", "phone_audio"]
+__all__ = [
+    "ANSWER",
+    "INTERRUPTION",
+    "LONG_ANSWER",
+    "PARCEL",
+    "QUESTION",
+    "phone_audio",
+    "prepare_phone_speech",
+]
 
+QUESTION = "Where is my order?"
 PARCEL = "Where is my parcel?"
 INTERRUPTION = "Stop, stop, that is enough."
 ANSWER = "Your order is on its way. It will arrive on Tuesday."
@@ -19,6 +28,13 @@ LONG_ANSWER = " ".join(
         "Weekend delivery is available in most cities for a small fee.",
     ]
 )
+
+
+def prepare_phone_speech() -> None:
+    """Synthesize what the phone tests say once, ahead of the first call (a module fixture's
+    work: a call must not wait on Piper for its caller's words)."""
+    for text in (QUESTION, PARCEL, INTERRUPTION):
+        phone_audio(text)
 
 
 def phone_audio(text: str) -> bytes:
