@@ -3,6 +3,7 @@ script and the reports. No call is placed here; tests/test_vocable_test.py place
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import textwrap
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from server.testkit.network import LossyLine, NetworkPath
 from server.testkit.scenarios import ScenarioError, find_scenarios, load_scenario
 from server.testkit.scenarios.checks import TurnFacts, check_turn, markup_in
 from server.testkit.scenarios.judge import Verdict, _read_verdict, spoken_line
@@ -383,3 +385,28 @@ def test_the_reports_name_each_failure_by_turn_and_give_pass_rates() -> None:
         {"turn": 1, "check": "stage: booking", "reason": "the conversation is in stage 'welcome'"}
     ]
     assert data["pass_rates"][0]["rate"] == 0.5
+
+
+async def test_a_lossy_network_loses_its_share_of_packets_and_delays_the_rest() -> None:
+    """``impairments.network``: each packet lost at the given rate (seeded: the same packets
+    every run), the others delivered late by up to the jitter, some out of order."""
+    path = NetworkPath(packet_loss=0.1, jitter_ms=40, seed=7)
+    arrived: list[tuple[int, float]] = []
+    loop = asyncio.get_running_loop()
+    line = LossyLine(lambda data, _addr: arrived.append((data[0], loop.time())), path)
+    sent_at = {}
+    for n in range(200):
+        sent_at[n] = loop.time()
+        line.sendto(bytes([n % 256]), None)
+        await asyncio.sleep(0.002)
+    await asyncio.sleep(0.06)
+    assert (line.sent, line.lost) == (200, 200 - len(arrived))
+    assert 8 <= line.lost <= 35, line.lost
+    delays = [at - sent_at[n] for n, at in arrived]
+    assert max(delays) > 0.02, max(delays)  # late (a loaded machine only adds to it)
+    order = [n for n, _ in arrived]
+    assert order != sorted(order)  # jitter beyond the packets' spacing reorders them
+    again = LossyLine(lambda data, _addr: None, path)
+    for n in range(200):
+        again.sendto(bytes([n % 256]), None)
+    assert again.lost == line.lost  # the same losses every run

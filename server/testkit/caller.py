@@ -41,6 +41,7 @@ from server.transports.webrtc.tracks import (
 )
 
 from .echo_path import EchoingMicrophone, ReturnedEcho
+from .network import LossyLine, NetworkPath, impair_dtls
 
 __all__ = [
     "SILENCE_DBFS",
@@ -382,6 +383,10 @@ class WebRTCCaller:
     echo: ReturnedEcho | None = None
     """The agent's voice returned into the microphone as heard (a speakerphone; None: no
     echo): the microphone becomes an :class:`~.echo_path.EchoingMicrophone`."""
+    network: NetworkPath | None = None
+    """What the network does to the caller's packets (None: a perfect one)."""
+    lossy: LossyLine | None = field(default=None, init=False)
+    """The caller's packets through :attr:`network`, once connected (its counts)."""
     playout: PlayoutClock | None = field(default=None, init=False)
     """The stock listener's playout (its ``underruns``, ``queued``), once the agent's track
     started; None with the arrival listener."""
@@ -417,6 +422,8 @@ class WebRTCCaller:
         for transceiver in self.pc.getTransceivers():
             if transceiver.kind != "audio":
                 continue
+            if self.network is not None:
+                self.lossy = impair_dtls(transceiver.sender.transport, self.network)
             if self.listener == "stock":  # aiortc's receiver as shipped, its packets timed
                 self._packets = _PacketArrivals(transceiver.receiver)
             else:  # a browser decodes natively: no thread per caller (aiortc's buffer stays)

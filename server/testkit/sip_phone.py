@@ -24,6 +24,7 @@ from media.audio import pcm_rms_dbfs
 from server.transports.sip.outbound import SESSION_HEADER
 
 from .echo_path import EchoPath, ReturnedEcho
+from .network import LossyLine, NetworkPath, impair_rtp
 
 __all__ = ["Heard", "SipPhone", "offer_sdp"]
 
@@ -121,9 +122,18 @@ class SipPhone:
     :meth:`wait_for`, as a :class:`~server.testkit.caller.WebRTCCaller` does)."""
 
     def __init__(
-        self, server_port: int, endpoint: _Endpoint, port: int, echo: ReturnedEcho | None = None
+        self,
+        server_port: int,
+        endpoint: _Endpoint,
+        port: int,
+        echo: ReturnedEcho | None = None,
+        network: NetworkPath | None = None,
     ) -> None:
         self.server = ("127.0.0.1", server_port)
+        self.network = network
+        """What the network does to the phone's RTP (None: a perfect one)."""
+        self.lossy: LossyLine | None = None
+        """The phone's RTP through :attr:`network`, once a call has media (its counts)."""
         self.echo = EchoPath(echo, PHONE_RATE) if echo is not None else None
         """What the phone plays returning into its microphone (None: no echo); it needs the
         microphone running (:meth:`start_microphone`)."""
@@ -156,13 +166,18 @@ class SipPhone:
         self._outbox: asyncio.Queue[_Queued] = asyncio.Queue()
 
     @classmethod
-    async def open(cls, server_port: int, echo: ReturnedEcho | None = None) -> SipPhone:
+    async def open(
+        cls,
+        server_port: int,
+        echo: ReturnedEcho | None = None,
+        network: NetworkPath | None = None,
+    ) -> SipPhone:
         loop = asyncio.get_running_loop()
         transport, endpoint = await loop.create_datagram_endpoint(
             _Endpoint, local_addr=("127.0.0.1", 0)
         )
         port = int(transport.get_extra_info("sockname")[1])
-        return cls(server_port, endpoint, port, echo)
+        return cls(server_port, endpoint, port, echo, network)
 
     # -- signalling ----------------------------------------------------------------------------
 
@@ -230,6 +245,8 @@ class SipPhone:
         local_codec = payload_types[0] if payload_types[0] in (0, 8) else 0
         self.rtp_port, self.rtp = await _rtp_session(local_codec)
         self.rtp.on_audio = lambda pcm, _ts: self._played(pcm)
+        if self.network is not None:
+            self.lossy = impair_rtp(self.rtp, self.network)
         self.last_invite_branch = self.request(
             "INVITE", user, offer_sdp(self.rtp_port, payload_types), extra=extra
         )

@@ -20,6 +20,7 @@ from media.audio import FRAME_BYTES, SAMPLE_RATE
 from ..caller import SILENCE_DBFS, HeardAt, ReceivedFrame, WebRTCCaller, voiced_span_ms
 from ..caller import silent_from as silent_in
 from ..echo_path import ReturnedEcho
+from ..network import NetworkPath
 from .checks import ends_call
 from .speech import to_rate
 
@@ -103,9 +104,14 @@ class WebRTCLine:
 
     @classmethod
     async def open(
-        cls, base_url: str, playbook: str, token: str | None, echo: ReturnedEcho | None = None
+        cls,
+        base_url: str,
+        playbook: str,
+        token: str | None,
+        echo: ReturnedEcho | None = None,
+        network: NetworkPath | None = None,
     ) -> WebRTCLine:
-        caller = WebRTCCaller(offer_headers={"X-Vocable-Record": "off"}, echo=echo)
+        caller = WebRTCCaller(offer_headers={"X-Vocable-Record": "off"}, echo=echo, network=network)
         try:
             await caller.connect(base_url, token=token, playbook=playbook)
         except BaseException:
@@ -160,10 +166,11 @@ class SipLine:
         playbook: str,
         token: str | None,
         echo: ReturnedEcho | None = None,
+        network: NetworkPath | None = None,
     ) -> SipLine:
         from ..sip_phone import SipPhone  # the SIP stack, only when a SIP line is asked for
 
-        phone = await SipPhone.open(sip_port, echo)
+        phone = await SipPhone.open(sip_port, echo, network)
         try:
             answer = await phone.invite(user=playbook)
             if answer.status_code != 200:
@@ -224,11 +231,13 @@ async def open_line(
     sip_port: int | None = None,
     token: str | None = None,
     echo: ReturnedEcho | None = None,
+    network: NetworkPath | None = None,
 ) -> CallLine:
     """Call ``playbook`` on the server at ``base_url`` (SIP: at ``sip_port`` of the same host),
-    from a phone that returns the agent's voice as ``echo`` says (None: none)."""
+    from a phone that returns the agent's voice as ``echo`` says (None: none), over a network
+    that loses and delays its packets as ``network`` says (None: a perfect one)."""
     if transport == "sip":
         if sip_port is None:
             raise ValueError("a SIP line needs the server's SIP port")
-        return await SipLine.open(base_url, sip_port, playbook, token, echo)
-    return await WebRTCLine.open(base_url, playbook, token, echo)
+        return await SipLine.open(base_url, sip_port, playbook, token, echo, network)
+    return await WebRTCLine.open(base_url, playbook, token, echo, network)

@@ -68,6 +68,16 @@ class Echo(_Model):
     """How much weaker than what the phone played the echo is (6: a speakerphone)."""
 
 
+class Network(_Model):
+    """What the network does to the caller's RTP packets, for the whole call (SIP lines)."""
+
+    packet_loss: float = Field(default=0.0, ge=0.0, le=0.5)
+    """The share of packets lost, each independently (0.05: a poor mobile line)."""
+    jitter_ms: int = Field(default=0, ge=0, le=200)
+    """Each packet that arrives is delayed by 0 to this many milliseconds (past 20, some
+    arrive out of order)."""
+
+
 class Impairments(_Model):
     """What the line does to the caller's audio: a scenario's for all its turns, a turn's
     (``noise``, ``g711``) instead of the scenario's for that turn."""
@@ -76,6 +86,8 @@ class Impairments(_Model):
     g711: bool = False
     """The caller's voice through a G.711 phone line (8 kHz, A-law), also on WebRTC."""
     echo: Echo | None = None
+    network: Network | None = None
+    """Packet loss and jitter on the caller's packets, for the whole call (a scenario's)."""
 
 
 class TextCheck(_Model):
@@ -270,6 +282,8 @@ class Turn(_Model):
             raise ValueError("barge_in needs a say or wav line to speak over the agent")
         if self.impairments is not None and self.impairments.echo is not None:
             raise ValueError("echo is the whole call's: give it in the scenario's impairments")
+        if self.impairments is not None and self.impairments.network is not None:
+            raise ValueError("network is the whole call's: give it in the scenario's impairments")
         cut_in = any(e.no_cut_in is not None for e in self.expect)
         if cut_in and (self.barge_in is not None or self.action not in ("say", "wav")):
             raise ValueError("no_cut_in needs a say or wav line that is not a barge_in")

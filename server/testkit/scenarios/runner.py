@@ -39,6 +39,7 @@ from server.http.app import SIP, create_app
 from server.llm.provider import LLMProvider
 from server.runtime.engines import Engines
 from server.testkit.echo_path import ReturnedEcho
+from server.testkit.network import NetworkPath
 
 from ..loopback import start_on_loopback
 from ..scripted_llm import ScriptedLLM
@@ -253,6 +254,7 @@ class ScenarioRig:
         async with self._server(state.loaded, script) as (base_url, sip_port):
             started = time.monotonic()
             echo = scenario.impairments.echo if scenario.impairments is not None else None
+            network = scenario.impairments.network if scenario.impairments is not None else None
             line = await open_line(
                 self.options.transport,
                 base_url,
@@ -260,6 +262,7 @@ class ScenarioRig:
                 sip_port=sip_port,
                 token=self.options.token,
                 echo=ReturnedEcho(echo.delay_ms, echo.return_loss_db) if echo else None,
+                network=NetworkPath(network.packet_loss, network.jitter_ms) if network else None,
             )
             try:
                 if scenario.simulated_caller is not None:
