@@ -20,7 +20,7 @@ from media.audio import FRAME_BYTES, SAMPLE_RATE
 from ..caller import SILENCE_DBFS, HeardAt, ReceivedFrame, WebRTCCaller, voiced_span_ms
 from ..caller import silent_from as silent_in
 from ..echo_path import ReturnedEcho
-from ..network import NetworkPath
+from ..network import LossyLine, NetworkPath
 from .checks import ends_call
 from .speech import to_rate
 
@@ -67,6 +67,11 @@ class CallLine(Protocol):
 
     def ended(self) -> bool:
         """Whether the call has ended (the server hung up, or the connection closed)."""
+        ...
+
+    @property
+    def network(self) -> LossyLine | None:
+        """The caller's packets through the scenario's ``network`` (its counts), if any."""
         ...
 
     async def close(self) -> None: ...
@@ -142,6 +147,10 @@ class WebRTCLine:
         closed = any(ends_call(event) for event in self.events)
         return closed or self.caller.pc.connectionState in ("closed", "failed")
 
+    @property
+    def network(self) -> LossyLine | None:
+        return self.caller.lossy
+
     async def close(self) -> None:
         await self.caller.close()
 
@@ -215,6 +224,10 @@ class SipLine:
     def ended(self) -> bool:
         closed = any(ends_call(event) for event in self.events)
         return closed or any(method == "BYE" for method, _ in self.phone.endpoint.requests_from)
+
+    @property
+    def network(self) -> LossyLine | None:
+        return self.phone.lossy
 
     async def close(self) -> None:
         if not self.ended():

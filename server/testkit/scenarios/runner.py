@@ -271,6 +271,10 @@ class ScenarioRig:
                     await self._turns_voice(state, line, lines, script, started)
             finally:
                 state.result.events = list(line.events)
+                lossy = line.network
+                if lossy is not None:
+                    lost = f"{lossy.lost} of the caller's {lossy.sent} packets"
+                    state.result.notes.append(f"network: {lost} lost")
                 if self.options.keep_audio is not None:
                     state.result.audio_file = str(self._keep_audio(state, line, started))
                 await line.close()
