@@ -50,7 +50,7 @@ system-deps:
 PYTEST_WORKERS ?= 2
 
 unit: $(STAMP) $(TEST_MODELS) system-deps
-	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test: lint typecheck unit
 

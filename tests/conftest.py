@@ -31,33 +31,12 @@ os.environ["VOCABLE_LLM"] = "none"
 os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"
 
 
-LONGEST_FILES = (
-    "test_transfers.py", "test_sip.py", "test_barge_in.py", "test_voice_pipeline.py",
-    "test_soak.py", "test_bench_smoke.py", "test_faults.py", "test_vocable_test.py",
-    "test_vocable_test_callers.py", "test_outbound_calls.py", "test_endpointing.py",
-    "test_operations.py", "test_telephony.py", "test_real_llm.py", "test_webrtc_call.py",
-    "test_recording.py", "test_fuzz.py", "test_remote_inference.py", "test_sip_baresip.py",
-)  # fmt: skip
-"""The files that take longest, longest first (each 28-120 s of a worker's time in a run of
-the suite with two workers on the 2-core AMD EPYC, 2026-11-29). A stale list costs balance,
-never a test."""
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The longest files first (``LONGEST_FILES``), then the other files with ``slow`` tests
-    (real models, real peers, real calls), then the rest, each file's tests in their order.
-    ``make test`` runs ``--dist loadfile --no-loadscope-reorder``: a worker takes a whole file
-    at a time, in this order (xdist's own puts the files with the most tests first, which left
-    a 65 s file of one test for the end, one worker busy while the other had nothing to take)."""
+    """The files with ``slow`` tests (real models, real peers, real calls) first, each file's
+    tests in their order: with ``--dist loadfile`` a worker takes a whole file at a time, and a
+    slow file left for the end keeps one worker busy while the other has nothing left to take."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
-    rank = {name: n for n, name in enumerate(LONGEST_FILES)}
-
-    def order(item: pytest.Item) -> tuple[int, int]:
-        if item.path.name in rank:
-            return (0, rank[item.path.name])
-        return (1 if item.path in slow_files else 2, 0)
-
-    items.sort(key=order)
+    items.sort(key=lambda item: item.path not in slow_files)
 
 
 class _IllegalMoves(logging.Handler):
