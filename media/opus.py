@@ -113,28 +113,25 @@ class OpusDecoder:
 
     def decode(self, packet: bytes) -> bytes:
         """One packet's audio; raises :class:`OpusError` for a malformed one."""
-        return self._run(packet, self._max_samples)
+        return ctypes.string_at(self._pcm, self._decode(packet, self._max_samples) * 2)
 
     def conceal(self, samples: int) -> bytes:
         """libopus's own concealment of ``samples`` lost samples (whole frames)."""
-        return self._run(None, min(samples, self._max_samples))
-
-    def _run(self, packet: bytes | None, samples: int) -> bytes:
-        size = 0 if packet is None else len(packet)
-        decoded = self._library.opus_decode(self._state, packet, size, self._pcm, samples, 0)
-        if decoded < 0:
-            raise OpusError(error_text(decoded))
-        return ctypes.string_at(self._pcm, decoded * 2)
+        return ctypes.string_at(self._pcm, self._decode(None, samples) * 2)
 
     def decode_into(self, packet: bytes) -> tuple[ctypes.Array[ctypes.c_int16], int]:
         """One packet decoded into this decoder's own buffer: (the buffer, samples), valid
         until the next call (no copy)."""
-        decoded = self._library.opus_decode(
-            self._state, packet, len(packet), self._pcm, self._max_samples, 0
-        )
+        return self._pcm, self._decode(packet, self._max_samples)
+
+    def _decode(self, packet: bytes | None, samples: int) -> int:
+        """Samples decoded into the buffer (None: concealed); raises :class:`OpusError`."""
+        size = 0 if packet is None else len(packet)
+        samples = min(samples, self._max_samples)
+        decoded = self._library.opus_decode(self._state, packet, size, self._pcm, samples, 0)
         if decoded < 0:
             raise OpusError(error_text(decoded))
-        return self._pcm, decoded
+        return int(decoded)
 
 
 def error_text(code: int) -> str:

@@ -33,8 +33,9 @@ os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The files with ``slow`` tests (real models, real peers, real calls) first, each file's
-    tests in their order: with ``--dist loadfile`` a worker takes a whole file at a time, and a
-    slow file left for the end keeps one worker busy while the other has nothing left to take."""
+    tests in their order. Under ``make test`` xdist then hands out whole files with the most
+    tests first (its ``--loadscope-reorder``); its own order was kept after a longest-first one
+    was tried (CONTRIBUTING.md, "Keeping the suite fast")."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
     items.sort(key=lambda item: item.path not in slow_files)
 

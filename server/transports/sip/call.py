@@ -25,18 +25,16 @@ from .sdp import (
     LineCodec,
     direction,
     media_problem,
-    opus_answer,
     reanswer,
 )
 from .srtp import Crypto, protect_session
 from .transfer import SipTransfers
 
-__all__ = ["PHONE_RATE", "SAMPLES_PER_FRAME", "SipCall"]
+__all__ = ["PHONE_RATE", "SipCall"]
 
 log = logging.getLogger(__name__)
 
 PHONE_RATE = 8000
-SAMPLES_PER_FRAME = 160
 
 
 class SipCall(PhoneCall):
@@ -142,9 +140,7 @@ class SipCall(PhoneCall):
             invite.accept(self.answer)
             return
         try:
-            answer = reanswer(offer, self.answer, self.codec.payload_type)
-            if self.codec.name == "opus":
-                opus_answer(answer, self.codec.payload_type)
+            answer = reanswer(offer, self.answer, self.codec)
             if self.srtp is not None:  # the keys stay those of the call
                 audio = answer.audio
                 assert audio is not None

@@ -66,10 +66,10 @@ from server.transports.phone.audio import encode
 
 from .compat import TlsTransport
 from .digest import DigestClient
-from .opus import OPUS_RATE, opus_available, use_opus_at
+from .opus import opus_available, use_opus_at
 from .resolve import SipResolver
 from .rtp_ports import NoFreePort, RtpPortLease, RtpPorts
-from .sdp import CODECS, G722, OPUS_FMTP, LineCodec, codec_name, static_codec, wideband_available
+from .sdp import CODECS, G722, OPUS_FMTP, LineCodec, codec_name, wideband_available
 from .srtp import SUITES, Crypto, choose_crypto, protect_session, secured
 
 __all__ = [
@@ -86,7 +86,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 PHONE_RATE = 8000
-SAMPLES_PER_FRAME = 160
 DTMF_PAYLOAD_TYPE = 101
 OPUS_PAYLOAD_TYPE = 111
 """The dynamic payload type our offers put Opus on."""
@@ -373,6 +372,8 @@ class OutboundLeg:
         port: RtpPortLease,
         peer: str,
         uac: _Uac,
+        *,
+        srtp: bool = False,
     ) -> None:
         self.stack = stack
         self.uac = uac
@@ -384,9 +385,9 @@ class OutboundLeg:
         self.remote_sdp = remote_sdp
         payload_type = media.chosen_payload_type
         line = (
-            LineCodec(payload_type, "opus", OPUS_RATE, 48000)
+            LineCodec.opus(payload_type)
             if payload_type == OPUS_PAYLOAD_TYPE
-            else static_codec(payload_type)
+            else LineCodec.static(payload_type)
         )
         self._line = line
         self.codec = line.name
@@ -394,7 +395,7 @@ class OutboundLeg:
         self.rate = line.rate
         """The rate of the PCM the leg sends and hears: 16 kHz on Opus and G.722, else 8 kHz."""
         self.result = DialResult("answered", 200, "answered")
-        self.srtp = False
+        self.srtp = srtp
         """Whether the leg's audio is on SRTP (a trunk's ``srtp``)."""
         self.on_audio: Callable[[bytes], None] | None = None
         """The callee's audio as it arrives: PCM16 at :attr:`rate`, any length."""
@@ -717,8 +718,7 @@ async def _connect(
     await media.start()
     if keys is not None:
         protect_session(media.rtp_session, *keys)
-    leg = OutboundLeg(stack, call, media, offer, answer, lease, peer, uac)
-    leg.srtp = keys is not None
+    leg = OutboundLeg(stack, call, media, offer, answer, lease, peer, uac, srtp=keys is not None)
     stack.legs[call.call_id] = leg
     return leg
 

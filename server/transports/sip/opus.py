@@ -10,8 +10,6 @@ session is made.
 
 from __future__ import annotations
 
-import functools
-
 from aiortp.codecs import Codec, register_codec
 
 from media.opus import OpusDecoder, OpusEncoder, OpusError, load_libopus
@@ -54,7 +52,6 @@ class SipOpus(Codec):
         return self._decoder.conceal(num_samples)
 
 
-@functools.cache
 def opus_available() -> bool:
     """Whether libopus loads (and so Opus can be offered or answered)."""
     return load_libopus() is not None

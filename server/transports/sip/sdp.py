@@ -79,10 +79,15 @@ class LineCodec:
         """RTP timestamp units in a 20 ms frame."""
         return self.clock_rate * 20 // 1000
 
+    @classmethod
+    def static(cls, payload_type: int) -> LineCodec:
+        """G.722 or G.711 by its static payload type."""
+        return cls(payload_type, codec_name(payload_type), codec_rate(payload_type))
 
-def static_codec(payload_type: int) -> LineCodec:
-    """G.722 or G.711 by its static payload type."""
-    return LineCodec(payload_type, codec_name(payload_type), codec_rate(payload_type))
+    @classmethod
+    def opus(cls, payload_type: int) -> LineCodec:
+        """Opus on a dynamic payload type: 16 kHz PCM, RTP's 48 kHz clock."""
+        return cls(payload_type, "opus", OPUS_RATE, 48000)
 
 
 def choose_codec(offer: SdpMessage) -> LineCodec | None:
@@ -98,15 +103,15 @@ def choose_codec(offer: SdpMessage) -> LineCodec | None:
             and 96 <= codec.payload_type <= 127
             and opus_available()
         ):
-            return LineCodec(codec.payload_type, "opus", OPUS_RATE, 48000)
+            return LineCodec.opus(codec.payload_type)
     offered = [
         codec.payload_type
         for codec in codecs
         if _NAMES.get(codec.payload_type) == codec.encoding_name.upper()
     ]
     if G722 in offered and wideband_available():
-        return static_codec(G722)
-    return next((static_codec(pt) for pt in offered if pt in CODECS), None)
+        return LineCodec.static(G722)
+    return next((LineCodec.static(pt) for pt in offered if pt in CODECS), None)
 
 
 OPUS_FMTP = f"maxplaybackrate={OPUS_RATE};stereo=0;sprop-stereo=0;useinbandfec=1"
@@ -125,10 +130,7 @@ def opus_answer(answer: SdpMessage, payload_type: int) -> None:
     fmtp = [
         line for line in audio.attributes.get("fmtp", []) if not line.startswith(f"{payload_type} ")
     ]
-    audio.attributes["fmtp"] = [
-        f"{payload_type} {OPUS_FMTP}",
-        *fmtp,
-    ]
+    audio.attributes["fmtp"] = [f"{payload_type} {OPUS_FMTP}", *fmtp]
 
 
 def codec_rate(payload_type: int) -> int:
@@ -188,7 +190,7 @@ def sendable(host: str, port: int) -> bool:
     return isinstance(port, int) and 0 < port < 65536 and _sendable_host(host)
 
 
-def reanswer(offer: SdpMessage, current: SdpMessage, payload_type: int) -> SdpMessage:
+def reanswer(offer: SdpMessage, current: SdpMessage, codec: LineCodec) -> SdpMessage:
     """An answer to a re-INVITE's ``offer`` keeping the call's address, port and codec; raises
     SdpNegotiationError when the offer drops that codec."""
     address = current.connection.address if current.connection else "0.0.0.0"
@@ -196,9 +198,11 @@ def reanswer(offer: SdpMessage, current: SdpMessage, payload_type: int) -> SdpMe
         offer,
         local_ip=address,
         rtp_port=current.audio.port if current.audio else 0,
-        supported_codecs=[payload_type],
+        supported_codecs=[codec.payload_type],
         dtmf_payload_type=offered_dtmf_type(offer),
     )
+    if codec.name == "opus":
+        opus_answer(answer, codec.payload_type)
     return answer
 
 
