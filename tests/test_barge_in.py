@@ -23,9 +23,9 @@ pytestmark = pytest.mark.slow
 QUESTION = "Tell me about my order."
 LONG_ANSWER = (
     "Your order left our warehouse on Monday. The courier will bring it on Tuesday between nine "
-    "and five. You can track it on our website at any time. Is there anything else I can help "
-    "you with today?"
+    "and five. Is there anything else I can help you with today?"
 )
+"""Three sentences: a sound over the second still leaves one to resume into."""
 SECOND_ANSWER = "All right, here is the short version."
 
 

@@ -70,9 +70,7 @@ FAILING = """\
         intent: book_table
         agent:
           - tools: [{{check_availability: {{day: friday, time: "20:00", guests: 2}}}}]
-          - say: >-
-              Good news, Friday at eight for two people is free, and we will keep the table by
-              the window for you if you tell me the name for the booking.
+          - say: Good news, Friday at eight for two people is free. Shall I book it now?
         expect:
           - stage: confirmed
           - tool: book_table
@@ -94,7 +92,7 @@ async def test_a_failing_scenario_says_which_turn_failed_and_why(tmp_path: Path)
     assert failures[1] == (
         "-> turn 2: tool: book_table: not called; tools called: check_availability"
     )
-    assert failures[2].startswith('-> turn 2: answer: {"max_words": 12}: 30 words, more than 12:')
+    assert failures[2].startswith('-> turn 2: answer: {"max_words": 12}: 15 words, more than 12:')
     assert len(failures) == 3  # turn 1, and check_availability, passed
     failure = _junit(junit).find("testcase/failure")
     assert failure is not None
