@@ -411,6 +411,14 @@ async def test_without_a_provider_api_a_media_stream_transfer_is_requested_not_c
 
 # -- SIP: REFER with sipp as the caller ------------------------------------------------------------
 
+HOLD_AFTER_THE_RESULT_MS = 2000
+"""How long sipp, as a caller whose transfer failed, stays on the line once it has given Vocable
+the failure (its NOTIFY, or its refusal of the REFER) before it hangs up. What the tests need
+in that time: the call still up (a Vocable that hung up would send a BYE sipp does not expect,
+failing the scenario) and the transfer's result given to the LLM, which takes a local dial to
+a sipp that answers 486 at once and a request to the scripted LLM: tens of milliseconds, well
+inside 2 s on a slower, loaded CPU. The agent's spoken answer is not checked here."""
+
 BYE_FROM_VOCABLE = """
   <recv request="BYE" timeout="20000"/>
   <send>
@@ -426,8 +434,8 @@ Content-Length: 0
     ]]>
   </send>
 """
-BYE_FROM_CALLER = """
-  <pause milliseconds="8000"/>
+BYE_FROM_CALLER = f"""
+  <pause milliseconds="{HOLD_AFTER_THE_RESULT_MS}"/>
   <send retrans="500">
     <![CDATA[
 BYE sip:[service]@[remote_ip]:[remote_port] SIP/2.0
@@ -547,7 +555,7 @@ async def test_a_refused_refer_without_a_sip_destination_fails_and_the_call_goes
         "+15550100",  # a number: no bridge can be dialed
         "refer_refused.xml",
         status="405 Method Not Allowed",
-        hold_ms="8000",
+        hold_ms=str(HOLD_AFTER_THE_RESULT_MS),
     )
     (result,) = _tool_results(llm)
     assert (result["transferred"], result["reason"]) == (False, "refused")
@@ -568,7 +576,7 @@ async def test_a_refused_refer_is_bridged_and_a_busy_person_comes_back_to_the_ag
             human,
             "refer_refused.xml",
             status="501 Not Implemented",
-            hold_ms="8000",
+            hold_ms=str(HOLD_AFTER_THE_RESULT_MS),
         )
     (result,) = _tool_results(llm)
     assert (result["transferred"], result["reason"]) == (False, "busy")
@@ -730,7 +738,9 @@ async def test_a_refused_refer_is_bridged_and_the_caller_hears_the_person(
     llm.script(_transfers_then("never asked"))
     bridged = await bridged_call(
         caller_speech=silence(500, RATE) + phone_audio(PUT_ME_THROUGH) + silence(60_000, RATE),
-        human_speech=silence(1000, RATE) + phone_audio(HUMAN) + silence(1500, RATE),
+        # after its words the person hangs up: 1 s for their last frames to reach the caller
+        # (relayed as they come, at most 200 ms queued) before the BYE ends the caller's leg
+        human_speech=silence(1000, RATE) + phone_audio(HUMAN) + silence(1000, RATE),
     )
     _assert_bridged(bridged, "blind")
     assert bridged.ended.endswith("ended: the person hung up"), bridged.ended
@@ -748,12 +758,20 @@ async def test_a_warm_transfer_tells_the_person_the_summary_then_joins_the_calle
     arguments = {"reason": "the caller asked for a person", "summary": SUMMARY}
     llm.script([Reply(tool_calls=[ScriptedToolCall(TRANSFER_TOOL, arguments)])])
     summary_ms = len(phone_audio(SUMMARY)) * 1000 // 2 // RATE
+    # The caller's words to the person must start once the caller is joined, more than a second
+    # after the summary (the gap that tells the two utterances apart in the person's
+    # recording); the person's words reach the caller whenever they come after the join (the
+    # two directions are independent). In the caller's time the join came at 7.1 s on the
+    # reference CPU (the caller's 2.1 s, end of turn, the agent's 1.1 s line, a local dial,
+    # the summary's synthesis and 3.1 s): LATER starts at 11.1 s, and the caller hangs up at
+    # 14.8 s, 3 s after the person's words ended at 11.8 s there: 3 s of slack either way for
+    # the parts a slower, loaded CPU makes longer (Whisper, Piper, the event loop).
     bridged = await bridged_call(
         caller_speech=silence(500, RATE)
         + phone_audio(PUT_ME_THROUGH)
-        + silence(18_000, RATE)  # the agent's line, the dial, the summary, the person's line
+        + silence(9000, RATE)  # the agent's line, the dial, the summary, a gap
         + phone_audio(LATER)
-        + silence(1500, RATE),
+        + silence(1000, RATE),  # its last frames on their way to the person
         human_speech=silence(summary_ms + 2500, RATE)  # listens to the summary
         + phone_audio(HUMAN)
         + silence(60_000, RATE),
@@ -774,7 +792,10 @@ async def test_a_person_who_hangs_up_during_the_summary_is_a_failed_transfer(
     to a dead line; the agent is told, says so, and the call goes on until the caller ends it."""
     llm.script(_transfers_then(SORRY, summary=SUMMARY))
     bridged = await bridged_call(
-        caller_speech=silence(500, RATE) + phone_audio(PUT_ME_THROUGH) + silence(16_000, RATE),
+        # the caller hangs up at 14.1 s of its call: it heard the agent's 4 s apology end at
+        # 10.8 s on the reference CPU (the transfer as in the warm test, the summary played
+        # out, then the apology), 3.3 s of slack for a slower, loaded CPU
+        caller_speech=silence(500, RATE) + phone_audio(PUT_ME_THROUGH) + silence(12_000, RATE),
         human_speech=silence(1000, RATE),  # then baresip hangs up, mid-summary
         warm=True,
     )
@@ -795,7 +816,8 @@ async def test_a_bridge_whose_person_sends_no_audio_ends_after_the_media_timeout
     line is not held open for the caller; both legs end after the media timeout."""
     caplog.set_level(logging.INFO, logger="server.transports.sip.call")
     llm.script(_transfers_then("never asked"))
-    config = ServerConfig(sip=SipSettings(host="127.0.0.1", port=0, media_timeout_s=3.0))
+    # 2 s: the person's side sends nothing at all, the caller's phone its RTP all along
+    config = ServerConfig(sip=SipSettings(host="127.0.0.1", port=0, media_timeout_s=2.0))
     speech = silence(500, RATE) + phone_audio(PUT_ME_THROUGH) + silence(40_000, RATE)
     async with (
         _sipp_person(tmp_path, "callee_answers.xml") as human,  # and Vocable's BYE came
