@@ -31,7 +31,7 @@ from .corpus import Utterance, load_corpus
 from .echo_calls import ECHO_PATHS, echo_call, echo_markdown, summarize_echo
 from .hesitant_calls import hesitant_line, hesitation_markdown, summarize_hesitation
 from .hesitation import load_hesitation
-from .llm import LLMPacing, paced_llm
+from .llm import SHORT_ANSWER, LLMPacing, paced_llm
 from .models import model_path
 from .noisy_calls import SNRS_DB, noise_alone, noisy_markdown, noisy_question, summarize_noisy
 from .provenance import git_commit, machine
@@ -43,6 +43,13 @@ __all__ = ["main"]
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"
+QUICK_ANSWER = "It left. It arrives Friday."
+"""``--quick``'s scripted answer: two sentences, as the default's, in 2 s of speech, not 4 (every
+turn waits for the whole answer)."""
+QUICK_ARRIVAL_S = 1.0
+"""``--quick``: the 2 calls arrive 0.5 s apart (their turns still overlap in part)."""
+QUICK_GAP_S = 0.25
+"""``--quick``: a caller's pause after an answer before its next question (else 1 s)."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -176,7 +183,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--playbook", default=str(Path(__file__).parent / "playbook.yaml"))
     parser.add_argument("--no-micro", action="store_true", help="skip component benchmarks")
     parser.add_argument(
-        "--quick", action="store_true", help="a smoke run: 1 and 2 calls, 2 turns, 1 of each"
+        "--quick",
+        action="store_true",
+        help="a smoke run: 1 and 2 calls, 2 turns, 1 of each, a shorter answer and pauses",
     )
     parser.add_argument("--output", type=Path, default=RESULTS)
     parser.add_argument("--name", help="results folder name (default: a timestamp)")
@@ -184,8 +193,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 async def _run(args: argparse.Namespace, command: str) -> Path:
+    answer = SHORT_ANSWER
     if args.quick:
         args.sweep, args.turns, args.barge_ins, args.backchannels = "1,2", 2, 1, 1
+        args.arrival_s, answer = QUICK_ARRIVAL_S, QUICK_ANSWER
     levels = [int(n) for n in args.sweep.split(",")]
     listeners = listeners_of(args.listener)
     corpus = load_corpus()
@@ -199,7 +210,7 @@ async def _run(args: argparse.Namespace, command: str) -> Path:
         args.llm = "local"
     scripted = not args.llm_base_url and args.llm == "scripted"
     pacing = LLMPacing(args.ttft_ms, args.tokens_per_s)
-    llm = paced_llm(pacing) if scripted else None
+    llm = paced_llm(pacing, answer) if scripted else None
     server: ServerProcess | None = None
     try:
         llm_url = await llm.start() if llm is not None else args.llm_base_url
@@ -233,7 +244,7 @@ async def _run(args: argparse.Namespace, command: str) -> Path:
             base_url=base_url,
             playbook="bench" if not args.url else None,
             end_silence_ms=args.end_silence_ms,
-            llm_first_sentence_ms=pacing.first_sentence_ms() if scripted else None,
+            llm_first_sentence_ms=pacing.first_sentence_ms(answer) if scripted else None,
             token=args.token,
         )
         if args.client == "chromium":
@@ -323,6 +334,7 @@ async def _scenarios(
             questions,
             server,
             on_turn=bar.update,
+            **({"gap_s": QUICK_GAP_S} if args.quick else {}),
             arrival_s=args.arrival_s
             if args.arrival_every_s is None
             else calls * args.arrival_every_s,
@@ -334,12 +346,13 @@ async def _scenarios(
     try:
         await asyncio.sleep(0.5)
         bar.set_postfix_str("barge-in")
-        for _ in range(args.barge_ins):
+        for n in range(args.barge_ins):
+            if n:
+                await asyncio.sleep(1.0)  # the agent quiet a while before the next try
             results["barge_in"].append(
                 await barge_in(caller, corpus["piper_everything"], corpus["piper_stop"], target)
             )
             bar.update()
-            await asyncio.sleep(1.0)
     finally:
         await caller.close()
     bar.set_postfix_str("backchannels")
@@ -528,7 +541,8 @@ def listeners_of(choice: str) -> list[Listener]:
 
 def _llm_setting(args: argparse.Namespace, scripted: bool) -> str:
     if scripted:
-        return f"scripted, first token {args.ttft_ms:g} ms, {args.tokens_per_s:g} tokens/s"
+        quick = f", answering {QUICK_ANSWER!r} (--quick)" if args.quick else ""
+        return f"scripted, first token {args.ttft_ms:g} ms, {args.tokens_per_s:g} tokens/s{quick}"
     if args.llm_base_url:
         return f"{args.llm_base_url} ({args.llm_model})"
     return f"in process (llama.cpp): {args.llm_gguf or 'the default model'}"
@@ -577,7 +591,13 @@ def _micro(quick: bool) -> dict[str, Any]:
     from .micro import MicroSettings, run_micro
 
     settings = (
-        MicroSettings(repeats=2, stt_lengths_s=(1.0, 3.0), vad_frames=500, chunker_repeats=20)
+        MicroSettings(
+            repeats=2,
+            stt_lengths_s=(1.0, 3.0),
+            tts_sentences=MicroSettings().tts_sentences[:2],  # the ~30-word one takes ~1.5 s
+            vad_frames=500,
+            chunker_repeats=20,
+        )
         if quick
         else MicroSettings()
     )

@@ -58,7 +58,8 @@ shows as one per call: hundreds in the soak, dozens in the short test."""
 LLM_KEEPALIVE_S = 5.0
 """The server's LLM client (httpx) keeps idle connections this long, and closes expired ones
 only when it next sends a request: the cool-down call after a round makes it do so, so the
-connections the round opened are not counted as leftovers."""
+connections the round opened are not counted as leftovers. (Kept, not designed away with a
+``Connection: close`` LLM: a client a call leaves unclosed shows as its idle socket.)"""
 QUIET_S = 3.0
 """The server has settled when no call is live and its counts held still this long."""
 SETTLE_TIMEOUT_S = 60.0
@@ -75,6 +76,8 @@ class SoakPlan:
     """RSS may grow less than this, baseline to final."""
     llm_gguf: str | None = None
     """The server runs this model in process (llama.cpp) instead of the paced scripted LLM."""
+    answer: str = ANSWER
+    """What the paced scripted LLM answers to every question."""
 
 
 def verdict(
@@ -181,7 +184,7 @@ def run_soak(
 
 
 async def _soak(plan: SoakPlan, log: Path, on_call: Callable[[], None]) -> dict[str, Any]:
-    llm = paced_llm(LLMPacing(), answer=ANSWER) if plan.llm_gguf is None else None
+    llm = paced_llm(LLMPacing(), answer=plan.answer) if plan.llm_gguf is None else None
     server: ServerProcess | None = None
     try:
         if plan.llm_gguf is not None:

@@ -22,7 +22,7 @@ def _server_hops(turn: dict[str, Any]) -> list[float]:
     return [v for v in turn["server"].values() if v is not None]
 
 
-@pytest.mark.timeout(600)  # ~110 s here: a whole harness run (its own guard: 540 s)
+@pytest.mark.timeout(600)  # ~55 s here: a whole harness run (its own guard: 540 s)
 async def test_a_quick_benchmark_run_writes_a_complete_report(tmp_path: Path) -> None:
     process = await spawn(
         sys.executable,
