@@ -104,9 +104,9 @@ async def _get(server: TestServer, path: str) -> dict[str, Any]:
         return result
 
 
-async def _events(server: TestServer, session_id: str) -> list[dict[str, Any]]:
-    """Every event of the call, from the server-sent event stream (which ends with it)."""
-    events = []
+async def _events(server: TestServer, session_id: str, events: list[dict[str, Any]]) -> None:
+    """Every event of the call into ``events`` as it comes, from the server-sent event stream
+    (which ends with the call)."""
     async with (
         aiohttp.ClientSession() as http,
         http.get(server.make_url(f"/calls/{session_id}/events")) as response,
@@ -115,7 +115,6 @@ async def _events(server: TestServer, session_id: str) -> list[dict[str, Any]]:
         async for line in response.content:
             if line.startswith(b"data:"):
                 events.append(json.loads(line[5:]))
-    return events
 
 
 # -- baresip, the callee that answers ------------------------------------------------------------
@@ -143,7 +142,7 @@ async def _baresip_callee(
         opus=opus,
     )
     try:
-        await asyncio.sleep(0.5)  # listening
+        await until(lambda: "baresip is ready." in callee.log_text(), 10, "not ready", callee)
         yield callee.uri("callee"), callee
     finally:
         await callee.stop()
@@ -156,24 +155,54 @@ async def _call_baresip(
     *,
     wideband: bool = False,
     opus: bool = False,
+    hang_up_after: int | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]], bytes]:
     """Place a call to a baresip callee saying ``speech``; returns the call's final description,
-    its events and what baresip heard (8 kHz PCM16 from the answer on)."""
+    its events and what baresip heard (8 kHz PCM16 from the answer on). ``hang_up_after``: as
+    :func:`_call` takes it."""
     async with _baresip_callee(workdir, speech, wideband=wideband, opus=opus) as (uri, callee):
-        return await _call(server, {"to": uri}, speech, callee)
+        return await _call(server, {"to": uri}, speech, callee, hang_up_after)
 
 
 async def _call(
-    server: TestServer, body: dict[str, Any], speech: bytes, callee: Baresip
+    server: TestServer,
+    body: dict[str, Any],
+    speech: bytes,
+    callee: Baresip,
+    hang_up_after: int | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]], bytes]:
-    """Place the call ``body`` describes, which reaches ``callee`` saying ``speech``."""
+    """Place the call ``body`` describes, which reaches ``callee`` saying ``speech``. The call
+    ends when baresip's file ends or the server hangs up; with ``hang_up_after``, once the
+    agent has finished that many answers (its greeting included: the ``tts_end`` events) and
+    baresip has heard them out, baresip hangs up (a SIGTERM: it sends its BYE and quits), its
+    file longer than the call needs."""
     seconds = len(speech) / 2 / RATE
     status, placed = await _post(server, "/calls", {**body, "playbook": "outreach"})
     assert status == 201, placed
     session_id = placed["session_id"]
-    events = await asyncio.wait_for(_events(server, session_id), seconds + 30)
+    events: list[dict[str, Any]] = []
+    streaming = asyncio.create_task(_events(server, session_id, events))
+    hung_up = False
+    try:
+        if hang_up_after is not None:
+
+            def spoken() -> bool:
+                return len([e for e in events if e["type"] == "tts_end"]) >= hang_up_after
+
+            await until(lambda: spoken() or streaming.done(), seconds, "not spoken", callee)
+            if not streaming.done():
+                # out of its jitter buffer, and half a second of the agent's silence after it
+                # (Whisper misreads a recording's last word with no pause after it)
+                await callee.hears_more(0.8)
+                callee.process.terminate()
+                hung_up = True
+        await asyncio.wait_for(streaming, seconds + 30)
+    finally:
+        streaming.cancel()
     described = await _get(server, f"/calls/{session_id}")
-    await asyncio.sleep(0.5)  # baresip writes its recordings as the call closes
+    if not hung_up:
+        callee.process.terminate()  # the call is over: baresip can go
+    await asyncio.wait_for(callee.process.wait(), 5)  # its recordings are complete once it quit
     return described, events, callee.heard()
 
 
@@ -181,9 +210,18 @@ async def test_a_callee_who_says_hello_hears_the_greeting_after_it_and_talks(
     server: TestServer, llm: ScriptedLLM, tmp_path: Path
 ) -> None:
     hello, question = phone_audio(HELLO), phone_audio(QUESTION)
-    speech = silence(300, RATE) + hello + silence(7000, RATE) + question + silence(7000, RATE)
+    # The question comes 5 s after "Hello?": 0.5 s of silence ends the callee's words, the
+    # greeting (3.2 s of audio) starts 0.3 s later (its first phrase synthesized: 0.45 s on a
+    # CPU 1.5x slower) and has played out 3.7-4 s after them; over a second to spare. The callee
+    # hangs up once it has heard the answer (~4.5 s after the question); the silence after it
+    # is only an upper bound.
+    gap_s = 5.0
+    speech = silence(300, RATE) + hello + silence(round(gap_s * 1000), RATE) + question
+    speech += silence(15000, RATE)
     # a wideband phone: the call is on G.722 both ways (offered first, answered)
-    described, events, heard = await _call_baresip(server, tmp_path, speech, wideband=True)
+    described, events, heard = await _call_baresip(
+        server, tmp_path, speech, wideband=True, hang_up_after=2
+    )
 
     assert described["codec"] == "G722"
     assert described["state"] == "ended"
@@ -191,7 +229,7 @@ async def test_a_callee_who_says_hello_hears_the_greeting_after_it_and_talks(
     assert described["answered_by"] == "person"
     assert described["reason"] == "the callee hung up"
     hello_end = 0.3 + len(hello) / 2 / RATE
-    asked = hello_end + 7.0
+    asked = hello_end + gap_s
     loud = loud_frames(heard)
     # not over the callee's "Hello?": the greeting starts once it has ended (500 ms of silence)
     assert not [at for at in loud if at < hello_end + 0.3], loud[:10]
@@ -213,7 +251,9 @@ async def test_a_callee_who_says_hello_hears_the_greeting_after_it_and_talks(
 async def test_a_silent_callee_through_a_challenging_trunk_hears_the_greeting_after_a_second(
     llm: ScriptedLLM, tmp_path: Path
 ) -> None:
-    speech = silence(8000, RATE)
+    # silent until it hangs up, once it has heard the greeting out (~4.5 s in): the silence is
+    # only an upper bound
+    speech = silence(15000, RATE)
     (tmp_path / "playbooks").mkdir()
     async with _baresip_callee(tmp_path, speech) as (uri, callee):
         pbx = {"PASSWORD": "s3cret", "CALLEE": uri}
@@ -227,7 +267,9 @@ async def test_a_silent_callee_through_a_challenging_trunk_hears_the_greeting_af
             )
             async with _server(llm, tmp_path / "playbooks", {"pbx": trunk}) as server:
                 body = {"to": "+15557654321", "trunk": "pbx"}
-                described, events, heard = await _call(server, body, speech, callee)
+                described, events, heard = await _call(
+                    server, body, speech, callee, hang_up_after=1
+                )
             log = kamailio.log_text()
 
     assert "challenged" in log, log
@@ -318,7 +360,7 @@ async def test_no_answer_is_cancelled_and_a_full_server_refuses_another_call(
         _server(llm, tmp_path / "playbooks", max_sessions=1) as server,
         sipp_callee(tmp_path, "callee_rings") as (uri, finished),
     ):
-        body = {"to": uri, "playbook": "outreach", "ring_timeout_s": 2}
+        body = {"to": uri, "playbook": "outreach", "ring_timeout_s": 1}
         status, placed = await _post(server, "/calls", body)
         assert status == 201, placed
         assert (await _get(server, f"/calls/{placed['session_id']}"))["state"] == "ringing"
@@ -329,7 +371,7 @@ async def test_no_answer_is_cancelled_and_a_full_server_refuses_another_call(
         code, output = await finished()
     assert code == 0, output  # CANCEL sent, 487 acknowledged
     assert described["result"] == "no_answer"
-    assert described["reason"] == "no answer within 2 s"
+    assert described["reason"] == "no answer within 1 s"
 
 
 async def test_delete_ends_an_answered_call_with_a_bye(server: TestServer, tmp_path: Path) -> None:
@@ -339,7 +381,11 @@ async def test_delete_ends_an_answered_call_with_a_bye(server: TestServer, tmp_p
         session_id = body["session_id"]
         call = server.app[SIP].outbound[session_id]
         await until(lambda: call.state == "answered", 10, "sipp did not answer")
-        await asyncio.sleep(1.5)  # the greeting starts (the callee is silent)
+        await until(  # the greeting starts (the callee is silent)
+            lambda: any(e["type"] == "tts_start" for e in call.events.since(0)),
+            10,
+            "the greeting did not start",
+        )
         async with (
             aiohttp.ClientSession() as http,
             http.delete(server.make_url(f"/sessions/{session_id}")) as response,

@@ -213,13 +213,19 @@ async def test_a_sip_call_is_recorded_and_one_that_opts_out_is_not(
             answer = await opted_out.invite(extra="X-Vocable-Record: off\r\n")
             assert answer.status_code == 200
             [opted_out_id] = calls.calls
-            await opted_out.say(silence(1000, 8000))
+            opted_out.start_microphone()  # silence, as a phone sends it
+            await opted_out.follow_events(base_url(server))
+            await opted_out.wait_for("tts_start")  # the call is up and its greeting plays
             assert (await opted_out.bye()).status_code == 200
 
             assert (await phone.invite()).status_code == 200
             [recorded_id] = calls.calls
-            await phone.say(silence(4500, 8000))  # the greeting plays
-            await phone.say(phone_audio(QUESTION) + silence(6000, 8000))
+            phone.start_microphone()
+            await phone.follow_events(base_url(server))
+            await phone.wait_for("tts_end")  # the greeting played
+            await phone.say(phone_audio(QUESTION))
+            await phone.wait_for("tts_end", 2)  # the answer played
+            await phone.say(silence(300, 8000))  # and the 0.2 s after it, transcribed below
             assert (await phone.bye()).status_code == 200
         finally:
             await opted_out.close()
@@ -249,7 +255,9 @@ async def test_a_webrtc_call_that_opts_out_leaves_no_files_and_hears_no_notice(
     async with voice_server(llm.base_url, config) as server:
         caller.offer_headers["X-Vocable-Record"] = "off"
         await caller.connect(base_url(server), playbook="support")
-        await caller.wait_for("tts_end", timeout_s=40)
+        # the first thing said (a notice would be): a recording would have been opened, its
+        # files created, as the call began
+        await caller.wait_for("agent_sentence", timeout_s=40)
         await server.app[CALLS].hangup(caller.session_id)
     assert caller.of_type("agent_sentence")[0]["text"].startswith("Hello")
     assert list(directory.iterdir()) == []

@@ -9,7 +9,7 @@ when the file ends) and records what it sends and what it hears (``sndfile``); i
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,6 +89,11 @@ class Recording:
         return (await transcriber().transcribe(pcm16k)).text
 
 
+def _count(call: SipCall, kind: str) -> int:
+    """How many events of ``kind`` the call has had."""
+    return len([event for event in call.events.since(0) if event["type"] == kind])
+
+
 async def call_from_baresip(
     server: TestServer,
     speech: bytes,
@@ -97,11 +102,16 @@ async def call_from_baresip(
     *,
     wideband: bool = False,
     opus: bool = False,
+    hang_up_when: Callable[[SipCall], bool],
+    heard_on_s: float = 0.8,
 ) -> Recording:
     """baresip dials ``sip:USER@`` the server (offering G.722 too when ``wideband``, G.722 and
-    Opus when ``opus``), says
-    ``speech`` (8 kHz PCM16) and hangs up at its end; returns what it recorded. baresip is
-    always stopped (killed if it must be)."""
+    Opus when ``opus``), says ``speech`` (8 kHz PCM16) and hangs up once ``hang_up_when(call)``
+    holds and it has heard ``heard_on_s`` more of the call (or at the end of ``speech``, which
+    fails the test); returns what it recorded. baresip is always stopped (killed if it must
+    be). 0.3 s brings what the server had sent out of baresip's jitter buffer (100-200 ms
+    deep) into its recording; the default adds half a second of the agent's silence (Whisper
+    misreads a recording's last word with no pause after it: "Callin" for "calling")."""
     sip = server.app[SIP]
     phone = await start_baresip(
         workdir / "caller",
@@ -121,8 +131,12 @@ async def call_from_baresip(
         if not sip.calls:
             pytest.fail(f"baresip exited ({phone.process.returncode}):\n{phone.log_tail()}")
         (call,) = sip.calls.values()
-        await until(call.ended.is_set, seconds + 10, "baresip did not hang up", phone)
-        phone.process.terminate()
+        await until(  # (ended before: its checks fail)
+            lambda: hang_up_when(call) or call.ended.is_set(), seconds, "no hang-up", phone
+        )
+        await phone.hears_more(heard_on_s)
+        phone.process.terminate()  # it hangs up (a BYE) and quits, its recordings complete
+        await until(call.ended.is_set, 10, "baresip did not hang up", phone)
         await asyncio.wait_for(phone.process.wait(), 5)
     finally:
         await phone.stop()
@@ -135,8 +149,12 @@ async def test_baresip_on_opus_hears_the_scripted_answer(
     """A wideband phone (PCMU, PCMA, G.722 and Opus offered, in that order) is answered on Opus,
     understood and heard (G.722 both ways: test_outbound_calls)."""
     llm.script(_replies)
-    speech = silence(GREETING_MS, RATE) + phone_audio(QUESTION) + silence(6000, RATE)
-    recording = await call_from_baresip(server, speech, tmp_path, opus=True)
+    # baresip hangs up once it has heard the answer, ~4.5 s after the question; the silence
+    # after it is an upper bound
+    speech = silence(GREETING_MS, RATE) + phone_audio(QUESTION) + silence(12000, RATE)
+    recording = await call_from_baresip(
+        server, speech, tmp_path, opus=True, hang_up_when=lambda call: _count(call, "tts_end") >= 2
+    )
 
     (asked_text,) = llm.user_turns
     assert _wer(asked_text, QUESTION) <= 0.25, asked_text
@@ -159,9 +177,15 @@ async def test_barge_in_from_baresip_stops_the_agent_audio(
         + phone_audio(PARCEL)
         + silence(5000, RATE)  # the long answer is playing
         + phone_audio(INTERRUPTION)
-        + silence(2500, RATE)
+        + silence(12000, RATE)  # an upper bound: it hangs up once the agent answers it
     )
-    recording = await call_from_baresip(server, speech, tmp_path)
+    recording = await call_from_baresip(  # the greeting, the long answer, the answer to "Stop"
+        server,
+        speech,
+        tmp_path,
+        hang_up_when=lambda call: _count(call, "tts_start") >= 3,
+        heard_on_s=0.3,  # (nothing transcribed from its end)
+    )
 
     pause = GREETING_MS / 1000 + len(phone_audio(PARCEL)) / 2 / RATE + 2.5  # mid-answer
     interruption = [span for span in recording.sent_speech() if span[0] > pause]

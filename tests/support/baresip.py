@@ -101,6 +101,21 @@ class Baresip:
         baresip writes its recordings as its call closes."""
         return self._recorded("dec")
 
+    def heard_s(self) -> float:
+        """How many seconds of the call's audio it has heard so far: its decoder's recording
+        grows as it plays what came (20 ms at a time, in real time)."""
+        found = list((self.folder / "recordings").glob("dump-*-dec.wav"))
+        header = found[0].read_bytes()[:44] if found else b""
+        per_s = int.from_bytes(header[28:32], "little")  # a plain WAV header's byte rate
+        return (found[0].stat().st_size - 44) / per_s if len(header) == 44 and per_s else 0.0
+
+    async def hears_more(self, seconds: float) -> None:
+        """Until it has heard ``seconds`` more of the call than it had: with 0.3 s or more,
+        whatever the server had sent by now has come out of its jitter buffer (100-200 ms deep)
+        into its recording. Fails the test if it stops playing for 5 s."""
+        heard_s = self.heard_s()
+        await until(lambda: self.heard_s() >= heard_s + seconds, 5, "it stopped playing", self)
+
     def _recorded(self, direction: str) -> bytes:
         """A recording at 8 kHz, mono (a G.722 call's at 16 kHz and an Opus call's at 48 kHz
         in stereo, taken down)."""
