@@ -81,6 +81,10 @@ def _private_members() -> dict[str, bool]:
         and list(inspect.signature(send_register).parameters)[:3]
         == ["self", "expires", "auth_header"],
         "Registration._cancel_timers": callable(getattr(Registration, "_cancel_timers", None)),
+        "Registration._on_success(response)": callable(
+            on_success := getattr(Registration, "_on_success", None)
+        )
+        and list(inspect.signature(on_success).parameters)[:2] == ["self", "response"],
         "SipUAC._registrations": "self._registrations" in inspect.getsource(SipUAC.__init__),
         "RTPSession._rtp_transport, _rtcp_transport (SRTP)": {
             "self._rtp_transport",

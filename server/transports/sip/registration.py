@@ -34,9 +34,10 @@ import contextlib
 import logging
 import ssl
 import time
+from collections.abc import Callable
 from typing import Any, Literal
 
-from aiosipua import Registration, RegistrationState, SipDigestAuth, SipRequest
+from aiosipua import Registration, RegistrationState, SipDigestAuth, SipRequest, SipResponse
 
 from server.config.sip_trunks import RegisterSettings, hostport
 
@@ -52,6 +53,7 @@ RETRANSMIT_S = (0.5, 1.0, 2.0, 4.0)
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0)
 """Waits before registering again after successive failures."""
 UNREGISTER_WAIT_S = 2.0
+"""How long closing waits for the registrar to remove the binding (its challenge answered)."""
 STUN_WAIT_S = 3.5
 """How long a STUN keep-alive waits for its answer (sent at 0, 0.5 and 1.5 s), at most the
 keep-alive interval."""
@@ -60,9 +62,16 @@ KeepAlive = Literal["stun", "crlf"]
 
 class _Registration(Registration):
     """aiosipua's registration, remembering the REGISTER it sent last (the one to send again
-    while it is unanswered: after a challenge, the one with credentials)."""
+    while it is unanswered: after a challenge, the one with credentials), and calling
+    ``on_unregistered`` once the binding is removed (aiosipua has no hook for it)."""
 
     sent: SipRequest | None = None
+    on_unregistered: Callable[[], None] | None = None
+
+    def _on_success(self, response: SipResponse) -> None:
+        super()._on_success(response)
+        if self.state is RegistrationState.UNREGISTERED and self.on_unregistered is not None:
+            self.on_unregistered()
 
     def _send_register(
         self, expires: int, *, auth_header: tuple[str, str] | None = None
@@ -108,6 +117,7 @@ class Registrar:
         self.registration.on_registered = lambda _r: self._changed.set()
         self.registration.on_failed = self._failed
         self.registration.on_expired = lambda _r: self._changed.set()
+        self.registration.on_unregistered = self._changed.set
         self.last_error: str | None = None
         self.registered_at: float | None = None
         self.failures = 0
@@ -157,8 +167,10 @@ class Registrar:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(UNREGISTER_WAIT_S):
                     while self.registration.state is not RegistrationState.UNREGISTERED:
-                        await self._changed.wait()
+                        await self._changed.wait()  # removed, or refused (on_failed)
                         self._changed.clear()
+                        if self.registration.state is RegistrationState.FAILED:
+                            break
         self.registration._cancel_timers()
         self.stack.uac._registrations.pop(self.registration.call_id, None)
 
