@@ -30,8 +30,8 @@ from tests.test_handoff import NOTE, PLAYBOOK, SUMMARY
 pytestmark = pytest.mark.slow
 
 GREETING = "Welcome to billing. I have your notes."
-ANSWER = "I can see the double charge and I will refund it today."
-FIRST_ANSWER = "Sure. Tell me what happened."
+ANSWER = "I will refund the double charge."  # short: heard out in real time, words checked
+FIRST_ANSWER = "Go on."
 
 OPENING = "I have a question about my bill."
 QUESTION = "I was charged twice for the same invoice."

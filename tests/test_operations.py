@@ -28,6 +28,7 @@ from server.runtime.logs import JsonFormatter, bind_session, configure_logging
 from server.testkit.caller import WebRTCCaller
 from server.testkit.scripted_llm import ScriptedLLM, answers_by_words
 from tests.conftest import REPO
+from tests.support.calls import quick_playbook
 from tests.support.models import smollm2_gguf
 from tests.support.processes import spawn, stop_group
 
@@ -230,13 +231,16 @@ async def _stop(server: Served, timeout_s: float = 30) -> str:
 
 
 @pytest.mark.slow
-async def test_sigterm_drains_live_calls_then_exits(unused_tcp_port: int, llm: ScriptedLLM) -> None:
+async def test_sigterm_drains_live_calls_then_exits(
+    unused_tcp_port: int, llm: ScriptedLLM, tmp_path: Path
+) -> None:
     llm.script(answers_by_words({"still": "Yes, I am still here."}, "Hello."))
-    async with served(unused_tcp_port, llm, "--drain-timeout-s", "20") as server:
+    flags = ("--drain-timeout-s", "20", "--playbook", str(quick_playbook(tmp_path)))
+    async with served(unused_tcp_port, llm, *flags) as server:
         await server.wait_line("ready")
         caller = WebRTCCaller()
         try:
-            await caller.connect(server.base, playbook="support")
+            await caller.connect(server.base, playbook="quick")
             await caller.wait_for("tts_end", timeout_s=30)  # the greeting
             server.process.send_signal(signal.SIGTERM)
             await server.wait_line("draining: 1 call(s)")
@@ -245,7 +249,7 @@ async def test_sigterm_drains_live_calls_then_exits(unused_tcp_port: int, llm: S
             latecomer = WebRTCCaller()
             try:
                 with pytest.raises(RuntimeError, match="503"):
-                    await latecomer.connect(server.base, playbook="support")
+                    await latecomer.connect(server.base, playbook="quick")
             finally:
                 await latecomer.close()
             # the live call goes on: it is still answered
@@ -265,7 +269,7 @@ async def test_sigterm_drains_live_calls_then_exits(unused_tcp_port: int, llm: S
 async def test_a_drain_timeout_hangs_up_what_is_left(
     unused_tcp_port: int, llm: ScriptedLLM
 ) -> None:
-    async with served(unused_tcp_port, llm, "--drain-timeout-s", "1") as server:
+    async with served(unused_tcp_port, llm, "--drain-timeout-s", "0.5") as server:
         await server.wait_line("ready")
         caller = WebRTCCaller()
         try:
@@ -443,13 +447,17 @@ async def _exited(pid: int) -> None:
 
 
 @pytest.mark.slow
-async def test_secrets_never_reach_the_logs(unused_tcp_port: int, llm: ScriptedLLM) -> None:
+async def test_secrets_never_reach_the_logs(
+    unused_tcp_port: int, llm: ScriptedLLM, tmp_path: Path
+) -> None:
     secrets = {"token": "tok-7f3a9c", "key": "sk-live-5b2e8d", "turn": "turn-pass-4c1d"}
     llm.script(answers_by_words({}, "Hello."))
+    # the TURN server over TCP: its closed port refuses at once, and the server's ICE gathering
+    # goes on without it (over UDP it waits 5 s for an answer that never comes)
     flags = (
         "--log-format", "json", "--auth-token", secrets["token"], "--llm-api-key", secrets["key"],
-        "--ice-server", "turn:127.0.0.1:3478", "--turn-username", "vocable",
-        "--turn-credential", secrets["turn"],
+        "--ice-server", "turn:127.0.0.1:3478?transport=tcp", "--turn-username", "vocable",
+        "--turn-credential", secrets["turn"], "--playbook", str(quick_playbook(tmp_path)),
     )  # fmt: skip
     async with served(unused_tcp_port, llm, *flags) as server:
         await server.wait_line("ready")
@@ -464,7 +472,7 @@ async def test_secrets_never_reach_the_logs(unused_tcp_port: int, llm: ScriptedL
                 assert response.status == 400
         caller = WebRTCCaller()
         try:  # a whole call, with its LLM request, under the token
-            await caller.connect(server.base, token=secrets["token"], playbook="support")
+            await caller.connect(server.base, token=secrets["token"], playbook="quick")
             await caller.wait_for("tts_end", timeout_s=30)
             caller.send({"type": "text", "text": "Hi there."})
             await caller.wait_for("tts_end", count=2, timeout_s=30)

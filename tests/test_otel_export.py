@@ -30,13 +30,13 @@ from server.runtime.tracing import STAGES
 from server.testkit.caller import WebRTCCaller
 from server.testkit.scripted_llm import ScriptedLLM, answers_by_words
 from tests.conftest import REPO
-from tests.support.calls import piper_speech, synthesize_ahead, voice_server
+from tests.support.calls import piper_speech, quick_playbook, synthesize_ahead, voice_server
 from tests.support.otlp_collector import OtlpCollector, collector_in_thread
 from tests.support.processes import spawn
 from tests.test_operations import start_serve
 
 QUESTION = "Hello, where is my parcel?"
-ANSWER = "Your order is on its way. It will arrive on Tuesday."
+ANSWER = "It left today."  # the trace is of the turn, whatever it says: a short one
 OTEL_EXTRA_MISSING = "--otel needs the otel extra: pip install 'vocable[otel]'"
 
 
@@ -90,7 +90,7 @@ async def _read(stream: asyncio.StreamReader | None, lines: list[str]) -> None:
 
 @asynccontextmanager
 async def otel_server(
-    port: int, llm: ScriptedLLM, collector: OtlpCollector
+    port: int, llm: ScriptedLLM, collector: OtlpCollector, playbook: Path
 ) -> AsyncIterator[OtelServer]:
     env = {
         **_clean_env(),
@@ -99,7 +99,7 @@ async def otel_server(
         "OTEL_BSP_SCHEDULE_DELAY": "600000",
         "NO_PROXY": "127.0.0.1",
     }
-    process = await start_serve(port, llm, "--otel", env=env)
+    process = await start_serve(port, llm, "--otel", "--playbook", str(playbook), env=env)
     server = OtelServer(process, f"http://127.0.0.1:{port}")
     # read both pipes all along: a full pipe would stall the server
     server.readers = [
@@ -120,19 +120,19 @@ async def otel_server(
 
 @pytest.mark.slow
 async def test_serve_with_otel_exports_a_spoken_turn_as_a_trace_over_otlp_http(
-    unused_tcp_port: int, llm: ScriptedLLM
+    unused_tcp_port: int, llm: ScriptedLLM, tmp_path: Path
 ) -> None:
     synthesize_ahead(QUESTION)
     llm.script(answers_by_words({"parcel": ANSWER}, "Go on."))
     async with (
         OtlpCollector() as collector,
-        otel_server(unused_tcp_port, llm, collector) as server,
+        otel_server(unused_tcp_port, llm, collector, quick_playbook(tmp_path)) as server,
     ):
         await server.wait_ready()
         started_ns = time.time_ns()
         caller = WebRTCCaller()
         try:
-            await caller.connect(server.base, playbook="support")
+            await caller.connect(server.base, playbook="quick")
             await caller.wait_for("tts_end", timeout_s=30)  # the greeting
             caller.say(piper_speech(QUESTION))
             metrics = await caller.wait_for("turn_metrics", timeout_s=40)
@@ -181,7 +181,7 @@ async def test_serve_with_otel_exports_a_spoken_turn_as_a_trace_over_otlp_http(
 
 @pytest.mark.slow
 async def test_the_app_flushes_the_batched_spans_when_it_closes(
-    llm: ScriptedLLM, monkeypatch: pytest.MonkeyPatch
+    llm: ScriptedLLM, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """In process, ``ServerConfig(otel=True)``: the spans are at the collector as soon as the
     app's cleanup has run, not at interpreter exit. The provider flushes synchronously on the
@@ -192,10 +192,11 @@ async def test_the_app_flushes_the_batched_spans_when_it_closes(
     llm.script(answers_by_words({"parcel": ANSWER}, "Go on."))
     with collector_in_thread() as collector:
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.endpoint)
-        async with voice_server(llm.base_url, ServerConfig(otel=True)) as server:
+        config = ServerConfig(otel=True)
+        async with voice_server(llm.base_url, config, quick_playbook(tmp_path)) as server:
             caller = WebRTCCaller()
             try:
-                await caller.connect(str(server.make_url("")).rstrip("/"), playbook="support")
+                await caller.connect(str(server.make_url("")).rstrip("/"), playbook="quick")
                 await caller.wait_for("tts_end", timeout_s=30)  # the greeting
                 caller.send({"type": "text", "text": QUESTION})
                 metrics = await caller.wait_for("turn_metrics", timeout_s=30)

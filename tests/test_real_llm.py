@@ -258,7 +258,8 @@ async def test_a_busy_server_gets_the_caller_a_sentence_and_the_call_goes_on(
     """Both slots are taken by long generations: the turn's request waits in llama.cpp's
     queue until the turn gives up and speaks its fallback line; once a slot is free, the next
     turn is answered by the model."""
-    options = OrchestratorOptions(llm_timeout_ms=1500)
+    # a short fallback line: the call waits for it to be heard out before the caller speaks
+    options = OrchestratorOptions(llm_timeout_ms=1500, fallback_answer="Sorry, one moment.")
     call = start_call(
         load_playbook(PLAYBOOKS / "chat.yaml"),
         model.base_url,
@@ -314,9 +315,15 @@ async def test_a_history_beyond_the_context_is_shed_and_the_turn_answered(
     orchestrator = PlaybookOrchestrator(load_playbook(PLAYBOOKS / "chat.yaml"), client, options)
     events: list[tuple[str, dict[str, Any]]] = []
     orchestrator.on(lambda event: events.append((event.type, event.data)))
-    filler = "We talked about the weather, the trains and the price of bread in the city. " * 6
-    for n in range(30):  # ~3,500 tokens: beyond the slot's 2,048
+    # ~3,500 tokens, beyond the slot's 2,048: two long early exchanges, then short ones. The
+    # history is shed from the oldest to ~0.7 of what fits (~1,400 tokens), which here drops
+    # both long exchanges and leaves ~300 tokens to read, not ~1,400 (seconds on this model)
+    filler = "We talked about the weather, the trains and the price of bread in the city. " * 90
+    for n in range(2):
         orchestrator.conversation.append({"role": "user", "content": f"{n}. {filler}"})
+        orchestrator.conversation.append({"role": "assistant", "content": "I see."})
+    for n in range(2, 14):
+        orchestrator.conversation.append({"role": "user", "content": f"{n}. And the trains."})
         orchestrator.conversation.append({"role": "assistant", "content": "I see."})
     before = len(orchestrator.conversation)
     answer = await orchestrator.respond(AGAIN)

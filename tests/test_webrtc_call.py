@@ -6,6 +6,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -31,6 +32,7 @@ from server.transports.webrtc.tracks import (
 from tests.support.calls import (
     base_url,
     piper_speech,
+    quick_playbook,
     synthesize_ahead,
     transcriber,
     voice_server,
@@ -54,9 +56,17 @@ def _caller_speech_ready() -> None:
     synthesize_ahead(*CALLER_PHRASES)
 
 
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The playbook ``quick``: a greeting of 0.5 s where the support example's takes 3.2 s, for
+    the calls that only sit through it (``tests.support.calls.QUICK_PLAYBOOK``)."""
+    return quick_playbook(tmp_path_factory.mktemp("quick"))
+
+
 @pytest.fixture
-async def server(llm: ScriptedLLM) -> AsyncIterator[TestServer]:
-    async with voice_server(llm.base_url) as server:
+async def server(llm: ScriptedLLM, quick: Path) -> AsyncIterator[TestServer]:
+    """The server with the playbook ``quick``."""
+    async with voice_server(llm.base_url, playbooks=quick) as server:
         yield server
 
 
@@ -65,7 +75,7 @@ async def test_a_call_over_webrtc_hears_the_scripted_answer(
 ) -> None:
     answer = "Your order is on its way. It will arrive on Tuesday."
     llm.script(answers_by_words({"parcel": answer}, "Go on."))
-    await caller.connect(base_url(server), playbook="support")
+    await caller.connect(base_url(server), playbook="quick")
     await caller.wait_for("tts_end", timeout_s=30)  # the greeting
     greeting_bytes = len(caller.heard)
     caller.say(piper_speech("Hello, where is my parcel?"))
@@ -107,10 +117,10 @@ async def test_barge_in_over_webrtc_silences_the_agent_at_the_client(
         ]
     )
     llm.script(answers_by_words({"delivery options": long_answer}, "Sure, go ahead."))
-    await caller.connect(base_url(server), playbook="support")
-    await caller.wait_for("tts_end", timeout_s=30)  # the greeting: two sentences
+    await caller.connect(base_url(server), playbook="quick")
+    await caller.wait_for("tts_end", timeout_s=30)  # the greeting: one sentence
     caller.say(piper_speech("What are your delivery options?"))
-    await caller.wait_for("agent_sentence", count=3, timeout_s=40)  # greeting had 2 sentences
+    await caller.wait_for("agent_sentence", count=2, timeout_s=40)  # the answer's first
     caller.say(piper_speech("Wait, I have another question."))
     interrupted = await caller.wait_for("interrupted", timeout_s=10)
     cut_at = interrupted["t_ms"] / 1000  # server monotonic clock; same machine
@@ -127,7 +137,7 @@ async def test_typed_text_mute_and_bad_messages_over_the_data_channel(
     server: TestServer, caller: WebRTCCaller, llm: ScriptedLLM
 ) -> None:
     llm.script([Reply(content="Typed questions work too.")])
-    await caller.connect(base_url(server), playbook="support")
+    await caller.connect(base_url(server), playbook="quick")
     await caller.wait_for("tts_end", timeout_s=30)  # the greeting
     caller.send({"type": "mute", "muted": True})
     caller.send({"type": "text", "text": "Can I type instead?"})
@@ -172,7 +182,7 @@ async def test_keypad_digits_and_a_tool_call_over_webrtc_and_its_event_stream(
             Reply(content="It is on its way."),
         ]
     )
-    await caller.connect(base_url(server), playbook="support")
+    await caller.connect(base_url(server), playbook="quick")
     streamed: list[dict[str, Any]] = []
     url = f"{base_url(server)}/calls/{caller.session_id}/events"
     following = asyncio.create_task(_follow(url, streamed))
@@ -214,18 +224,17 @@ async def test_keypad_digits_and_a_tool_call_over_webrtc_and_its_event_stream(
     assert [e["type"] for e in streamed].count("tool_call_start") == 1
 
 
-async def test_a_vanishing_peer_frees_its_session(
-    server: TestServer, caller: WebRTCCaller, llm: ScriptedLLM
-) -> None:
-    await caller.connect(base_url(server), playbook="restaurant")
-    await caller.wait_for("agent_sentence", timeout_s=30)
-    calls = server.app[CALLS]
-    (call,) = calls.calls.values()
-    await caller.pc.close()  # no hang-up message: the peer is simply gone
-    await asyncio.wait_for(call.ended.wait(), timeout=40)
-    assert len(calls) == 0
-    assert call.session.state == "closed"
-    assert llm.requests == []
+async def test_a_vanishing_peer_frees_its_session(caller: WebRTCCaller, llm: ScriptedLLM) -> None:
+    async with voice_server(llm.base_url) as server:  # the example playbooks
+        await caller.connect(base_url(server), playbook="restaurant")
+        await caller.wait_for("agent_sentence", timeout_s=30)
+        calls = server.app[CALLS]
+        (call,) = calls.calls.values()
+        await caller.pc.close()  # no hang-up message: the peer is simply gone
+        await asyncio.wait_for(call.ended.wait(), timeout=40)
+        assert len(calls) == 0
+        assert call.session.state == "closed"
+        assert llm.requests == []
 
 
 @pytest.mark.parametrize(
@@ -260,12 +269,12 @@ async def test_a_call_is_hung_up_at_the_call_limits(
 
 
 async def test_without_an_llm_the_agent_says_so_in_one_sentence(
-    caller: WebRTCCaller, caplog: pytest.LogCaptureFixture
+    caller: WebRTCCaller, caplog: pytest.LogCaptureFixture, quick: Path
 ) -> None:
     """The caller's ``error`` event says what failed in fixed words; the exception's own text
     goes to the server log only."""
-    async with voice_server(None) as server:
-        await caller.connect(base_url(server), playbook="support")
+    async with voice_server(None, playbooks=quick) as server:
+        await caller.connect(base_url(server), playbook="quick")
         await caller.wait_for("tts_end", timeout_s=30)  # the greeting still plays
         caller.send({"type": "text", "text": "Hello?"})
         await caller.wait_for("tts_end", count=2, timeout_s=30)

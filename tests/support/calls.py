@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import tempfile
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -50,6 +51,7 @@ __all__ = [
     "espeak_speech",
     "loudest",
     "piper_speech",
+    "quick_playbook",
     "start_call",
     "synthesize_ahead",
     "synthesizer",
@@ -210,6 +212,33 @@ async def answers_spoken(server: TestServer, count: int, timeout_s: float = 30) 
         raise AssertionError(f"{count} answer(s) not spoken in {timeout_s} s: {kinds}") from None
     finally:
         call.events.unlisten(queue)
+
+
+QUICK_PLAYBOOK = """\
+id: quick
+name: Quick
+description: The support example's order tools behind a one-word greeting.
+initial_stage: talk
+tools_module: {tools}
+stages:
+  - id: talk
+    name: Talk
+    greeting: Hi.
+    system_prompt: Answer the caller.
+    tools: [lookup_order]
+    two_phase_execution: false
+"""
+"""A playbook for calls whose greeting is only something to sit through: a greeting of 0.5 s
+(the support example's takes 3.2 s to play), the support example's ``lookup_order`` tool."""
+
+
+def quick_playbook(folder: Path) -> Path:
+    """:data:`QUICK_PLAYBOOK` written to ``folder``: its path (``--playbook``)."""
+    from tests.conftest import EXAMPLES
+
+    path = folder / "quick.yaml"
+    path.write_text(QUICK_PLAYBOOK.format(tools=json.dumps(str(EXAMPLES / "support_tools.py"))))
+    return path
 
 
 def base_url(server: TestServer) -> str:
