@@ -10,6 +10,7 @@ still points at the line.
 from __future__ import annotations
 
 import bisect
+import functools
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -209,7 +210,14 @@ def _normal(path: str) -> str:
     """Keys in snake case: pydantic names a field by its camelCase alias in some errors. A key
     longer than any field's name is left as it is: to_snake takes quadratic time on a long run
     of capitals (minutes for a YAML key of 100,000)."""
-    return ".".join(to_snake(part) if len(part) <= 64 else part for part in path.split("."))
+    return ".".join(_snake(part) for part in path.split("."))
+
+
+@functools.lru_cache(maxsize=4096)
+def _snake(part: str) -> str:
+    """One part of a path in snake case (cached: a document whose aliases repeat each other
+    records up to ``LineMap.limit`` paths made of the same few parts)."""
+    return to_snake(part) if len(part) <= 64 else part
 
 
 MAX_MESSAGE = 500
