@@ -38,7 +38,7 @@ from tests.support.calls import (
     word_error_rate,
 )
 from tests.support.phone import ANSWER, INTERRUPTION, LONG_ANSWER, phone_audio
-from tests.support.sipp import run_sipp
+from tests.support.sipp import awaits_bye, hangs_up_after, run_sipp
 
 pytestmark = pytest.mark.slow
 
@@ -87,46 +87,6 @@ async def phone(server: TestServer) -> AsyncIterator[SipPhone]:
 
 # -- sipp --------------------------------------------------------------------------------------
 
-CALLER_HANGS_UP = """
-  <pause milliseconds="{hold_ms}"/>
-
-  <send retrans="500">
-    <![CDATA[
-BYE sip:[service]@[remote_ip]:[remote_port] SIP/2.0
-Via: SIP/2.0/[transport] [local_ip]:[local_port];branch=[branch]
-From: sipp <sip:caller@[local_ip]:[local_port]>;tag=[pid]SIPpTag00[call_number]
-To: <sip:[service]@[remote_ip]:[remote_port]>[peer_tag_param]
-Call-ID: [call_id]
-CSeq: 2 BYE
-Contact: <sip:caller@[local_ip]:[local_port]>
-Max-Forwards: 70
-Content-Length: 0
-
-    ]]>
-  </send>
-
-  <recv response="200" crlf="true"/>
-"""
-"""speak.xml's ending: the caller stays on the line ``{hold_ms}`` from the start of its audio,
-then hangs up."""
-VOCABLE_HANGS_UP = """
-  <recv request="BYE" timeout="60000"/>
-
-  <send>
-    <![CDATA[
-SIP/2.0 200 OK
-[last_Via:]
-[last_From:]
-[last_To:]
-[last_Call-ID:]
-[last_CSeq:]
-Content-Length: 0
-
-    ]]>
-  </send>
-"""
-"""speak.xml's ending: the caller waits for Vocable's BYE (sipp fails the call without it)."""
-
 
 async def _run_sipp(
     tmp_path: Path, port: int, calls: int, hold_ms: int | None, transport: str = "u1"
@@ -140,12 +100,8 @@ async def _run_sipp(
     speech.write_bytes(pcm_to_ulaw(silence(GREETING_MS, 8000) + phone_audio(QUESTION)))
     scenario = tmp_path / "speak.xml"
     template = (SCENARIOS / "speak.xml").read_text()
-    ending = VOCABLE_HANGS_UP if hold_ms is None else CALLER_HANGS_UP
-    scenario.write_text(
-        template.replace("{ending}", ending)
-        .replace("{speech}", str(speech))
-        .replace("{hold_ms}", str(hold_ms))
-    )
+    ending = awaits_bye(60_000) if hold_ms is None else hangs_up_after(hold_ms, cseq=2)
+    scenario.write_text(template.replace("{ending}", ending).replace("{speech}", str(speech)))
     return await run_sipp(
         tmp_path,
         f"127.0.0.1:{port}",

@@ -40,7 +40,7 @@ from tests.support.baresip import FRAME_BYTES, RATE, Baresip, start_baresip, unt
 from tests.support.calls import answers_spoken, transcriber, voice_server, word_error_rate
 from tests.support.phone import phone_audio
 from tests.support.processes import free_port, stop_group
-from tests.support.sipp import run_sipp, sipp_result, start_sipp
+from tests.support.sipp import awaits_bye, hangs_up_after, run_sipp, sipp_result, start_sipp
 from tests.support.speech import to_16k, tone
 from tests.test_telephony import TwilioPhone
 
@@ -419,39 +419,8 @@ failing the scenario) and the transfer's result given to the LLM, which takes a 
 a sipp that answers 486 at once and a request to the scripted LLM: tens of milliseconds, well
 inside 2 s on a slower, loaded CPU. The agent's spoken answer is not checked here."""
 
-BYE_FROM_VOCABLE = """
-  <recv request="BYE" timeout="20000"/>
-  <send>
-    <![CDATA[
-SIP/2.0 200 OK
-[last_Via:]
-[last_From:]
-[last_To:]
-[last_Call-ID:]
-[last_CSeq:]
-Content-Length: 0
-
-    ]]>
-  </send>
-"""
-BYE_FROM_CALLER = f"""
-  <pause milliseconds="{HOLD_AFTER_THE_RESULT_MS}"/>
-  <send retrans="500">
-    <![CDATA[
-BYE sip:[service]@[remote_ip]:[remote_port] SIP/2.0
-Via: SIP/2.0/[transport] [local_ip]:[local_port];branch=[branch]
-From: sipp <sip:caller@[local_ip]:[local_port]>;tag=[pid]SIPpTag00[call_number]
-To: <sip:[service]@[remote_ip]:[remote_port]>[peer_tag_param]
-Call-ID: [call_id]
-CSeq: 3 BYE
-Contact: <sip:caller@[local_ip]:[local_port]>
-Max-Forwards: 70
-Content-Length: 0
-
-    ]]>
-  </send>
-  <recv response="200" crlf="true"/>
-"""
+BYE_FROM_VOCABLE = awaits_bye(20_000)
+BYE_FROM_CALLER = hangs_up_after(HOLD_AFTER_THE_RESULT_MS, cseq=3)
 
 
 async def _sipp_call(

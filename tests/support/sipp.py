@@ -15,10 +15,61 @@ import pytest
 
 from tests.support.processes import free_port, spawn, stop_group
 
-__all__ = ["SIP_FILES", "run_sipp", "sipp_callee", "sipp_result", "start_sipp"]
+__all__ = [
+    "SIP_FILES",
+    "awaits_bye",
+    "hangs_up_after",
+    "run_sipp",
+    "sipp_callee",
+    "sipp_result",
+    "start_sipp",
+]
 
 SIP_FILES = Path(__file__).resolve().parent.parent / "sip"
 """The scenarios."""
+
+
+def hangs_up_after(hold_ms: int, cseq: int) -> str:
+    """A caller scenario's ending: it stays on the line ``hold_ms`` more, then sends its BYE
+    (CSeq ``cseq``) and wants the 200."""
+    return f"""
+  <pause milliseconds="{hold_ms}"/>
+  <send retrans="500">
+    <![CDATA[
+BYE sip:[service]@[remote_ip]:[remote_port] SIP/2.0
+Via: SIP/2.0/[transport] [local_ip]:[local_port];branch=[branch]
+From: sipp <sip:caller@[local_ip]:[local_port]>;tag=[pid]SIPpTag00[call_number]
+To: <sip:[service]@[remote_ip]:[remote_port]>[peer_tag_param]
+Call-ID: [call_id]
+CSeq: {cseq} BYE
+Contact: <sip:caller@[local_ip]:[local_port]>
+Max-Forwards: 70
+Content-Length: 0
+
+    ]]>
+  </send>
+  <recv response="200" crlf="true"/>
+"""
+
+
+def awaits_bye(timeout_ms: int) -> str:
+    """A caller scenario's ending: it waits up to ``timeout_ms`` for Vocable's BYE and answers
+    it 200 (sipp fails the call if none comes)."""
+    return f"""
+  <recv request="BYE" timeout="{timeout_ms}"/>
+  <send>
+    <![CDATA[
+SIP/2.0 200 OK
+[last_Via:]
+[last_From:]
+[last_To:]
+[last_Call-ID:]
+[last_CSeq:]
+Content-Length: 0
+
+    ]]>
+  </send>
+"""
 
 
 def _error_log(workdir: Path) -> Path:
