@@ -47,9 +47,12 @@ QUICK_ANSWER = "It left. It arrives Friday."
 """``--quick``'s scripted answer: two sentences, as the default's, in 2 s of speech, not 4 (every
 turn waits for the whole answer)."""
 QUICK_ARRIVAL_S = 1.0
-"""``--quick``: the 2 calls arrive 0.5 s apart (their turns still overlap in part)."""
+"""``--quick``: the callers of a level arrive spread over this (2 calls: 0.5 s apart; their turns
+still overlap in part)."""
+GAP_S = 1.0
+"""A caller's pause after an answer before its next question."""
 QUICK_GAP_S = 0.25
-"""``--quick``: a caller's pause after an answer before its next question (else 1 s)."""
+"""``--quick``'s pause after an answer."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -334,7 +337,7 @@ async def _scenarios(
             questions,
             server,
             on_turn=bar.update,
-            **({"gap_s": QUICK_GAP_S} if args.quick else {}),
+            gap_s=QUICK_GAP_S if args.quick else GAP_S,
             arrival_s=args.arrival_s
             if args.arrival_every_s is None
             else calls * args.arrival_every_s,

@@ -32,7 +32,7 @@ from server.http.app import CALLS, SIP
 from server.testkit.scripted_llm import ScriptedLLM, answers_by_words
 from server.transports.sip.dialer import parse_target
 from tests.support.baresip import RATE, Baresip, loud_frames, start_baresip, until
-from tests.support.calls import transcriber, voice_server, word_error_rate
+from tests.support.calls import events_of, transcriber, voice_server, word_error_rate
 from tests.support.kamailio import PBX_CONFIG, run_kamailio
 from tests.support.phone import ANSWER, phone_audio
 from tests.support.processes import run_vocable
@@ -382,7 +382,7 @@ async def test_delete_ends_an_answered_call_with_a_bye(server: TestServer, tmp_p
         call = server.app[SIP].outbound[session_id]
         await until(lambda: call.state == "answered", 10, "sipp did not answer")
         await until(  # the greeting starts (the callee is silent)
-            lambda: any(e["type"] == "tts_start" for e in call.events.since(0)),
+            lambda: events_of(call, "tts_start") > 0,
             10,
             "the greeting did not start",
         )

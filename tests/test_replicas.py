@@ -10,13 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import select
-import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,14 +25,7 @@ from server.config.server import ServerConfig
 from server.runtime.call_directory import KEY_PREFIX, TTL_S
 from tests.conftest import REPO
 from tests.support.calls import base_url, voice_server
-from tests.support.processes import (
-    free_port,
-    kill_group,
-    popen,
-    run_vocable,
-    spawn,
-    until_ready,
-)
+from tests.support.processes import free_port, kill_group, run_vocable, spawn, until_ready
 from tests.support.redis_server import RedisServer, running_redis, start_redis
 from tests.support.sipp import sipp_callee
 
@@ -48,62 +38,15 @@ def redis_server() -> Iterator[RedisServer]:
         yield server
 
 
-def _holder_command(redis_server: RedisServer, port: int) -> list[str]:
-    """``vocable serve --sip`` on ``port`` with the call directory."""
-    return [
+@asynccontextmanager
+async def _holder(redis_server: RedisServer) -> AsyncIterator[tuple[str, int]]:
+    """``vocable serve --sip`` with the call directory, in a process of its own; yields its
+    URL and process id."""
+    port = free_port()
+    process = await spawn(
         sys.executable,
         *("-m", "server", "serve", "--port", str(port), "--llm", "none", "--rate-limit", "0"),
         *("--sip", f"127.0.0.1:{free_port()}", "--redis-url", redis_server.url),
-    ]
-
-
-@dataclass
-class SharedHolder:
-    process: subprocess.Popen[bytes]
-    url: str
-
-
-@pytest.fixture(scope="module")
-def shared_holder(redis_server: RedisServer) -> Iterator[SharedHolder]:
-    """One holder for the module's tests (it takes seconds to load its models), started before
-    the first test that asks for it, so that test's end does not kill it; a test that kills it
-    is its last user (:func:`_holder` starts another for any test after)."""
-    port = free_port()
-    process = popen(
-        _holder_command(redis_server, port),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        cwd=REPO,
-    )
-    try:
-        deadline = time.monotonic() + 90
-        assert process.stdout is not None
-        while True:  # until_ready's wait, blocking: no event loop outlives a test
-            left = deadline - time.monotonic()
-            assert left > 0, "the holder was not ready in 90 s"
-            if select.select([process.stdout], [], [], left)[0]:
-                line = process.stdout.readline()
-                assert line, "the holder exited before it was ready"
-                if b"ready" in line:
-                    break
-        yield SharedHolder(process, f"http://127.0.0.1:{port}")
-    finally:
-        kill_group(process.pid)
-        process.wait(10)
-
-
-@asynccontextmanager
-async def _holder(
-    redis_server: RedisServer, shared: SharedHolder
-) -> AsyncIterator[tuple[str, int]]:
-    """``vocable serve --sip`` with the call directory, in a process of its own; yields its
-    URL and process id: ``shared``'s while it runs, else those of one started for the test."""
-    if shared.process.poll() is None:
-        yield shared.url, shared.process.pid
-        return
-    port = free_port()
-    process = await spawn(
-        *_holder_command(redis_server, port),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.DEVNULL,
         cwd=REPO,
@@ -142,10 +85,10 @@ async def _follow(http: aiohttp.ClientSession, url: str, states: list[str]) -> N
 
 
 async def test_a_call_placed_on_one_replica_is_followed_and_hung_up_on_another(
-    redis_server: RedisServer, shared_holder: SharedHolder, tmp_path: Path
+    redis_server: RedisServer, tmp_path: Path
 ) -> None:
     async with (
-        _holder(redis_server, shared_holder) as (holder, _),
+        _holder(redis_server) as (holder, _),
         _replica(redis_server.url) as other,
         sipp_callee(tmp_path, "callee_answers") as (uri, finished),
         aiohttp.ClientSession() as http,
@@ -181,14 +124,14 @@ async def test_a_call_placed_on_one_replica_is_followed_and_hung_up_on_another(
 
 
 async def test_a_killed_replicas_calls_leave_the_directory_within_its_expiry(
-    redis_server: RedisServer, shared_holder: SharedHolder, tmp_path: Path
+    redis_server: RedisServer, tmp_path: Path
 ) -> None:
     async with (
         _replica(redis_server.url) as other,
         sipp_callee(tmp_path, "callee_rings") as (uri, _),
         aiohttp.ClientSession() as http,
     ):
-        async with _holder(redis_server, shared_holder) as (holder, pid):
+        async with _holder(redis_server) as (holder, pid):
             session_id = await _place(http, holder, uri)
             async with asyncio.timeout(5):  # sipp rings at once
                 while True:

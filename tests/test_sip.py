@@ -31,6 +31,7 @@ from server.transports.base import TransportCall
 from tests.support.calls import (
     assert_cut_off,
     base_url,
+    events_of,
     greeted,
     only_call,
     transcriber,
@@ -280,7 +281,7 @@ async def _until_answered(server: TestServer, phone: SipPhone) -> None:
     call = server.app[CALLS].calls[phone.session_id]
     assert isinstance(call, TransportCall)
     async with asyncio.timeout(30):
-        while [e["type"] for e in call.events.since(0)].count("tts_end") < 2:
+        while events_of(call, "tts_end") < 2:
             await phone.say(silence(100, 8000))
     await phone.say(silence(300, 8000))
 

@@ -23,7 +23,7 @@ from server.http.app import CALLS, SIP
 from server.testkit.scripted_llm import ScriptedLLM, answers_by_words
 from server.transports.sip.call import SipCall
 from tests.support.baresip import RATE, loud_frames, start_baresip, until, utterances
-from tests.support.calls import transcriber, voice_server, word_error_rate, words
+from tests.support.calls import events_of, transcriber, voice_server, word_error_rate, words
 from tests.support.phone import (
     ANSWER,
     INTERRUPTION,
@@ -89,11 +89,6 @@ class Recording:
         return (await transcriber().transcribe(pcm16k)).text
 
 
-def _count(call: SipCall, kind: str) -> int:
-    """How many events of ``kind`` the call has had."""
-    return len([event for event in call.events.since(0) if event["type"] == kind])
-
-
 async def call_from_baresip(
     server: TestServer,
     speech: bytes,
@@ -153,7 +148,11 @@ async def test_baresip_on_opus_hears_the_scripted_answer(
     # after it is an upper bound
     speech = silence(GREETING_MS, RATE) + phone_audio(QUESTION) + silence(12000, RATE)
     recording = await call_from_baresip(
-        server, speech, tmp_path, opus=True, hang_up_when=lambda call: _count(call, "tts_end") >= 2
+        server,
+        speech,
+        tmp_path,
+        opus=True,
+        hang_up_when=lambda call: events_of(call, "tts_end") >= 2,
     )
 
     (asked_text,) = llm.user_turns
@@ -183,7 +182,7 @@ async def test_barge_in_from_baresip_stops_the_agent_audio(
         server,
         speech,
         tmp_path,
-        hang_up_when=lambda call: _count(call, "tts_start") >= 3,
+        hang_up_when=lambda call: events_of(call, "tts_start") >= 3,
         heard_on_s=0.3,  # (nothing transcribed from its end)
     )
 

@@ -16,7 +16,6 @@ import ipaddress
 import secrets
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestServer
@@ -36,7 +35,7 @@ from server.http.app import SIP
 from server.testkit.scripted_llm import ScriptedLLM, answers_by_words
 from server.testkit.sip_phone import SipPhone
 from tests.support.baresip import RATE, loud_frames, start_baresip, until
-from tests.support.calls import transcriber, voice_server, word_error_rate
+from tests.support.calls import events_of, transcriber, voice_server, word_error_rate
 from tests.support.dns_stub import dns_stub
 from tests.support.kamailio import PBX_CONFIG, run_kamailio
 from tests.support.outbound import call_ended, post_call
@@ -48,10 +47,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 QUESTION = "Where is my order?"
 GREETING_S = 4.5
 """The support playbook's greeting, which plays while the caller is silent."""
-
-
-def _count(events: list[dict[str, Any]], kind: str) -> int:
-    return len([event for event in events if event["type"] == kind])
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +115,7 @@ async def test_baresip_over_tls_with_srtp_is_understood_and_hears_the_agent(
         await until(lambda: bool(sip.calls), 10, "baresip's call over TLS was not answered", phone)
         (call,) = sip.calls.values()
         await until(  # the greeting's tts_end, then the answer's
-            lambda: _count(call.events.since(0), "tts_end") >= 2,
+            lambda: events_of(call, "tts_end") >= 2,
             len(speech) / 2 / RATE,
             "the agent did not answer",
             phone,
@@ -307,7 +302,7 @@ async def test_a_trunk_on_tls_checks_the_proxys_certificate_and_calls_through_it
                 # once the agent's greeting (after the callee's "Hello?") has played for 0.5 s
                 # at the callee, it hangs up (a BYE) and quits, its recordings complete
                 await until(
-                    lambda: _count(call.events.since(0), "tts_start") >= 1 or call.state == "ended",
+                    lambda: events_of(call, "tts_start") >= 1 or call.state == "ended",
                     20,
                     "no greeting",
                     callee,

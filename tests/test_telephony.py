@@ -27,7 +27,6 @@ from server.call.session import SessionSettings
 from server.config.server import ServerConfig
 from server.http.app import AUDIOSOCKET, CALLS
 from server.testkit.scripted_llm import ScriptedLLM, answers_by_words
-from server.transports.base import TransportCall
 from server.transports.phone.audiosocket import (
     DTMF,
     HANGUP,
@@ -40,6 +39,7 @@ from server.transports.phone.media_streams import MAX_MESSAGE_BYTES, TwilioCall
 from tests.support.calls import (
     answers_spoken,
     assert_cut_off,
+    events_of,
     greeted,
     only_call,
     transcriber,
@@ -212,11 +212,6 @@ _replies = answers_by_words({"keypad": LONG_ANSWER, "parcel": LONG_ANSWER}, ANSW
 """A keypad input or a question about a parcel gets the long answer; anything else the short."""
 
 
-def _count(call: TransportCall, kind: str) -> int:
-    """How many events of ``kind`` the call has had."""
-    return len([event for event in call.events.since(0) if event["type"] == kind])
-
-
 def _events(phone: TwilioPhone, kind: str) -> list[tuple[float, dict[str, Any]]]:
     return [(t, d) for t, d in phone.heard.control if d["event"] == kind]
 
@@ -306,7 +301,7 @@ async def test_audiosocket_call_with_dtmf_and_barge_in(
         # then half a second more: its last frames come over the socket, and the quiet after
         # them (Whisper misreads a recording's last word with no pause after it)
         async with asyncio.timeout(30):
-            while _count(only_call(server), "tts_end") < 2:  # the greeting's, the answer's
+            while events_of(only_call(server), "tts_end") < 2:  # the greeting's, the answer's
                 await _paced(_chunks(silence(100, 8000)), send_audio)
         await _paced(_chunks(silence(500, 8000)), send_audio)
         answer = Received(pcm=heard.pcm[start:])

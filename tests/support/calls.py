@@ -49,6 +49,7 @@ __all__ = [
     "answers_spoken",
     "base_url",
     "espeak_speech",
+    "events_of",
     "loudest",
     "piper_speech",
     "quick_playbook",
@@ -188,6 +189,11 @@ def start_call(
     return call
 
 
+def events_of(call: TransportCall, kind: str) -> int:
+    """How many events of ``kind`` ``call`` has had so far."""
+    return [event["type"] for event in call.events.since(0)].count(kind)
+
+
 def only_call(server: TestServer) -> TransportCall:
     """The server's one call (asserts there is exactly one)."""
     (call,) = server.app[CALLS].calls.values()
@@ -308,7 +314,7 @@ def greeted(server: TestServer) -> bool:
     audio has left the speaker); False while there is no call yet."""
     if len(server.app[CALLS]) != 1:
         return False
-    return any(event["type"] == "tts_end" for event in only_call(server).events.since(0))
+    return events_of(only_call(server), "tts_end") > 0
 
 
 def assert_cut_off(
