@@ -23,9 +23,10 @@ from media import FRAME_BYTES, FRAME_MS, Speaker, SpeechPaused, SpeechToText, Tr
 from media.audio import SAMPLE_RATE, silence
 from playbooks import ChatClient, PlaybookOrchestrator, RetryPolicy, load_playbook
 from playbooks.loader import LoadedPlaybook
-from server.call.answer import Answer, AnswerState, Preemption
+from server.call.answer import Answer, AnswerState
 from server.call.endpointing import EndpointSettings, Speculation
 from server.call.events import VoiceEvent
+from server.call.preemption import Preemption
 from server.call.session import _MOVES, Phase, Session, SessionSettings
 from server.call.timeline import TurnTimeline
 from server.call.voice import VoicePlaybookOrchestrator

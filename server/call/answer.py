@@ -30,17 +30,14 @@ import asyncio
 import enum
 import logging
 from collections.abc import Coroutine, Generator
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from media import Speaker
 from media.speaker import PlaybackResult
-from playbooks.orchestrator import Snapshot
 
-from .endpointing import Speculation
-from .timeline import TurnTimeline
+from .preemption import Preemption
 
-__all__ = ["Answer", "AnswerKind", "AnswerState", "Preemption"]
+__all__ = ["Answer", "AnswerKind", "AnswerState"]
 
 log = logging.getLogger(__name__)
 
@@ -66,18 +63,6 @@ _MOVES: dict[AnswerState, frozenset[AnswerState]] = {
 
 LIVE = frozenset({AnswerState.HELD, AnswerState.PLAYING, AnswerState.PAUSED})
 """The states of an answer not yet over (one that can still be cut short)."""
-
-
-@dataclass
-class Preemption:
-    """What a preemptive answer was started on, and what undoes it."""
-
-    speculation: Speculation
-    snapshot: Snapshot
-    """The conversation before the answer: put back if the turn turns out otherwise."""
-    timeline: TurnTimeline
-    confirmed: asyncio.Event = field(default_factory=asyncio.Event)
-    """Set when the end of the turn confirms the words; tools with side effects wait for it."""
 
 
 class Answer:

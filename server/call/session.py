@@ -75,10 +75,10 @@ from media import (
 from media.turn_model import TurnModel
 from playbooks import BargeInPolicy
 
-from .answer import Answer, AnswerKind, AnswerState, Preemption
+from .answer import Answer, AnswerKind, AnswerState
 from .endpointing import EndpointSettings, Speculation, is_listener_noise
 from .keypad import Keypad, keypad_line
-from .timeline import TurnTimeline
+from .preemption import Preemption, Preemptor
 from .turn_taking import TurnTaking
 from .voice import VoicePlaybookOrchestrator
 
@@ -193,11 +193,9 @@ class Session:
             before_discard=self._undo_preemption,
         )
         """The caller's pauses transcribed and scored, and when their turn ends."""
-        self._reading_ahead: asyncio.Task[bool] | None = None
-        """The LLM reading the words of a pause the caller went on after (``_read_ahead``)."""
-        self._questions_early = True
-        """Questions get the early lead (``EndpointSettings.question_lead_ms``) until a
-        preemptive answer of this call is undone: its caller goes on after pauses."""
+        self.preemptor = Preemptor(session_id, endpoint, voice, self.turn_taking, clock)
+        """Work started on the caller's words before their turn ends (read-ahead, preemptive
+        answers)."""
         self._phase = Phase.LISTENING
         self._answer: Answer | None = None
         """The latest answer: the one under way, or the last one."""
@@ -448,20 +446,10 @@ class Session:
         self.turn_taking.speculate(paused, again=again)
 
     def _read_ahead(self) -> None:
-        """The caller went on after a pause whose words are known: the LLM reads the turn so
-        far (``PlaybookOrchestrator.read_ahead``) while they speak, one request at a time, and
-        only while the agent is not answering (its own requests come first)."""
-        speculation = self.turn_taking.speculation
-        transcript = speculation.transcript if speculation is not None else None
-        if (
-            transcript is None
-            or self._phase is not Phase.LISTENING
-            or (self._reading_ahead is not None and not self._reading_ahead.done())
-        ):
-            return
-        self._reading_ahead = asyncio.create_task(
-            self.voice.orchestrator.read_ahead(transcript.text), name=f"read-ahead:{self.id}"
-        )
+        """The caller went on after a pause: the LLM reads the turn so far
+        (:meth:`Preemptor.read_ahead`), only while the agent is not answering."""
+        if self._phase is Phase.LISTENING:
+            self.preemptor.read_ahead()
 
     def _on_known(self, speculation: Speculation) -> None:
         """The words (or the voice's score) came back: a preemptive answer or an end of turn
@@ -482,46 +470,21 @@ class Session:
             ended = self.vad.end_now(at)
             if ended is not None:
                 self._on_speech_ended(ended)
-        elif turns.preempt_due(questions_early=self._questions_early):
-            assert turns.speculation is not None
-            self._preempt(turns.speculation)
+        elif (speculation := self.preemptor.due()) is not None:
+            self._preempt(speculation)
 
     # -- preemptive answers ----------------------------------------------------------------------
 
     def _preempt(self, speculation: Speculation) -> None:
-        """Start answering a speculative transcript (``Speculation.preempt_due``) while the end
-        of the turn is still awaited: the answer's audio waits in the held speaker, tools with
-        side effects wait for the confirmation, and the conversation can be put back if the
-        caller goes on. The LLM's time to its first sentence then overlaps the end-of-turn
-        silence."""
-        transcript = speculation.transcript
-        if (
-            not self.settings.endpoint.preempt
-            or self._phase is not Phase.LISTENING
-            or self._unsettled  # an answer cut short is still settling the conversation
-            or transcript is None
-            or not transcript.text
-        ):
+        """Start a preemptive answer to ``speculation``'s words (:meth:`Preemptor.begin`), held
+        until the end of the turn confirms them; only while no answer is under way or settling
+        (an answer cut short is still settling the conversation)."""
+        if self._phase is not Phase.LISTENING or self._unsettled:
             return
-        timeline = TurnTimeline(
-            last_voiced_at=speculation.paused.last_voiced_at, stt_done_at=self.clock()
-        )
-        preemption = Preemption(speculation, self.voice.orchestrator.snapshot(), timeline)
-        log.debug(
-            "preemptive answer to %r at %d ms of silence", transcript.text, self.vad.silent_ms
-        )
-        self.turn_taking.count("preempted")
-        self._start_answer(
-            self._run_preemptive(preemption, transcript.text), "preemptive", preemption=preemption
-        )
-
-    async def _run_preemptive(self, preemption: Preemption, text: str) -> None:
-        try:
-            await self.voice.answer_text(text, preemption.timeline, preemption.confirmed)
-        except asyncio.CancelledError:
-            if not preemption.confirmed.is_set():
-                self.voice.orchestrator.restore(preemption.snapshot)
-            raise
+        started = self.preemptor.begin(speculation, silent_ms=self.vad.silent_ms)
+        if started is not None:
+            preemption, work = started
+            self._start_answer(work, "preemptive", preemption=preemption)
 
     def _confirm_preemption(self, ended: SpeechEnded) -> bool:
         """The turn ended: a preemptive answer to the same words plays now (True); one to
@@ -529,19 +492,10 @@ class Session:
         answer = self._answer
         if answer is None or not answer.held:
             return False
-        preemption = answer.preemption
-        assert preemption is not None
-        speculation = preemption.speculation
-        turns = self.turn_taking
-        if turns.speculation is not speculation or not speculation.covers(ended):
+        assert answer.preemption is not None
+        if not self.preemptor.confirm(answer.preemption, ended):
             self._stop(answer)
             return False
-        turns.speculation = None
-        turns.count("used")
-        transcript = speculation.transcript
-        assert transcript is not None
-        self.voice.emit_transcript(transcript, speculative=True)
-        preemption.timeline.confirm_at(ended.detected_at)
         answer.confirm()
         self._enter(self._audible_phase() if self.busy else Phase.LISTENING)
         return True
@@ -696,12 +650,8 @@ class Session:
             self._carry = answer.audio  # cut during STT: its words join the next utterance
         cleared = answer.interrupt()
         if held:
-            if not running:  # ended with nothing to say; a running one restores as it unwinds
-                assert answer.preemption is not None
-                self.voice.orchestrator.restore(answer.preemption.snapshot)
-            log.debug("preemptive answer thrown away: the caller went on")
-            self.turn_taking.count("preempted_wasted")
-            self._questions_early = False  # this caller goes on after a pause
+            assert answer.preemption is not None
+            self.preemptor.undo(answer.preemption, running=running)
         else:
             self.barge_ins += 1
             self.voice.emit(
@@ -788,8 +738,7 @@ class Session:
         self.turn_taking.close()
         if self._settling is not None:
             self._settling.cancel()
-        if self._reading_ahead is not None:
-            self._reading_ahead.cancel()
+        self.preemptor.close()
         self.keypad.close()
         if self._answer is not None:
             self._answer.interrupt()  # (nothing to do if it is over)
