@@ -36,6 +36,14 @@ from typing import Any
 from server.testkit.caller import SILENCE_DBFS, ReceivedFrame, WebRTCCaller, longest_gap_ms
 
 from .cli import run_harness
+from .compare_impaired import (
+    IMPAIRED_CORPORA,
+    VOCABLE_CLEANING,
+    impaired_side,
+    impaired_summary,
+    impaired_table,
+    speech_level,
+)
 from .compare_report import SIDES, summarize_side, to_markdown
 from .compare_report import ratios as compute_ratios
 from .corpus import Utterance, load_corpus
@@ -75,10 +83,12 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.compare", description=__doc__)
     parser.add_argument(
         "--corpus",
-        choices=["questions", "hesitation"],
+        choices=["questions", "hesitation", *IMPAIRED_CORPORA],
         default="questions",
         help="'hesitation': each side hears the hesitation corpus's lines (pauses inside "
-        "lines, comma-opened questions) instead of --questions questions, and no barge-ins",
+        "lines, comma-opened questions) instead of --questions questions, and no barge-ins; "
+        "'noisy' and 'echo': noise alone over a long answer, or the caller's phone returning "
+        "the agent's voice (benchmarks/compare_impaired.py)",
     )
     parser.add_argument("--questions", type=int, default=10, help="questions per call (10)")
     parser.add_argument("--barge-ins", type=int, default=3, help="barge-ins per call (3)")
@@ -177,6 +187,15 @@ async def _run(args: argparse.Namespace, command: str) -> Path:
         "configuration": CONFIGURATION,
         "sides": sides,
     }
+    if args.corpus in IMPAIRED_CORPORA:
+        run["settings"]["vocable_args"] = list(VOCABLE_CLEANING[args.corpus])
+        run["summary"] = {side: impaired_summary(args.corpus, sides[side]) for side in SIDES}
+        (folder / "run.json").write_text(json.dumps(run, indent=1) + "\n")
+        report = _impaired_report(run, args.corpus) + impaired_table(
+            args.corpus, run["summary"], sides
+        )
+        (folder / "report.md").write_text(report)
+        return folder
     run["summary"] = {side: summarize_side(sides[side]) for side in SIDES}
     if args.corpus == "hesitation":
         run["hesitation"] = {side: hesitation_summary(script, sides[side]) for side in SIDES}
@@ -187,6 +206,22 @@ async def _run(args: argparse.Namespace, command: str) -> Path:
         report += hesitation_table(run["hesitation"])
     (folder / "report.md").write_text(report)
     return folder
+
+
+def _impaired_report(run: Record, corpus: str) -> str:
+    return "\n".join(
+        [
+            f"# Vocable and pipecat: the {corpus} corpus",
+            "",
+            f"`{run['command']}` at {run['git_commit']}, {run['started_at']}, "
+            f"on {run['machine'].get('cpu', '?')}",
+            "",
+            f"Settings: `{run['settings']}`",
+            "",
+            *(f"- {side}: {text}" for side, text in run["configuration"].items()),
+            "",
+        ]
+    )
 
 
 def hesitation_summary(lines: list[Any], sessions: list[Record]) -> Record:
@@ -269,6 +304,7 @@ async def _side(
             [
                 "--playbook", args.playbook, "--llm-base-url", llm_url, "--llm-model", "bench",
                 "--stt-model", models.whisper, "--tts-voice", models.piper, "--rate-limit", "0",
+                *VOCABLE_CLEANING.get(args.corpus, ()),
             ],
             ROOT,
             log_path,
@@ -286,6 +322,10 @@ async def _side(
         )  # fmt: skip
     try:
         url = await server.start(free_port())
+        if args.corpus in IMPAIRED_CORPORA:
+            questions = [u for u in corpus.values() if u.kind == "question"]
+            ask = corpus["piper_everything"]
+            return await impaired_side(args.corpus, url, llm, ask, speech_level(questions))
         return await _call(
             server, url, llm, script, corpus, args.warmups, args.barge_ins, audio_path
         )

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from benchmarks.compare import heard_between, last_sound_after
+from benchmarks.compare_impaired import impaired_summary, impaired_table, judge_trial
 from benchmarks.compare_report import SIDES, ratio, ratios, summarize_side, to_markdown
 from server.testkit.caller import SILENCE_DBFS, ReceivedFrame, longest_gap_ms
 
@@ -120,3 +121,19 @@ def test_the_longest_pause_inside_an_answer() -> None:
     heard = frames("##...#.....##")
     assert longest_gap_ms(heard, heard[0].at, heard[-1].at) == pytest.approx(100.0)
     assert longest_gap_ms(heard, heard[0].at, heard[5].at) == pytest.approx(60.0)
+
+
+def test_an_impaired_answer_is_cut_below_four_fifths_of_the_clean_one() -> None:
+    clean = {"ok": True, "voiced_ms": 10000, "llm_requests": 1}
+    trials = [
+        {"noise": "babble", "snr_db": 20, "ok": True, "voiced_ms": 7900, "llm_requests": 2},
+        {"noise": "car", "snr_db": 10, "ok": True, "voiced_ms": 8100, "llm_requests": 1},
+        {"noise": "street", "snr_db": 10, "ok": False, "error": "no answer heard"},
+    ]
+    session = {"clean": clean, "trials": [judge_trial(t, clean) for t in trials]}
+    summary = impaired_summary("noisy", [session])
+    assert (summary["cut"], summary["taken_as_turn"], summary["failed"]) == (1, 1, 1)
+    assert (summary["cut_at_20_db"], summary["cut_at_10_db"]) == ("1 of 1", "0 of 1")
+    assert "| pipecat | babble 20 dB | 7900 | yes | 2 |" in impaired_table(
+        "noisy", {"vocable": summary, "pipecat": summary}, {"vocable": [], "pipecat": [session]}
+    )
