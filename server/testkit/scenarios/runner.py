@@ -365,7 +365,13 @@ class ScenarioRig:
             if following is not None and following.barge_in is not None:
                 await _until_heard(line, since, following.barge_in.after_ms, turn.timeout_s)
             else:
-                await _settle(line, since, expect_answer=expect_answer, timeout_s=turn.timeout_s)
+                await _settle(
+                    line,
+                    since,
+                    expect_answer=expect_answer,
+                    timeout_s=turn.timeout_s,
+                    answer_from=_cut_in_at(line, sent, turn) or since,
+                )
             ended = time.monotonic()
             await self._close_turn(state, line, turn, number, begun, ended, sent)
             if line.ended() and following is not None:
@@ -754,17 +760,35 @@ def _as_voice_events(event: OrchestratorEvent) -> list[dict[str, Any]]:
     return [translated.to_dict()] if translated is not None else []
 
 
-async def _settle(line: CallLine, since: float, *, expect_answer: bool, timeout_s: float) -> None:
-    """Wait until the turn is over: the agent answered after ``since`` (when
-    ``expect_answer``), and is listening and silent for :data:`QUIET_S`, or the call ended;
-    raises :class:`TurnTimeout`."""
+def _cut_in_at(line: CallLine, sent: SentSpeech | None, turn: Turn) -> float | None:
+    """When the caller began the line the agent cut into (it was heard before the line ended),
+    else None; a barge-in is meant to be said over the agent."""
+    if sent is None or turn.barge_in is not None:
+        return None
+    early = first_sound_after(line, sent.first_voiced_at)
+    return sent.first_voiced_at if early is not None and early < sent.last_voiced_at else None
+
+
+async def _settle(
+    line: CallLine,
+    since: float,
+    *,
+    expect_answer: bool,
+    timeout_s: float,
+    answer_from: float | None = None,
+) -> None:
+    """Wait until the turn is over: the agent answered (when ``expect_answer``) with an answer
+    begun after ``answer_from`` (default ``since``; a line the agent cut into is answered by
+    what it began inside it, and its check says so), and is listening and silent for
+    :data:`QUIET_S` after ``since``, or the call ended; raises :class:`TurnTimeout`."""
     deadline = time.monotonic() + timeout_s
+    begun_after_ms = (since if answer_from is None else answer_from) * 1000
     while time.monotonic() < deadline:
         if line.ended():
             return
         now = time.monotonic()
         events = list(line.events)
-        starts = [e for e in events if e["type"] == "tts_start" and e["t_ms"] >= since * 1000]
+        starts = [e for e in events if e["type"] == "tts_start" and e["t_ms"] >= begun_after_ms]
         answered = bool(starts) and any(
             e["type"] == "tts_end" and e["t_ms"] >= starts[-1]["t_ms"] for e in events
         )

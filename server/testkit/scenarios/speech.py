@@ -128,8 +128,10 @@ def hesitant_piper(parts: tuple[str, ...], speed: float = 1.0, pause_ms: int = 3
 def aligned_speech(voice: Any, config: Any, text: str) -> tuple[bytes, int, list[int]]:
     """``text`` said whole by an aligned Piper voice with a ``SynthesisConfig`` (see
     :func:`aligned_voice`): its PCM16 at the voice's rate, the rate, and the sample at which
-    each word (as spaces split ``text``) ends: the middle of the word break after it (a space
-    phoneme, or the end of a sentence)."""
+    each word (as spaces split ``text``) ends: where the word break after it begins (a space
+    phoneme), or the end of a sentence. Not the middle of the break: that already holds the
+    lead-in of the next word, faint but enough for Whisper to hear it ("Friday at eight, for"
+    cut there was heard as "... for two.", a finished line)."""
     pcm = b""
     ends: list[int] = []
     offset = 0
@@ -139,7 +141,7 @@ def aligned_speech(voice: Any, config: Any, text: str) -> tuple[bytes, int, list
         for alignment in chunk.phoneme_alignments or []:
             samples = int(alignment.num_samples)
             if alignment.phoneme == " " and in_word:
-                ends.append(position + samples // 2)
+                ends.append(position)
                 in_word = False
             elif alignment.phoneme not in "^$_ ":
                 in_word = True
