@@ -1,4 +1,4 @@
-"""Word error rate over G.711 and over G.722: what a wideband phone line gives Whisper.
+"""Word error rate over G.711, G.722 and Opus: what a wideband phone line gives Whisper.
 
 Twenty lines (:data:`LINES`: names, numbers, addresses, spelled words, the things callers read
 out), each said by one of five voices (Piper's, and four espeak-ng voices), mixed with street
@@ -8,7 +8,9 @@ the SIP endpoint:
 - **G.711**: 16 kHz -> 8 kHz (swresample), mu-law and back, -> 16 kHz: what ``SipCall`` feeds
   the session on a PCMU call;
 - **G.722**: encoded and decoded at 16 kHz by aiortp's codec (the ``G722`` package), in 20 ms
-  frames, as on a G.722 call.
+  frames, as on a G.722 call;
+- **Opus**: encoded and decoded at 16 kHz by the SIP endpoint's own codec
+  (``server.transports.sip.opus.SipOpus``, libopus at its default bitrate), in 20 ms frames.
 
 Each is transcribed by the server's Whisper (its default model, greedy), and scored against the
 line: word errors (substitutions, insertions, deletions) over the reference's words, with the
@@ -93,9 +95,18 @@ def over_g722(pcm: bytes) -> bytes:
     return b"".join(decoder.decode(encoder.encode(frame)) for frame in frames)
 
 
+def over_opus(pcm: bytes) -> bytes:
+    from server.transports.sip.opus import SipOpus
+
+    encoder, decoder = SipOpus(), SipOpus()
+    pcm += bytes(-len(pcm) % FRAME)
+    frames = (pcm[i : i + FRAME] for i in range(0, len(pcm), FRAME))
+    return b"".join(decoder.decode(encoder.encode(frame)) for frame in frames)
+
+
 async def measure() -> dict[str, Any]:
     transcriber = Transcriber.load()
-    codecs = {"G.711": over_g711, "G.722": over_g722}
+    codecs = {"G.711": over_g711, "G.722": over_g722, "Opus": over_opus}
     lines: list[dict[str, Any]] = []
     totals = {name: 0 for name in codecs}
     for index, text in enumerate(LINES):
@@ -107,16 +118,16 @@ async def measure() -> dict[str, Any]:
             totals[name] += count
             record[name] = {"heard": heard, "errors": count}
         lines.append(record)
-        print(
-            f"{index + 1:2d} {record['G.711']['errors']:2d} {record['G.722']['errors']:2d}  {text}"
-        )
+        counts = " ".join(f"{record[name]['errors']:2d}" for name in codecs)
+        print(f"{index + 1:2d} {counts}  {text}")
     words = sum(len(words_of(text)) for text in LINES)
     summary: dict[str, Any] = {
         name: {"errors": count, "words": words, "wer": round(count / words, 4)}
         for name, count in totals.items()
     }
-    g711, g722 = totals["G.711"], totals["G.722"]
-    summary["relative_reduction"] = round(1 - g722 / g711, 3) if g711 else None
+    g711 = totals["G.711"]
+    summary["relative_reduction"] = round(1 - totals["G.722"] / g711, 3) if g711 else None
+    summary["opus_relative_reduction"] = round(1 - totals["Opus"] / g711, 3) if g711 else None
     return {
         "model": transcriber.settings.model or "bundled tiny.en",
         "snr_db": SNR_DB,
