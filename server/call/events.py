@@ -11,11 +11,13 @@ from dataclasses import dataclass, field
 from typing import (
     Any,
     Literal,
+    Protocol,
     get_args,
+    overload,
 )
 
 from pydantic import TypeAdapter, ValidationError
-from typing_extensions import TypedDict
+from typing_extensions import TypedDict, Unpack
 
 from playbooks import OrchestratorEvent
 
@@ -23,6 +25,7 @@ __all__ = [
     "EVENT_DATA",
     "MAX_ARGUMENTS_CHARS",
     "VOICE_EVENT_TYPES",
+    "EmitVoiceEvent",
     "VoiceEvent",
     "VoiceEventHandler",
     "VoiceEventType",
@@ -256,6 +259,124 @@ EVENT_DATA: dict[str, type] = {
     "recording_failed": RecordingFailedData,
 }
 """The payload type of each kind of voice event (``VoiceEvent.data``)."""
+
+
+class EmitVoiceEvent(Protocol):
+    """Emits a voice event of a kind with its payload as keywords; mypy checks each call's
+    keywords against the kind's payload type (:data:`EVENT_DATA`), which tests check at run time
+    too (``payload_problem``)."""
+
+    @overload
+    def __call__(
+        self, type: Literal["speech_start"], /, **data: Unpack[SpeechStartData]
+    ) -> None: ...
+
+    @overload
+    def __call__(self, type: Literal["speech_end"], /, **data: Unpack[SpeechEndData]) -> None: ...
+
+    @overload
+    def __call__(self, type: Literal["transcript"], /, **data: Unpack[TranscriptData]) -> None: ...
+
+    @overload
+    def __call__(
+        self, type: Literal["stage_change"], /, **data: Unpack[StageChangeData]
+    ) -> None: ...
+
+    @overload
+    def __call__(
+        self, type: Literal["language_change"], /, **data: Unpack[LanguageChangeData]
+    ) -> None: ...
+
+    @overload
+    def __call__(
+        self, type: Literal["tool_call_start"], /, **data: Unpack[ToolCallStartData]
+    ) -> None: ...
+
+    @overload
+    def __call__(
+        self, type: Literal["tool_call_end"], /, **data: Unpack[ToolCallEndData]
+    ) -> None: ...
+
+    @overload
+    def __call__(
+        self, type: Literal["delegation_start"], /, **data: Unpack[DelegationStartData]
+    ) -> None: ...
+
+    @overload
+    def __call__(
+        self, type: Literal["delegation_end"], /, **data: Unpack[DelegationEndData]
+    ) -> None: ...
+
+    @overload
+    def __call__(
+        self, type: Literal["transfer_started"], /, **data: Unpack[TransferStartedData]
+    ) -> None: ...
+
+    @overload
+    def __call__(
+        self, type: Literal["transfer_answered"], /, **data: Unpack[TransferDoneData]
+    ) -> None: ...
+
+    @overload
+    def __call__(
+        self, type: Literal["transfer_requested"], /, **data: Unpack[TransferDoneData]
+    ) -> None: ...
+
+    @overload
+    def __call__(
+        self, type: Literal["transfer_failed"], /, **data: Unpack[TransferFailedData]
+    ) -> None: ...
+
+    @overload
+    def __call__(
+        self, type: Literal["agent_sentence"], /, **data: Unpack[AgentSentenceData]
+    ) -> None: ...
+
+    @overload
+    def __call__(self, type: Literal["tts_start"], /, **data: Unpack[TtsStartData]) -> None: ...
+
+    @overload
+    def __call__(self, type: Literal["tts_end"], /, **data: Unpack[HeardData]) -> None: ...
+
+    @overload
+    def __call__(
+        self, type: Literal["interrupted"], /, **data: Unpack[InterruptedData]
+    ) -> None: ...
+
+    @overload
+    def __call__(self, type: Literal["paused"], /, **data: Unpack[HeardData]) -> None: ...
+
+    @overload
+    def __call__(self, type: Literal["resumed"], /, **data: Unpack[ResumedData]) -> None: ...
+
+    @overload
+    def __call__(
+        self, type: Literal["speculation"], /, **data: Unpack[SpeculationData]
+    ) -> None: ...
+
+    @overload
+    def __call__(
+        self, type: Literal["turn_metrics"], /, **data: Unpack[TurnMetricsData]
+    ) -> None: ...
+
+    @overload
+    def __call__(self, type: Literal["state"], /, **data: Unpack[StateData]) -> None: ...
+
+    @overload
+    def __call__(self, type: Literal["dtmf"], /, **data: Unpack[DtmfData]) -> None: ...
+
+    @overload
+    def __call__(self, type: Literal["error"], /, **data: Unpack[ErrorData]) -> None: ...
+
+    @overload
+    def __call__(self, type: Literal["voice_lost"], /, **data: Unpack[MessageData]) -> None: ...
+
+    @overload
+    def __call__(
+        self, type: Literal["recording_failed"], /, **data: Unpack[RecordingFailedData]
+    ) -> None: ...
+
+    def __call__(self, type: VoiceEventType, /, **data: Any) -> None: ...
 
 
 def payload_problem(event: VoiceEvent) -> str | None:

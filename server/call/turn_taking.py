@@ -19,6 +19,7 @@ from media import SpeechEnded, SpeechPaused, VadSegmenter
 from media.turn_model import TurnModel
 
 from .endpointing import EndpointSettings, Speculation, TurnEnd
+from .events import EmitVoiceEvent
 
 __all__ = ["OUTCOMES", "TurnTaking"]
 
@@ -45,7 +46,7 @@ class TurnTaking:
         end_silence_ms: int,
         clock: Callable[[], float],
         turn_model: TurnModel | None,
-        emit: Callable[..., None],
+        emit: EmitVoiceEvent,
         on_known: Callable[[Speculation], None],
         before_discard: Callable[[], None],
     ) -> None:

@@ -40,7 +40,13 @@ from media.tts import VoiceSettings, VoiceVariants
 from playbooks import BargeInPolicy, OrchestratorEvent, PlaybookOrchestrator, Retraction, Turn
 from playbooks.models import Voice
 
-from .events import VoiceEvent, VoiceEventHandler, VoiceEventType, voice_event_of
+from .events import (
+    EmitVoiceEvent,
+    VoiceEvent,
+    VoiceEventHandler,
+    VoiceEventType,
+    voice_event_of,
+)
 from .timeline import TurnTimeline
 
 __all__ = ["SpokenVoice", "VoicePlaybookOrchestrator"]
@@ -81,6 +87,9 @@ class VoicePlaybookOrchestrator:
         self.speaker = speaker
         self._emit_event = emit
         self.clock = clock
+        self.emit: EmitVoiceEvent = self._emit_kind
+        """Emit a voice event: its kind, then its payload as keywords (checked by mypy against
+        the kind's payload type)."""
         self.heard = ""
         """What the caller has heard of the current answer (whole sentences)."""
         self.turn_started = False
@@ -122,7 +131,7 @@ class VoicePlaybookOrchestrator:
         self._voices[spec] = found
         return found
 
-    def emit(self, type: VoiceEventType, **data: Any) -> None:
+    def _emit_kind(self, type: VoiceEventType, /, **data: Any) -> None:
         self._emit_event(VoiceEvent(type, data, self.clock()))
 
     def emit_transcript(self, heard: Transcript, *, speculative: bool) -> None:
