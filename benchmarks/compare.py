@@ -33,7 +33,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from server.testkit.caller import SILENCE_DBFS, ReceivedFrame, WebRTCCaller, longest_gap_ms
+from server.testkit.caller import SILENCE_DBFS, WebRTCCaller, longest_gap_ms
 
 from .cli import run_harness
 from .compare_impaired import (
@@ -47,13 +47,20 @@ from .compare_impaired import (
 from .compare_report import SIDES, summarize_side, to_markdown
 from .compare_report import ratios as compute_ratios
 from .corpus import Utterance, load_corpus
+from .heard import (
+    FRAME_S,
+    heard_between,
+    streamed_requests,
+    wait_first_sound,
+    wait_quiet,
+)
 from .hesitation import load_hesitation
 from .llm import LLMPacing, paced_llm
 from .provenance import git_commit, machine
 from .report import percentile
 from .server_process import ProcessSample, ServerProcess, free_port
 
-__all__ = ["heard_between", "main"]
+__all__ = ["main"]
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -66,7 +73,6 @@ END_OF_ANSWER_S = 1.5
 """Silence that ends an answer (longer than any pause inside one: see ``longest_gap_ms``)."""
 SILENCE_HOLD_MS = 300.0
 """Barge-in: the agent counts as silent once this much silence followed (the harness's rule)."""
-FRAME_S = 0.02
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -426,7 +432,7 @@ async def question(caller: WebRTCCaller, utterance: Utterance, llm: Any) -> Reco
     """Ask one question; voice-to-voice = the caller's last voiced sample leaving -> the agent's
     first audible sample arriving. Waits for the answer to end (``END_OF_ANSWER_S`` of silence)."""
     record: Record = {"kind": "question", "utterance": utterance.id}
-    requests_before = len(_streamed(llm))
+    requests_before = len(streamed_requests(llm))
     spoken = caller.say(utterance.pcm())
     try:
         first_voiced = await spoken.first_voiced_sent_at()
@@ -500,57 +506,9 @@ async def barge_in(caller: WebRTCCaller, ask: Utterance, interrupt: Utterance, l
     return {**record, "ok": True, "silence_ms": round((silent_at - started) * 1000, 1)}
 
 
-async def wait_first_sound(caller: WebRTCCaller, after: float, timeout_s: float) -> float | None:
-    """Arrival time of the agent's first audible frame after ``after``; None on timeout."""
-    deadline = time.monotonic() + timeout_s
-    while (heard := caller.first_sound_after(after)) is None:
-        if time.monotonic() > deadline:
-            return None
-        await asyncio.sleep(0.02)
-    return heard
-
-
-async def wait_quiet(
-    caller: WebRTCCaller, since: float, hold_s: float, timeout_s: float
-) -> float | None:
-    """Wait until the agent has been inaudible for ``hold_s``; the arrival time of its last
-    audible frame after ``since`` (``since`` if none); None if it still talks at the timeout."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        last = last_sound_after(caller.frames, since)
-        quiet_from = since if last is None else last + FRAME_S
-        if time.monotonic() - quiet_from >= hold_s:
-            return since if last is None else last
-        if time.monotonic() > deadline:
-            return None
-        await asyncio.sleep(0.05)
-
-
-def heard_between(frames: Sequence[ReceivedFrame], t0: float, t1: float) -> float | None:
-    """Arrival time of the first audible frame in (t0, t1], or None."""
-    for frame in frames:
-        if t0 < frame.at <= t1 and frame.dbfs > SILENCE_DBFS:
-            return frame.at
-    return None
-
-
-def last_sound_after(frames: Sequence[ReceivedFrame], t: float) -> float | None:
-    """Arrival time of the last audible frame after ``t``, or None."""
-    for frame in reversed(frames):
-        if frame.at <= t:
-            return None
-        if frame.dbfs > SILENCE_DBFS:
-            return frame.at
-    return None
-
-
-def _streamed(llm: Any) -> list[dict[str, Any]]:
-    return [r for r in llm.requests if r.get("stream")]
-
-
 def _llm_facts(llm: Any, before: int) -> Record:
     """The streamed LLM requests of this turn and the transcript the last one answered."""
-    requests = _streamed(llm)[before:]
+    requests = streamed_requests(llm)[before:]
     if not requests:
         return {"llm_requests": 0, "transcript": None}
     user = [m for m in requests[-1]["messages"] if m.get("role") == "user"]

@@ -32,6 +32,7 @@ from server.testkit.impairments import NOISE_KINDS, NoiseKind, at_level, noise, 
 
 from .corpus import Utterance
 from .echo_calls import ECHO_PATHS
+from .heard import FRAME_S, streamed_requests, wait_first_sound, wait_quiet
 
 __all__ = [
     "CUT_FRACTION",
@@ -51,7 +52,6 @@ CUT_FRACTION = 0.8
 QUIET_S = 4.0
 """Silence that ends the long answer: longer than a pause while noise plays and is settled."""
 ANSWER_TIMEOUT_S = 30.0
-FRAME_S = 0.02
 VOCABLE_CLEANING = {
     "noisy": ("--noise-suppression", "all"),
     "echo": ("--echo-cancellation", "all"),
@@ -102,7 +102,7 @@ async def _echo_call(url: str, echo: ReturnedEcho, ask: Utterance, llm: Any) -> 
 async def _settle(caller: WebRTCCaller) -> None:
     """Media flowing, and anything the agent says on its own (a greeting) over."""
     await asyncio.sleep(1.0)
-    await _quiet(caller, time.monotonic(), 1.0)
+    await wait_quiet(caller, time.monotonic(), 1.0, 30.0)
 
 
 async def _long_answer(
@@ -114,28 +114,28 @@ async def _long_answer(
 ) -> Record:
     """Ask for the long answer (with ``noise_at``: that noise at that level, alone, 1 s into
     it); its voiced length and the LLM requests made until it ended."""
-    requests = len(_streamed(llm))
+    requests = len(streamed_requests(llm))
     spoken = caller.say(ask.pcm())
     try:
         last_voiced = await spoken.last_voiced_sent_at()
     except TimeoutError:
         return {"ok": False, "error": "the caller's microphone stalled"}
-    first = await _first_sound(caller, last_voiced)
+    first = await wait_first_sound(caller, last_voiced, ANSWER_TIMEOUT_S)
     if first is None:
         return {"ok": False, "error": "no answer heard"}
     if noise_at is not None:
         kind, dbfs = noise_at
         await asyncio.sleep(max(0.0, first + 1.0 - time.monotonic()))
         caller.say(at_level(noise(kind, NOISE_MS, seed=zlib.crc32(kind.encode())), dbfs))
-    end = await _quiet(caller, first, QUIET_S, timeout_s=90.0)
+    end = await wait_quiet(caller, first, QUIET_S, 90.0)
     if end is None:
-        requests = len(_streamed(llm)) - requests
+        requests = len(streamed_requests(llm)) - requests
         return {"ok": False, "error": "the agent never fell quiet", "llm_requests": requests}
     voiced = sum(first <= f.at <= end and f.dbfs > SILENCE_DBFS for f in caller.frames)
     return {
         "ok": True,
         "voiced_ms": round(voiced * FRAME_S * 1000),
-        "llm_requests": len(_streamed(llm)) - requests,
+        "llm_requests": len(streamed_requests(llm)) - requests,
     }
 
 
@@ -149,35 +149,6 @@ def judge_trial(trial: Record, clean: Record) -> Record:
         "cut": trial["voiced_ms"] < CUT_FRACTION * clean["voiced_ms"],
         "taken_as_turn": trial["llm_requests"] > 1,
     }
-
-
-async def _first_sound(caller: WebRTCCaller, after: float) -> float | None:
-    deadline = time.monotonic() + ANSWER_TIMEOUT_S
-    while (heard := caller.first_sound_after(after)) is None:
-        if time.monotonic() > deadline:
-            return None
-        await asyncio.sleep(0.02)
-    return heard
-
-
-async def _quiet(
-    caller: WebRTCCaller, since: float, hold_s: float, timeout_s: float = 30.0
-) -> float | None:
-    """Once the agent has been inaudible for ``hold_s``: the arrival of its last audible frame
-    after ``since`` (``since`` if none); None if it still talks at the timeout."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        audible = [f.at for f in caller.frames if f.at > since and f.dbfs > SILENCE_DBFS]
-        last = audible[-1] if audible else None
-        if time.monotonic() - (since if last is None else last + FRAME_S) >= hold_s:
-            return since if last is None else last
-        if time.monotonic() > deadline:
-            return None
-        await asyncio.sleep(0.05)
-
-
-def _streamed(llm: Any) -> list[Record]:
-    return [r for r in llm.requests if r.get("stream")]
 
 
 def speech_level(questions: list[Utterance]) -> float:

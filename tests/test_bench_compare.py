@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from benchmarks.compare import heard_between, last_sound_after
 from benchmarks.compare_impaired import impaired_summary, impaired_table, judge_trial
 from benchmarks.compare_report import SIDES, ratio, ratios, summarize_side, to_markdown
+from benchmarks.heard import heard_between, last_sound_after
 from server.testkit.caller import SILENCE_DBFS, ReceivedFrame, longest_gap_ms
 
 
