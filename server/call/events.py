@@ -13,6 +13,8 @@ from typing import (
     Literal,
     Protocol,
     get_args,
+    get_overloads,
+    get_type_hints,
     overload,
 )
 
@@ -230,41 +232,11 @@ class RecordingFailedData(TypedDict):
     message: str
 
 
-EVENT_DATA: dict[str, type] = {
-    "speech_start": SpeechStartData,
-    "speech_end": SpeechEndData,
-    "transcript": TranscriptData,
-    "stage_change": StageChangeData,
-    "language_change": LanguageChangeData,
-    "tool_call_start": ToolCallStartData,
-    "tool_call_end": ToolCallEndData,
-    "delegation_start": DelegationStartData,
-    "delegation_end": DelegationEndData,
-    "transfer_started": TransferStartedData,
-    "transfer_answered": TransferDoneData,
-    "transfer_requested": TransferDoneData,
-    "transfer_failed": TransferFailedData,
-    "agent_sentence": AgentSentenceData,
-    "tts_start": TtsStartData,
-    "tts_end": HeardData,
-    "interrupted": InterruptedData,
-    "paused": HeardData,
-    "resumed": ResumedData,
-    "speculation": SpeculationData,
-    "turn_metrics": TurnMetricsData,
-    "state": StateData,
-    "dtmf": DtmfData,
-    "error": ErrorData,
-    "voice_lost": MessageData,
-    "recording_failed": RecordingFailedData,
-}
-"""The payload type of each kind of voice event (``VoiceEvent.data``)."""
-
-
 class EmitVoiceEvent(Protocol):
-    """Emits a voice event of a kind with its payload as keywords; mypy checks each call's
-    keywords against the kind's payload type (:data:`EVENT_DATA`), which tests check at run time
-    too (``payload_problem``)."""
+    """Emits a voice event of a kind with its payload as keywords. Its overloads are where each
+    kind's payload type is written (one per kind of :data:`VoiceEventType`): mypy checks each
+    call's keywords against them, and :data:`EVENT_DATA`, read from them, lets tests check
+    events at run time too (``payload_problem``)."""
 
     @overload
     def __call__(
@@ -377,6 +349,20 @@ class EmitVoiceEvent(Protocol):
     ) -> None: ...
 
     def __call__(self, type: VoiceEventType, /, **data: Any) -> None: ...
+
+
+def _payload_types() -> dict[str, type]:
+    """Each kind's payload type, as :class:`EmitVoiceEvent`'s overloads give it."""
+    types: dict[str, type] = {}
+    for signature in get_overloads(EmitVoiceEvent.__call__):
+        hints = get_type_hints(signature, include_extras=True)
+        (kind,), (payload,) = get_args(hints["type"]), get_args(hints["data"])
+        types[kind] = payload
+    return types
+
+
+EVENT_DATA: dict[str, type] = _payload_types()
+"""The payload type of each kind of voice event (``VoiceEvent.data``)."""
 
 
 def payload_problem(event: VoiceEvent) -> str | None:
