@@ -365,12 +365,15 @@ class ScenarioRig:
             if following is not None and following.barge_in is not None:
                 await _until_heard(line, since, following.barge_in.after_ms, turn.timeout_s)
             else:
+                answer_from = since  # a line the agent cut into: what it began inside is the answer
+                if sent is not None and _cut_in_at(line, sent, turn) is not None:
+                    answer_from = sent.first_voiced_at
                 await _settle(
                     line,
                     since,
                     expect_answer=expect_answer,
                     timeout_s=turn.timeout_s,
-                    answer_from=_cut_in_at(line, sent, turn) or since,
+                    answer_from=answer_from,
                 )
             ended = time.monotonic()
             await self._close_turn(state, line, turn, number, begun, ended, sent)
@@ -398,8 +401,8 @@ class ScenarioRig:
                 facts.voice_to_voice_ms = result.voice_to_voice_ms = round(
                     (heard_at - sent.last_voiced_at) * 1000, 1
                 )
-            early = first_sound_after(line, sent.first_voiced_at)
-            if turn.barge_in is None and early is not None and early < sent.last_voiced_at:
+            early = _cut_in_at(line, sent, turn)
+            if early is not None:
                 facts.cut_in_ms = result.cut_in_ms = round((early - sent.first_voiced_at) * 1000)
             if turn.barge_in is not None:
                 facts.barge_in = True
@@ -761,12 +764,12 @@ def _as_voice_events(event: OrchestratorEvent) -> list[dict[str, Any]]:
 
 
 def _cut_in_at(line: CallLine, sent: SentSpeech | None, turn: Turn) -> float | None:
-    """When the caller began the line the agent cut into (it was heard before the line ended),
-    else None; a barge-in is meant to be said over the agent."""
+    """When the agent was first heard inside the caller's line (a cut-in), else None; a
+    barge-in is meant to be said over the agent."""
     if sent is None or turn.barge_in is not None:
         return None
     early = first_sound_after(line, sent.first_voiced_at)
-    return sent.first_voiced_at if early is not None and early < sent.last_voiced_at else None
+    return early if early is not None and early < sent.last_voiced_at else None
 
 
 async def _settle(
