@@ -13,7 +13,6 @@ import dataclasses
 import json
 import logging
 import shlex
-import statistics
 import sys
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -23,7 +22,7 @@ from typing import Any, get_args
 from tqdm import tqdm
 
 from server.testkit.caller import Listener
-from server.testkit.impairments import NOISE_KINDS, speech_level_dbfs
+from server.testkit.impairments import NOISE_KINDS
 from server.testkit.scripted_llm import ScriptedLLM
 
 from .browser_calls import browser_level, browser_markdown, percentiles, summarize_browser
@@ -33,7 +32,14 @@ from .hesitant_calls import hesitant_line, hesitation_markdown, summarize_hesita
 from .hesitation import load_hesitation
 from .llm import SHORT_ANSWER, LLMPacing, paced_llm
 from .models import model_path
-from .noisy_calls import SNRS_DB, noise_alone, noisy_markdown, noisy_question, summarize_noisy
+from .noisy_calls import (
+    SNRS_DB,
+    noise_alone,
+    noisy_markdown,
+    noisy_question,
+    speech_level,
+    summarize_noisy,
+)
 from .provenance import git_commit, machine
 from .report import plot, summarize, to_markdown
 from .scenarios import ARRIVAL_S, BenchTarget, backchannel, barge_in, concurrency_level, new_caller
@@ -463,7 +469,7 @@ async def _noisy(
     questions per level), each level with noise alone over a long answer."""
     records: list[dict[str, Any]] = []
     asked = questions[: max(1, args.passes)]
-    speech_dbfs = statistics.fmean(speech_level_dbfs(q.pcm()) for q in questions)
+    speech_dbfs = speech_level(questions)
     caller = await new_caller(target)
     total = len(questions) + len(NOISE_KINDS) * len(SNRS_DB) * (len(asked) + 1)
     try:

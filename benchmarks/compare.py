@@ -42,20 +42,22 @@ from .compare_impaired import (
     impaired_side,
     impaired_summary,
     impaired_table,
-    speech_level,
 )
 from .compare_report import SIDES, summarize_side, to_markdown
 from .compare_report import ratios as compute_ratios
 from .corpus import Utterance, load_corpus
 from .heard import (
+    ANSWER_TIMEOUT_S,
     FRAME_S,
     heard_between,
+    settle,
     streamed_requests,
     wait_first_sound,
     wait_quiet,
 )
 from .hesitation import load_hesitation
 from .llm import LLMPacing, paced_llm
+from .noisy_calls import speech_level
 from .provenance import git_commit, machine
 from .report import percentile
 from .server_process import ProcessSample, ServerProcess, free_port
@@ -67,8 +69,6 @@ RESULTS = Path(__file__).resolve().parent / "results"
 BOT = Path(__file__).resolve().parent / "pipecat" / "bot.py"
 PIPECAT_PYTHON = ROOT / ".venv-pipecat" / "bin" / "python"
 
-ANSWER_TIMEOUT_S = 30.0
-"""How long the caller waits for an answer to start."""
 END_OF_ANSWER_S = 1.5
 """Silence that ends an answer (longer than any pause inside one: see ``longest_gap_ms``)."""
 SILENCE_HOLD_MS = 300.0
@@ -370,9 +370,7 @@ async def _call(
     firsts: list[Record] = []
     try:
         await caller.connect(url)
-        # media flowing and anything the agent says on its own (a greeting) over
-        await asyncio.sleep(1.0)
-        await wait_quiet(caller, time.monotonic(), 1.0, ANSWER_TIMEOUT_S)
+        await settle(caller)
         for utterance in itertools.islice(itertools.cycle(script), warmups):
             firsts.append({**await question(caller, utterance, llm), "kind": "warmup"})
             print(f"  warm-up: {_line(firsts[-1])}", file=sys.stderr)

@@ -21,18 +21,24 @@ than the answer's own request).
 from __future__ import annotations
 
 import asyncio
-import statistics
 import time
 import zlib
 from typing import Any
 
 from server.testkit.caller import SILENCE_DBFS, WebRTCCaller
 from server.testkit.echo_path import ReturnedEcho
-from server.testkit.impairments import NOISE_KINDS, NoiseKind, at_level, noise, speech_level_dbfs
+from server.testkit.impairments import NOISE_KINDS, NoiseKind, at_level, noise
 
 from .corpus import Utterance
 from .echo_calls import ECHO_PATHS
-from .heard import FRAME_S, streamed_requests, wait_first_sound, wait_quiet
+from .heard import (
+    ANSWER_TIMEOUT_S,
+    FRAME_S,
+    settle,
+    streamed_requests,
+    wait_first_sound,
+    wait_quiet,
+)
 
 __all__ = [
     "CUT_FRACTION",
@@ -51,7 +57,6 @@ NOISE_MS = 2500
 CUT_FRACTION = 0.8
 QUIET_S = 4.0
 """Silence that ends the long answer: longer than a pause while noise plays and is settled."""
-ANSWER_TIMEOUT_S = 30.0
 VOCABLE_CLEANING = {
     "noisy": ("--noise-suppression", "all"),
     "echo": ("--echo-cancellation", "all"),
@@ -69,7 +74,7 @@ async def impaired_side(
     caller = WebRTCCaller()
     await caller.connect(url)
     try:
-        await _settle(caller)
+        await settle(caller)
         clean = await _long_answer(caller, ask, llm)
         trials: list[Record] = []
         if corpus == "noisy":
@@ -93,16 +98,10 @@ async def _echo_call(url: str, echo: ReturnedEcho, ask: Utterance, llm: Any) -> 
     caller = WebRTCCaller(echo=echo)
     await caller.connect(url)
     try:
-        await _settle(caller)
+        await settle(caller)
         return await _long_answer(caller, ask, llm)
     finally:
         await caller.close()
-
-
-async def _settle(caller: WebRTCCaller) -> None:
-    """Media flowing, and anything the agent says on its own (a greeting) over."""
-    await asyncio.sleep(1.0)
-    await wait_quiet(caller, time.monotonic(), 1.0, 30.0)
 
 
 async def _long_answer(
@@ -149,11 +148,6 @@ def judge_trial(trial: Record, clean: Record) -> Record:
         "cut": trial["voiced_ms"] < CUT_FRACTION * clean["voiced_ms"],
         "taken_as_turn": trial["llm_requests"] > 1,
     }
-
-
-def speech_level(questions: list[Utterance]) -> float:
-    """The caller's speech level (dBFS) the noise levels are set against."""
-    return statistics.fmean(speech_level_dbfs(q.pcm()) for q in questions)
 
 
 def impaired_summary(corpus: str, sessions: list[Record]) -> Record:

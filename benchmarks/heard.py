@@ -12,15 +12,19 @@ from typing import Any
 from server.testkit.caller import SILENCE_DBFS, ReceivedFrame, WebRTCCaller
 
 __all__ = [
+    "ANSWER_TIMEOUT_S",
     "FRAME_S",
     "heard_between",
     "last_sound_after",
+    "settle",
     "streamed_requests",
     "wait_first_sound",
     "wait_quiet",
 ]
 
 FRAME_S = 0.02
+ANSWER_TIMEOUT_S = 30.0
+"""How long a caller waits for an answer to start."""
 
 
 async def wait_first_sound(caller: WebRTCCaller, after: float, timeout_s: float) -> float | None:
@@ -70,3 +74,9 @@ def last_sound_after(frames: Sequence[ReceivedFrame], t: float) -> float | None:
 def streamed_requests(llm: Any) -> list[dict[str, Any]]:
     """The scripted LLM's streamed requests so far (answers, not classifications)."""
     return [r for r in llm.requests if r.get("stream")]
+
+
+async def settle(caller: WebRTCCaller) -> None:
+    """Until media flows and anything the agent says on its own (a greeting) is over."""
+    await asyncio.sleep(1.0)
+    await wait_quiet(caller, time.monotonic(), 1.0, ANSWER_TIMEOUT_S)

@@ -22,7 +22,14 @@ import zlib
 from typing import Any
 
 from server.testkit.caller import WebRTCCaller
-from server.testkit.impairments import NOISE_KINDS, NoiseKind, at_level, mix_at_snr, noise
+from server.testkit.impairments import (
+    NOISE_KINDS,
+    NoiseKind,
+    at_level,
+    mix_at_snr,
+    noise,
+    speech_level_dbfs,
+)
 
 from .corpus import Utterance
 from .scenarios import TURN_TIMEOUT_S, Record, agent_speaking
@@ -32,6 +39,7 @@ __all__ = [
     "noise_alone",
     "noisy_markdown",
     "noisy_question",
+    "speech_level",
     "summarize_noisy",
     "word_error_rate",
     "word_errors",
@@ -42,6 +50,11 @@ SNRS_DB = (20, 10, 5)
 LEAD_MS = 600
 TAIL_MS = 600
 NOISE_ALONE_MS = 2500
+
+
+def speech_level(questions: list[Utterance]) -> float:
+    """The caller's speech level (dBFS, the questions' mean) that noise levels are set against."""
+    return statistics.fmean(speech_level_dbfs(q.pcm()) for q in questions)
 
 
 async def noisy_question(
