@@ -17,6 +17,7 @@ from media.turn_model import (
     check_turn_model,
 )
 from server.testkit.scenarios.speech import hesitant_piper
+from tests.support.speech import transcriber
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -64,6 +65,18 @@ async def test_a_voice_that_goes_on_scores_below_one_that_has_finished(
     assert going_on < 0.5 <= finished, (going_on, finished)
     assert model.evaluations >= 2
     assert model.mean_cost_ms > 0
+
+
+async def test_a_hesitant_lines_pause_holds_nothing_of_the_next_word() -> None:
+    """The pause starts where Piper's word break begins: cut in the break's middle, the faint
+    lead-in of "two" was heard as "... for two" (a finished line, on AVX2 kernels)."""
+    hesitant = np.frombuffer(
+        hesitant_piper(("Friday at eight, for", "two people."), 1.0, 1000), "<i2"
+    )
+    # everything before the inserted silence, to its last sample, faint ones included
+    pause = np.flatnonzero(np.convolve(hesitant != 0, np.ones(900 * 16), "valid") == 0)[0]
+    heard = await transcriber().transcribe(hesitant[:pause].tobytes() + silence(300))
+    assert heard.text.lower().rstrip(".").endswith("for"), heard.text
 
 
 def test_a_missing_or_damaged_model_file_is_one_line(tmp_path: Path) -> None:
