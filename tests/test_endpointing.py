@@ -93,6 +93,10 @@ def test_unfinished_sentences_do_not_sound_complete(text: str) -> None:
         ("My order number is 4 7 9,", "listing"),
         ("five five five", "listing"),
         ("The name is Rossi R O S", "listing"),
+        ("The name is Rossy R-O-S-S-I.", "spelled"),  # Whisper's own spelling of the name
+        ("I live at Oak, O A K.", "spelled"),
+        ("The name is Rossi, R, O, S, S.", "listing"),  # one letter short of the name
+        ("My name is Tim, T A M.", "listing"),  # three letters must all match
         ("A table for four.", "complete"),  # one number word is not a list
         ("Right.", "opener"),
         ("Fine, thanks.", "opener"),
@@ -119,6 +123,7 @@ END = EndpointSettings()
         ("closing", 0.9, False, END.complete_silence_ms, "words+audio"),
         ("closing", 0.1, False, END.closing_silence_ms, "audio"),  # seldom goes on after "?"
         ("continues", 0.99, False, END.hold_ms, "hold"),  # "...a table for": the words decide
+        ("spelled", 0.02, False, END.complete_silence_ms, "words"),  # "R, O, S, S, I.": too
         ("listing", 0.9, False, END.listing_silence_ms, "words+audio"),
         ("listing", 0.2, False, END.hold_ms, "hold"),
         ("opener", 0.1, False, END.opener_silence_ms, "words"),

@@ -30,7 +30,8 @@ Words and voice together (``words_end`` and an audio end-of-turn model's score,
 :mod:`media.turn_model`, taken at ``model_silence_ms`` of each pause): the turn ends after the
 short silence only when both say the caller is done. While the voice says they are not, or the
 words stop on "for", "whether", "um", or in the middle of a digit group or a spelled name, the
-agent holds the turn up to ``hold_ms``, then answers (:func:`end_of_turn` has the table). A short
+agent holds the turn up to ``hold_ms``, then answers (:func:`end_of_turn` has the table); a
+name spelled out to its last letter ends it after the short silence, on the words alone. A short
 opener ("Right.", "Fine, thanks.") waits ``opener_silence_ms``: callers go on after one.
 """
 
@@ -59,7 +60,9 @@ __all__ = [
 
 _T = TypeVar("_T")
 
-WordsEnd = Literal["closing", "complete", "opener", "listing", "continues", "unsure", "none"]
+WordsEnd = Literal[
+    "closing", "complete", "spelled", "opener", "listing", "continues", "unsure", "none"
+]
 """How a transcript ends (:func:`words_end`)."""
 EndReason = Literal["words", "words+audio", "audio", "hold", "silence", "forced"]
 """Why a turn ended: the words alone (no audio score), words and voice agreeing, the voice
@@ -102,6 +105,10 @@ def words_end(text: str) -> WordsEnd:
     - ``closing``: a question ("Where is my order?"), or a sentence that closes with a courtesy
       ("..., please.", "Thank you."): callers seldom go on after one;
     - ``complete``: :func:`sounds_complete`, and none of the below;
+    - ``spelled``: letters spelled out that spell a word said before them ("The name is
+      Rossi, R, O, S, S, I."; one letter may differ, since Whisper writes a name its own way:
+      "Rossy R-O-S-S-I."): the spelling is done, however unfinished the voice sounds letter by
+      letter;
     - ``opener``: up to three words that open turns more often than they end them ("Right.",
       "Fine, thanks.", "Well, I mean."); a question ("Hello?") is complete;
     - ``listing``: a digit group ("555-0134.", "4 7,"), number words read one by one ("five
@@ -118,6 +125,8 @@ def words_end(text: str) -> WordsEnd:
         return "continues"
     if stripped.endswith("?"):
         return "closing"
+    if _spells_a_word_said(words):
+        return "spelled"
     if _is_listing(words):
         return "listing"
     if len(words) <= 3 and all(word in _OPENERS for word in words):
@@ -129,6 +138,23 @@ def words_end(text: str) -> WordsEnd:
 
 def _closes_with_courtesy(words: list[str]) -> bool:
     return words[-1] in _COURTESIES or words[-2:] == ["thank", "you"]
+
+
+def _spells_a_word_said(words: list[str]) -> bool:
+    """Whether the transcript ends with three or more single letters that spell a word of the
+    same length said before them (so "R O S" of "Rossi" does not), one letter aside in a word
+    of four or more."""
+    count = 0
+    while count < len(words) and _SPELLED.match(words[-1 - count]):
+        count += 1
+    if count < 3 or count == len(words):
+        return False
+    letters = words[-count:]
+    return any(
+        len(word) == count
+        and sum(a != b for a, b in zip(word, letters, strict=True)) <= (count >= 4)
+        for word in words[:-count]
+    )
 
 
 def _is_listing(words: list[str]) -> bool:
@@ -167,6 +193,7 @@ def end_of_turn(
     ===========  ==========================  ======================  ====================
     closing      ``complete_silence_ms``     ``closing_...``         waits for it
     complete     ``complete_silence_ms``     ``disputed_...``        waits for it
+    spelled      ``complete_silence_ms``     ``complete_silence_ms`` (the words decide)
     opener       ``opener_silence_ms``       ``opener_silence_ms``   (the voice can't tell)
     listing      ``listing_silence_ms``      ``hold_ms``             waits for it
     continues    ``hold_ms``                 ``hold_ms``             (the words decide)
@@ -183,6 +210,8 @@ def end_of_turn(
     at_least = settings.complete_silence_ms  # no wait is shorter than a finished turn's
     if words == "opener":
         return TurnEnd(max(at_least, settings.opener_silence_ms), "words")
+    if words == "spelled":
+        return TurnEnd(at_least, "words")
     hold = settings.hold_ms
     if words == "continues":
         return TurnEnd(hold, "hold")
