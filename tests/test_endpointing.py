@@ -226,6 +226,26 @@ async def test_a_doubted_pause_is_scored_again_and_the_later_score_decides() -> 
         speculation.discard()
 
 
+@pytest.mark.parametrize(("second_score", "starts_at_ms"), [(None, 360), (0.2, 1360)])
+async def test_a_doubted_sentence_is_answered_ahead_of_its_second_score(
+    second_score: float | None, starts_at_ms: int
+) -> None:
+    """The preemptive answer bets on the second score lifting the doubt (it starts the lead
+    before ``model_recheck_ms``); once that score doubts too, it waits for the longer end."""
+    settings = EndpointSettings()
+    speculation = await _speculation("I ordered a blue kettle and want to know when it arrives.")
+    try:
+        speculation.scoring = asyncio.create_task(_scored(0.31))
+        await speculation.scoring
+        if second_score is not None:
+            speculation.rechecking = asyncio.create_task(_scored(second_score))
+            await speculation.rechecking
+        due = [ms for ms in range(0, 3000, 20) if speculation.preempt_due(ms, 400, settings)]
+        assert due[0] == starts_at_ms
+    finally:
+        speculation.discard()
+
+
 @pytest.mark.parametrize(
     ("text", "first_score"),
     [

@@ -13,8 +13,9 @@ A preemptive answer (the LLM started while the end of the turn is still awaited)
 the caller is done, and a lost bet costs an LLM request. It is placed by the silence and the
 words, never by how fast the decode came back, so a call behaves the same on a slow and a fast
 CPU: only ``preempt_lead_ms`` before the turn would end (260 ms of silence after a complete
-sentence, 760 ms after a trailing "and"), past the comma pauses of ordinary speech, and never on
-a single word ("Hello?", "Wait."), which opens a turn more often than it ends one. A question
+sentence, 760 ms after a trailing "and"; before the second score of a finished sentence the
+voice doubted, which often lifts the doubt), past the comma pauses of ordinary speech, and
+never on a single word ("Hello?", "Wait."), which opens a turn more often than it ends one. A question
 hands the turn over: after one the lead is ``question_lead_ms`` (an answer at 160 ms of
 silence), until the call's caller goes on after a preemptive answer (they add to their
 questions), from then on the ordinary lead. A decode that comes back later than that starts
@@ -407,14 +408,21 @@ class Speculation:
         sentence, the first score doubted the turn was over, and ``model_recheck_ms`` of
         silence have passed (once per pause). Words that read unfinished keep the first
         doubt: a second look must not end "Friday at eight, for [two] ..." inside its pause."""
+        return (
+            self.rechecking is None
+            and silent_ms >= settings.model_recheck_ms
+            and self._doubted_sentence(settings)
+        )
+
+    def _doubted_sentence(self, settings: EndpointSettings) -> bool:
+        """Whether the words read as a finished sentence that the first score doubted, and a
+        second score is set (``model_recheck_ms``)."""
         first = None if self.scoring is None else _result(self.scoring)
         transcript = self.transcript
         return (
             settings.model_recheck_ms > 0
-            and self.rechecking is None
             and first is not None
             and first < settings.turn_threshold
-            and silent_ms >= settings.model_recheck_ms
             and transcript is not None
             and words_end(transcript.text) in ("complete", "closing")
         )
@@ -457,7 +465,19 @@ class Speculation:
         lead = settings.preempt_lead_ms
         if questions_early and settings.preempt_lead_ms and transcript.text.rstrip().endswith("?"):
             lead = max(lead, settings.question_lead_ms)
-        return silent_ms >= self.turn_end(base_ms, settings).silence_ms - lead
+        return silent_ms >= self._expected_end_ms(base_ms, settings) - lead
+
+    def _expected_end_ms(self, base_ms: int, settings: EndpointSettings) -> int:
+        """The silence the turn is bet to end at: as things stand (:meth:`turn_end`), or, while
+        a finished sentence the voice doubted awaits its second score, that score's silence.
+        The doubt is often lifted there ("Hi, I ordered a blue kettle last week and I would
+        like to know when it will arrive.": 0.31 at 200 ms, 0.91 at 500), and an answer started
+        only then is an LLM's first token later."""
+        end = self.turn_end(base_ms, settings).silence_ms
+        rechecked = self.rechecking is not None and self.rechecking.done()
+        if not rechecked and self._doubted_sentence(settings):
+            return min(end, settings.model_recheck_ms)
+        return end
 
     def discard(self) -> None:
         """Abandon the results (the decode and the scoring finish in their threads)."""
