@@ -27,6 +27,7 @@ from media.audio import SAMPLE_RATE, silence
 from server.testkit.browser import Browser, microphone_file
 
 from .corpus import Utterance
+from .jitter import SELECTED_PAIR, RelayBroker, rewrite_answer_script
 from .report import percentile
 
 __all__ = ["browser_level", "browser_markdown", "percentiles", "summarize_browser"]
@@ -76,6 +77,7 @@ async def _one_call(
     questions: Sequence[Utterance],
     turns: int,
     processing: bool,
+    relays: RelayBroker | None,
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="vocable-browser-") as scratch:
         folder = Path(scratch)
@@ -85,9 +87,13 @@ async def _one_call(
         )
         async with Browser(folder / "profile", microphone) as browser:
             assert browser.pid is not None
+            if relays is not None:
+                script = rewrite_answer_script(relays.url)
+                await browser.send("Page.addScriptToEvaluateOnNewDocument", source=script)
             cpu_before, started = _cpu_s(browser.pid), time.monotonic()
             await browser.goto(f"{base_url}/?{query}")
             await browser.wait_until("call && call.pc.connectionState === 'connected'", 30)
+            pair = await browser.evaluate(SELECTED_PAIR) if relays is not None else None
             cycle_s = GREETING_S + sum(len(q.pcm()) / 2 / SAMPLE_RATE + ANSWER_S for q in questions)
             await browser.wait_until(
                 f"window.vocable.turns.length >= {turns}",
@@ -105,7 +111,13 @@ async def _one_call(
         "turns": [_turn(index, n, turn, offset_ms) for n, turn in enumerate(heard[:turns])],
         "stats": stats,
         "client_cpu_percent": round(cpu_percent, 1),
+        "jittered": None if relays is None else _through_relay(pair, relays),
     }
+
+
+def _through_relay(pair: dict[str, Any] | None, relays: RelayBroker) -> bool:
+    """Whether the page's selected ICE pair ends at one of the broker's relays."""
+    return pair is not None and pair.get("remote_port") in {r.port for r in relays.relays}
 
 
 def _turn(call: int, number: int, turn: dict[str, Any], offset_ms: float) -> dict[str, Any]:
@@ -143,24 +155,32 @@ async def browser_level(
     turns: int,
     questions: Sequence[Utterance],
     processing: bool = False,
+    jitter_ms: tuple[float, float] | None = None,
 ) -> dict[str, Any]:
     """``calls`` Chromium pages at once (started 1 s apart), each until it timed ``turns``
     answers; each page asks the questions from a different one on. ``processing``: the pages
-    keep Chromium's echo cancellation, noise suppression and gain control on (else ``?raw=1``)."""
+    keep Chromium's echo cancellation, noise suppression and gain control on (else ``?raw=1``).
+    ``jitter_ms``: the pages' media pass through relays that delay each datagram by that range
+    (:mod:`.jitter`)."""
     cycle = list(questions)
 
-    async def call(index: int) -> dict[str, Any]:
+    async def call(index: int, relays: RelayBroker | None) -> dict[str, Any]:
         await asyncio.sleep(index * 1.0)
         start = index * len(cycle) // max(1, calls)
         script = list(itertools.islice(itertools.cycle(cycle), start, start + len(cycle)))
-        return await _one_call(base_url, playbook, index, script, turns, processing)
+        return await _one_call(base_url, playbook, index, script, turns, processing, relays)
 
     started = time.monotonic()
-    pages = await asyncio.gather(*(call(i) for i in range(calls)))
+    async with contextlib.AsyncExitStack() as stack:
+        relays = None
+        if jitter_ms is not None:
+            relays = await stack.enter_async_context(RelayBroker(jitter_ms))
+        pages = await asyncio.gather(*(call(i, relays) for i in range(calls)))
     return {
         "calls": calls,
         "client": "chromium",
         "audio_processing": processing,
+        "jitter_ms": list(jitter_ms) if jitter_ms is not None else None,
         "pages": pages,
         "elapsed_s": round(time.monotonic() - started, 1),
     }
@@ -214,7 +234,20 @@ def summarize_browser(level: dict[str, Any]) -> dict[str, Any]:
         "concealed_percent": round(100 * concealed / received, 2) if received else None,
         "arrival_jitter_ms": _mean([1000 * s["jitter"] for s in inbound if "jitter" in s]),
         "client_cpu_percent": _mean([page["client_cpu_percent"] for page in level["pages"]]),
+        "pages_through_relays": sum(bool(page.get("jittered")) for page in level["pages"]),
     }
+
+
+def _jitter_line(run: dict[str, Any]) -> str:
+    jitter = run["settings"].get("jitter_ms")
+    if not jitter:
+        return "Network: loopback, no added delay."
+    through = ", ".join(f"{s['pages_through_relays']} of {s['calls']}" for s in run["summary"])
+    return (
+        f"Network: every datagram both ways delayed {jitter[0]:g}-{jitter[1]:g} ms (uniformly, "
+        f"in order) by relays between the pages and the server (`benchmarks/jitter.py`); pages "
+        f"whose selected ICE pair went through them: {through}."
+    )
 
 
 def _mean(values: list[float]) -> float | None:
@@ -240,6 +273,8 @@ def browser_markdown(run: dict[str, Any]) -> str:
         "",
         "The browser's echo cancellation, noise suppression and gain control: "
         + ("on." if run["settings"].get("browser_audio_processing") else "off (`?raw=1`)."),
+        "",
+        _jitter_line(run),
         "",
         "| calls | heard p50 / p95 (n) | server p50 | on arrival p50 | gap p50 / p95 | "
         "way in / out p50 | jitter buffer | concealed | arrival jitter | client CPU |",

@@ -84,6 +84,17 @@ def run_harness(
     return 0
 
 
+def _delay_range(text: str) -> tuple[float, float]:
+    """``LOW,HIGH`` in ms, 0 <= LOW <= HIGH <= 1000 (``--jitter-ms``)."""
+    try:
+        low, high = (float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected LOW,HIGH in ms") from None
+    if not 0 <= low <= high <= 1000:
+        raise argparse.ArgumentTypeError(f"{text!r}: need 0 <= LOW <= HIGH <= 1000")
+    return low, high
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("--url", help="a running Vocable server (default: start one)")
@@ -169,6 +180,15 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="--client chromium: the pages keep Chromium's echo cancellation, noise "
         "suppression and gain control on, as real users have them (default: off, ?raw=1)",
+    )
+    parser.add_argument(
+        "--jitter-ms",
+        type=_delay_range,
+        default=None,
+        metavar="LOW,HIGH",
+        help="--client chromium: the pages' media pass through relays that delay every "
+        "datagram, both ways, by LOW to HIGH ms (drawn uniformly, kept in order), as "
+        "'tc qdisc ... netem delay 30ms 10ms' would on a machine that has netem",
     )
     parser.add_argument(
         "--barge-in",
@@ -401,6 +421,7 @@ async def _browsers(
                 args.turns,
                 questions,
                 processing=args.browser_processing,
+                jitter_ms=args.jitter_ms,
             )
         )
     return results
@@ -426,6 +447,7 @@ def _write_browsers(
             "llm": _llm_setting(args, scripted),
             "client": "chromium (headless, fake microphone)",
             "browser_audio_processing": args.browser_processing,
+            "jitter_ms": list(args.jitter_ms) if args.jitter_ms else None,
             "sweep": levels,
             "turns_per_call": args.turns,
             "server_args": args.server_arg,

@@ -1,12 +1,15 @@
 """The browser harness's arithmetic (``benchmarks.browser_calls``): how a page's turn and the
 server's figures of it become the way in, the way out and the gap (the Chromium runs themselves
-are benchmarks, not tests; the page's measurement is tested in ``test_browser``)."""
+are benchmarks, not tests; the page's measurement is tested in ``test_browser``), and the relay
+that adds network jitter to them."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from benchmarks.browser_calls import _turn, browser_markdown, summarize_browser
+from benchmarks.jitter import JitterRelay
 
 OFFSET_MS = 1_700_000_000_000.0
 """Wall clock less monotonic clock, as the harness would find it."""
@@ -62,3 +65,49 @@ def test_a_level_summary_takes_percentiles_and_the_receivers_delays() -> None:
         "summary": [{**summary, "on_arrival_ms": {"p50": 500.0, "p95": 520.0}}],
     }
     assert "| 1 | 572 / 574 ms (5) |" in browser_markdown(run)
+
+
+class _Echo(asyncio.DatagramProtocol):
+    """A UDP peer that answers each datagram with itself: the server behind the relay."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        self.transport.sendto(data, addr)  # type: ignore[attr-defined]
+
+
+class _Page(asyncio.DatagramProtocol):
+    def __init__(self, expected: int) -> None:
+        self.heard: list[tuple[bytes, float]] = []
+        self.all_heard = asyncio.Event()
+        self.expected = expected
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        self.heard.append((data, asyncio.get_running_loop().time()))
+        if len(self.heard) == self.expected:
+            self.all_heard.set()
+
+
+async def test_the_jitter_relay_delays_each_datagram_both_ways_in_order() -> None:
+    loop = asyncio.get_running_loop()
+    server, _ = await loop.create_datagram_endpoint(_Echo, local_addr=("127.0.0.1", 0))
+    relay = JitterRelay(server.get_extra_info("sockname"), delay_ms=(20, 40))
+    port = await relay.start()
+    page = _Page(expected=10)
+    sender, _ = await loop.create_datagram_endpoint(lambda: page, local_addr=("127.0.0.1", 0))
+    try:
+        sent = {}
+        for n in range(10):  # a packet every 5 ms: delays of 20-40 ms would reorder them
+            sent[bytes([n])] = loop.time()
+            sender.sendto(bytes([n]), ("127.0.0.1", port))
+            await asyncio.sleep(0.005)
+        await asyncio.wait_for(page.all_heard.wait(), 5)
+        assert [data for data, _ in page.heard] == [bytes([n]) for n in range(10)]
+        round_trips_ms = [(at - sent[data]) * 1000 for data, at in page.heard]
+        assert all(40 <= ms < 200 for ms in round_trips_ms), round_trips_ms  # 20-40 each way
+        assert len({round(ms) for ms in round_trips_ms}) > 1  # not one fixed delay
+    finally:
+        sender.close()
+        relay.close()
+        server.close()
