@@ -15,9 +15,9 @@ words, never by how fast the decode came back, so a call behaves the same on a s
 CPU: only ``preempt_lead_ms`` before the turn would end (260 ms of silence after a complete
 sentence, 760 ms after a trailing "and"; before the second score of a finished sentence the
 voice doubted, which often lifts the doubt), past the comma pauses of ordinary speech, and
-never on a single word ("Hello?", "Wait."), which opens a turn more often than it ends one. A question
-hands the turn over: after one the lead is ``question_lead_ms`` (an answer at 160 ms of
-silence), until the call's caller goes on after a preemptive answer (they add to their
+never on a single word ("Hello?", "Wait."), which opens a turn more often than it ends one. A
+question hands the turn over: after one the lead is ``question_lead_ms`` (an answer at 160 ms
+of silence), until the call's caller goes on after a preemptive answer (they add to their
 questions), from then on the ordinary lead. A decode that comes back later than that starts
 the answer when it arrives.
 
