@@ -394,6 +394,15 @@ class Speculation:
         return _result(self.task)
 
     @property
+    def words(self) -> WordsEnd | None:
+        """How the transcript ends (:func:`words_end`): None while the decode runs, ``none`` if
+        it failed."""
+        if not self.task.done():
+            return None
+        transcript = self.transcript
+        return words_end(transcript.text) if transcript is not None else "none"
+
+    @property
     def score(self) -> float | None:
         """The audio model's latest score, once it finished without error: the recheck's,
         else the first."""
@@ -418,13 +427,11 @@ class Speculation:
         """Whether the words read as a finished sentence that the first score doubted, and a
         second score is set (``model_recheck_ms``)."""
         first = None if self.scoring is None else _result(self.scoring)
-        transcript = self.transcript
         return (
             settings.model_recheck_ms > 0
             and first is not None
             and first < settings.turn_threshold
-            and transcript is not None
-            and words_end(transcript.text) in ("complete", "closing")
+            and self.words in ("complete", "closing")
         )
 
     def covers(self, ended: SpeechEnded) -> bool:
@@ -438,12 +445,10 @@ class Speculation:
         voice (:func:`end_of_turn`). While the decode runs, the turn waits for it: ending
         earlier would not start the answer sooner, since the answer needs the words, and would
         cut off a caller who trails off."""
-        words: WordsEnd | None = None
-        if self.task.done():
-            transcript = self.transcript
-            words = words_end(transcript.text) if transcript is not None else "none"
         scoring = self.scoring is not None and not self.scoring.done()
-        return end_of_turn(words, self.score, scoring=scoring, base_ms=base_ms, settings=settings)
+        return end_of_turn(
+            self.words, self.score, scoring=scoring, base_ms=base_ms, settings=settings
+        )
 
     def preempt_due(
         self,
