@@ -18,24 +18,22 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from typing import Any, cast
+from collections.abc import Callable
+from typing import Any
 
 from aiohttp import web
 
 __all__ = ["SELECTED_PAIR", "JitterRelay", "RelayBroker", "rewrite_answer_script"]
 
-_Address = tuple[str, int]
+_Address = tuple[Any, ...]
+"""A socket address: (host, port), or IPv6's (host, port, flowinfo, scope_id)."""
 
 
 class _Leg(asyncio.DatagramProtocol):
     """One socket of the relay: what it receives goes to ``forward``."""
 
-    def __init__(self, forward: Any) -> None:
+    def __init__(self, forward: Callable[[bytes, _Address], None]) -> None:
         self.forward = forward
-        self.transport: asyncio.DatagramTransport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.DatagramTransport, transport)
 
     def datagram_received(self, data: bytes, addr: _Address) -> None:
         self.forward(data, addr)
@@ -54,28 +52,27 @@ class JitterRelay:
         self.delay_ms = delay_ms
         self._random = random.Random(seed)
         self._page: _Address | None = None
-        self._outer: _Leg | None = None
-        self._inner: _Leg | None = None
+        self._outer: asyncio.DatagramTransport | None = None
+        """The socket the page sends to."""
+        self._inner: asyncio.DatagramTransport | None = None
+        """The socket that sends to the server."""
         self._last_release = {"up": 0.0, "down": 0.0}
-        self.relayed = 0
 
     async def start(self) -> int:
         loop = asyncio.get_running_loop()
-        _, outer = await loop.create_datagram_endpoint(
+        self._outer, _ = await loop.create_datagram_endpoint(
             lambda: _Leg(self._from_page), local_addr=("127.0.0.1", 0)
         )
         inner_address = ("::", 0) if ":" in self.target[0] else ("127.0.0.1", 0)
-        _, inner = await loop.create_datagram_endpoint(
+        self._inner, _ = await loop.create_datagram_endpoint(
             lambda: _Leg(self._from_server), local_addr=inner_address
         )
-        self._outer, self._inner = outer, inner
         return self.port
 
     @property
     def port(self) -> int:
         assert self._outer is not None
-        assert self._outer.transport is not None
-        port: int = self._outer.transport.get_extra_info("sockname")[1]
+        port: int = self._outer.get_extra_info("sockname")[1]
         return port
 
     def _from_page(self, data: bytes, addr: _Address) -> None:
@@ -88,23 +85,25 @@ class JitterRelay:
             assert self._outer is not None
             self._later("down", self._outer, data, self._page)
 
-    def _later(self, way: str, leg: _Leg, data: bytes, to: _Address) -> None:
+    def _later(
+        self, way: str, socket: asyncio.DatagramTransport, data: bytes, to: _Address
+    ) -> None:
         loop = asyncio.get_running_loop()
         low, high = self.delay_ms
         drawn = loop.time() + self._random.uniform(low, high) / 1000
         release = max(drawn, self._last_release[way] + 1e-6)  # the loop runs ties in any order
         self._last_release[way] = release
-        loop.call_at(release, self._send, leg, data, to)
-
-    def _send(self, leg: _Leg, data: bytes, to: _Address) -> None:
-        if leg.transport is not None and not leg.transport.is_closing():
-            leg.transport.sendto(data, to)
-            self.relayed += 1
+        loop.call_at(release, _send, socket, data, to)
 
     def close(self) -> None:
-        for leg in (self._outer, self._inner):
-            if leg is not None and leg.transport is not None:
-                leg.transport.close()
+        for socket in (self._outer, self._inner):
+            if socket is not None:
+                socket.close()
+
+
+def _send(socket: asyncio.DatagramTransport, data: bytes, to: _Address) -> None:
+    if not socket.is_closing():
+        socket.sendto(data, to)
 
 
 class RelayBroker:
