@@ -43,3 +43,14 @@ def test_a_pair_another_program_holds_is_skipped() -> None:
         ports = RtpPorts((base, base + 2))
         with pytest.raises(NoFreePort):
             ports.lease()
+
+
+def test_servers_sharing_a_range_do_not_all_start_at_its_lowest_pair() -> None:
+    """Two processes that lease from the same range race for the pair they both picked (it is
+    bound only once the call is answered): the search starts at a random pair."""
+    picked = set()
+    for _ in range(20):
+        lease = RtpPorts((40000, 40200)).lease()  # a new server each time, nothing leased
+        picked.add(lease.port)
+        lease.release()
+    assert len(picked) > 1, picked

@@ -3,6 +3,7 @@ and given back exactly once."""
 
 from __future__ import annotations
 
+import random
 import socket
 
 __all__ = ["NoFreePort", "RtpPortLease", "RtpPorts"]
@@ -23,8 +24,14 @@ class RtpPorts:
         """RTP ports of the pairs leased out."""
 
     def lease(self) -> RtpPortLease:
-        """The lowest free pair; raises NoFreePort."""
-        for port in range(self.low, self.high - 1, 2):
+        """A free pair, the search starting at a random one; raises NoFreePort. A pair is
+        bound only later (an outbound call's, once the callee answers), and processes that share
+        the range (two servers, or parallel tests) would otherwise all pick the lowest free pair
+        and race for it: the loser's bind fails with "Address already in use"."""
+        pairs = range(self.low, self.high - 1, 2)
+        first = random.randrange(len(pairs)) if pairs else 0
+        for index in range(len(pairs)):
+            port = pairs[(first + index) % len(pairs)]
             if port not in self.leased and _bindable(port) and _bindable(port + 1):
                 self.leased.add(port)
                 return RtpPortLease(self, port)
