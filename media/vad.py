@@ -120,6 +120,12 @@ class SpeechResumed:
 
 VadEvent = SpeechStarted | SpeechPaused | SpeechResumed | SpeechEnded
 
+SUPPRESSED_ONSET_DB = 20.0
+"""How far below the floor an echo canceller's output may start while the sound that arrived is
+at the caller's level: the canceller's suppressor holds the first 20-60 ms of a caller talking
+over the agent 7-20 dB down (WebRTC's AEC3), and an onset judged on its output alone came
+40 ms late."""
+
 LEVEL_MIN_VOICED_MS = 600
 """An utterance with less voiced audio (a cough, a word of babble) does not set the caller's
 level."""
@@ -146,6 +152,7 @@ class VadSegmenter:
         self._paused = False
         self._max_frames = self.settings.max_utterance_ms // FRAME_MS
         self._voiced_run = 0
+        self._onset_run = 0
         self._run_started_at = 0.0
         self._utterance: list[bytes] | None = None
         self._silent_run = 0
@@ -182,8 +189,11 @@ class VadSegmenter:
     @property
     def onset_ms(self) -> int:
         """Consecutive voiced audio not yet an utterance (shorter than ``start_ms``; 0 while
-        speaking or after an unvoiced frame): a sound that may be the start of speech."""
-        return self._voiced_run * FRAME_MS if self._utterance is None else 0
+        speaking or after an unvoiced frame): a sound that may be the start of speech. Where
+        :meth:`push` is given the frame as it ``arrived`` before echo cancellation, a frame
+        the canceller held down counts if it arrived at the caller's level
+        (``SUPPRESSED_ONSET_DB``)."""
+        return self._onset_run * FRAME_MS if self._utterance is None else 0
 
     @property
     def silent_ms(self) -> int:
@@ -208,15 +218,34 @@ class VadSegmenter:
             self._voiced_levels.append(level)
         return speech and (not floored or level >= self.floor_dbfs)
 
-    def push(self, frame: bytes, at: float | None = None) -> list[VadEvent]:
-        """Process one frame that arrived at ``at`` (default: now)."""
+    def push(
+        self, frame: bytes, at: float | None = None, *, arrived: bytes | None = None
+    ) -> list[VadEvent]:
+        """Process one frame that arrived at ``at`` (default: now). ``arrived``: the same frame
+        before an echo canceller cleaned it (``frame``), where one did; it only moves
+        :attr:`onset_ms`."""
         if len(frame) != FRAME_BYTES:
             raise ValueError(f"expected {FRAME_BYTES}-byte frames (20 ms, 16 kHz PCM16)")
         at = self.clock() if at is None else at
         voiced = self.is_voiced(frame, floored=self._utterance is None)
         if self._utterance is None:
+            onset = voiced or (arrived is not None and self._suppressed_onset(frame, arrived))
+            self._onset_run = self._onset_run + 1 if onset else 0
             return self._idle(frame, voiced, at)
         return self._in_speech(frame, voiced, at)
+
+    def _suppressed_onset(self, frame: bytes, arrived: bytes) -> bool:
+        """Whether ``frame``, unvoiced after cancellation, is the caller's speech held down by
+        the canceller: it arrived above the floor, and what is left of it is speech no more
+        than ``SUPPRESSED_ONSET_DB`` under the floor (the echo alone, cancelled, leaves next to
+        nothing)."""
+        floor = self.floor_dbfs
+        if pcm_rms_dbfs(arrived) < floor:
+            return False
+        level = pcm_rms_dbfs(frame)
+        return level >= max(self.settings.min_dbfs, floor - SUPPRESSED_ONSET_DB) and bool(
+            self._vad.is_speech(frame, SAMPLE_RATE)
+        )
 
     def utterance_audio(self) -> bytes:
         """The current utterance's audio so far, pre-roll included (empty when not speaking)."""
@@ -236,6 +265,7 @@ class VadSegmenter:
         self._pre_roll.clear()
         self._utterance = None
         self._voiced_run = 0
+        self._onset_run = 0
         self._silent_run = 0
         self._paused = False
 
@@ -306,6 +336,7 @@ class VadSegmenter:
         )
         self._utterance = None
         self._voiced_run = 0
+        self._onset_run = 0
         self._silent_run = 0
         self._paused = False
         return ended

@@ -359,3 +359,33 @@ def test_the_pause_may_change_between_frames_and_is_emitted_once(
     again = segmenter.push(silence(FRAME_MS), at=T0 + len(speech + silence(160)) / 32000)
     assert [type(e) for e in late] == [SpeechPaused]
     assert again == []
+
+
+def scaled(pcm: bytes, db: float) -> bytes:
+    samples = np.frombuffer(pcm, dtype="<i2").astype(np.float64) * 10 ** (db / 20)
+    return samples.astype("<i2").tobytes()
+
+
+@pytest.mark.parametrize(
+    ("held_down_db", "onset"),
+    [(15.0, True), (45.0, False)],  # the canceller's first frames; the echo alone, cancelled
+)
+def test_a_caller_held_down_by_the_echo_canceller_still_makes_an_onset(
+    speech: bytes, held_down_db: float, onset: bool
+) -> None:
+    """Frames that arrived at the caller's level and left the canceller as speech at most 20 dB
+    under the floor count toward the onset (not toward an utterance); near-silence after it
+    does not, and without the arrived frame the floor alone decides."""
+    vad = VadSegmenter(Settings())
+    run(vad, silence(300) + speech + silence(600))
+    assert vad.caller_dbfs is not None
+    loud = [f for f in frames_of(speech) if pcm_rms_dbfs(f) >= vad.caller_dbfs][:2]
+    assert len(loud) == 2
+    for frame in loud:
+        assert vad.push(scaled(frame, -held_down_db), arrived=frame) == []
+    assert (vad.onset_ms == 40) is onset
+    blind = VadSegmenter(Settings())
+    run(blind, silence(300) + speech + silence(600))
+    for frame in loud:
+        blind.push(scaled(frame, -held_down_db))
+    assert blind.onset_ms == 0

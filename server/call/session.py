@@ -355,13 +355,16 @@ class Session:
         at = self.clock() if at is None else at
         for tap in self.taps:
             tap(self._silence if self.muted else frame)
+        arrived = None
         if self.hearing is not None:
+            if self.hearing.settings.echo_cancellation and not self.muted:
+                arrived = frame
             frame = self.hearing.heard(frame)
         if self.muted or self.echo.is_echo(frame, self.voice.speaker.levels):
             frame = self._silence
         turns = self.turn_taking
         self.vad.pause_ms = turns.pause_ms()
-        for event in self.vad.push(frame, at):
+        for event in self.vad.push(frame, at, arrived=arrived):
             if isinstance(event, SpeechStarted):
                 self._on_speech_started(event)
             elif isinstance(event, SpeechPaused):
