@@ -39,6 +39,7 @@ from .noisy_calls import (
     noisy_question,
     speech_level,
     summarize_noisy,
+    talked_over,
 )
 from .provenance import git_commit, machine
 from .report import plot, summarize, to_markdown
@@ -493,7 +494,7 @@ async def _noisy(
     asked = questions[: max(1, args.passes)]
     speech_dbfs = speech_level(questions)
     caller = await new_caller(target)
-    total = len(questions) + len(NOISE_KINDS) * len(SNRS_DB) * (len(asked) + 1)
+    total = len(questions) + len(NOISE_KINDS) * len(SNRS_DB) * (len(asked) + 2)
     try:
         await asyncio.sleep(0.5)
         with tqdm(total=total, unit="test", file=sys.stderr) as bar:
@@ -507,6 +508,9 @@ async def _noisy(
                         bar.update()
                     ask = corpus["piper_everything"]
                     records.append(await noise_alone(caller, ask, kind, snr, speech_dbfs))
+                    bar.update()
+                    interrupt = corpus["piper_stop"]
+                    records.append(await talked_over(caller, ask, interrupt, kind, snr))
                     bar.update()
     finally:
         await caller.close()

@@ -8,7 +8,10 @@ from ``LEAD_MS`` before the question to ``TAIL_MS`` after it:
 - **word error rate** of what the server transcribed against the question's text, and a
   **lost turn** when the question got no answer;
 - a **false barge-in** when noise alone, ``NOISE_ALONE_MS`` of it over a long answer, cut the
-  agent off (``interrupted``); a ``paused`` agent that resumed by itself is counted apart.
+  agent off (``interrupted``); a ``paused`` agent that resumed by itself is counted apart;
+- **barge-in** over the noise: the caller talks over the long answer, the noise running from
+  ``LEAD_MS`` before the words; from the words' first voiced frame leaving (the noise before it
+  aside) to the agent heard silent, and whether the agent was cut off.
 
 A clean pass of the same questions first gives the clean word error rate, and lets the server
 learn the caller's own level, as a real call's first turn does.
@@ -21,7 +24,7 @@ import statistics
 import zlib
 from typing import Any
 
-from server.testkit.caller import WebRTCCaller
+from server.testkit.caller import WebRTCCaller, voiced_span_ms
 from server.testkit.impairments import (
     NOISE_KINDS,
     NoiseKind,
@@ -41,6 +44,7 @@ __all__ = [
     "noisy_question",
     "speech_level",
     "summarize_noisy",
+    "talked_over",
     "word_error_rate",
     "word_errors",
     "words_of",
@@ -115,6 +119,39 @@ async def noise_alone(
     }
 
 
+async def talked_over(
+    caller: WebRTCCaller, ask: Utterance, interrupt: Utterance, kind: NoiseKind, snr_db: float
+) -> Record:
+    """Ask for a long answer, then say ``interrupt`` over it with ``kind`` noise at ``snr_db``:
+    the barge-in's time to the agent's silence, from the words' first voiced frame leaving."""
+    record: Record = {"test": "barge_in", "noise": kind, "snr_db": snr_db}
+    interrupted = len(caller.of_type("interrupted"))
+    answers = len(caller.of_type("tts_end"))
+    if await agent_speaking(caller, ask) is None:
+        return {**record, "ok": False, "error": "the agent never started its long answer"}
+    await asyncio.sleep(1.0)
+    pcm = interrupt.pcm()
+    words_at_ms = LEAD_MS + voiced_span_ms(pcm)[0]
+    background = noise(kind, LEAD_MS + len(pcm) // 32 + TAIL_MS, seed=int(snr_db) + 1)
+    spoken = caller.say(mix_at_snr(pcm, background, snr_db, lead_ms=LEAD_MS))
+    sent_at = await spoken.first_voiced_sent_at() - spoken.first_voiced_ms / 1000
+    words_at = sent_at + words_at_ms / 1000
+    await asyncio.sleep(words_at_ms / 1000 + 2.0)
+    silent_at = caller.silent_from(words_at)
+    cut = len(caller.of_type("interrupted")) > interrupted
+    try:  # the cut answer's end, then the interruption's answer
+        await caller.wait_for("tts_end", answers + 2, TURN_TIMEOUT_S * 2)
+        await asyncio.sleep(1.0)
+    except TimeoutError:
+        return {**record, "ok": False, "cut": cut, "error": "the interruption got no answer"}
+    return {
+        **record,
+        "ok": True,
+        "cut": cut,
+        "barge_in_ms": round((silent_at - words_at) * 1000, 1) if cut and silent_at else None,
+    }
+
+
 def word_error_rate(reference: str, hypothesis: str) -> float:
     """Word-level edit distance over the reference's length (words lowercased, no punctuation)."""
     return word_errors(reference, hypothesis) / max(1, len(words_of(reference)))
@@ -156,6 +193,8 @@ def summarize_noisy(records: list[Record]) -> dict[str, Any]:
             alone = [r for r in records if r["test"] == "noise_alone" and r["noise"] == kind]
             alone = [r for r in alone if r["snr_db"] == snr and "false_barge_in" in r]
             heard = [r["wer"] for r in asked if not r["lost"]]
+            talked = [r for r in records if r["test"] == "barge_in" and r["noise"] == kind]
+            talked = [r for r in talked if r["snr_db"] == snr]
             rows.append(
                 {
                     "noise": kind or "clean",
@@ -167,9 +206,20 @@ def summarize_noisy(records: list[Record]) -> dict[str, Any]:
                     "noise_alone": len(alone),
                     "false_barge_ins": sum(r["false_barge_in"] for r in alone),
                     "paused": sum(r.get("paused", 0) for r in alone),
+                    "barge_ins": len(talked),
+                    "barge_ins_detected": sum(r.get("barge_in_ms") is not None for r in talked),
+                    "barge_in_ms": [r["barge_in_ms"] for r in talked if r.get("barge_in_ms")],
                 }
             )
-    return {"rows": rows}
+    measured = sorted(ms for row in rows if (row["snr_db"] or 0) >= 10 for ms in row["barge_in_ms"])
+    return {
+        "rows": rows,
+        "barge_in_10db_and_above": {
+            "n": len(measured),
+            "p50_ms": statistics.median(measured) if measured else None,
+            "max_ms": max(measured) if measured else None,
+        },
+    }
 
 
 def noisy_markdown(run: dict[str, Any]) -> str:
@@ -180,13 +230,22 @@ def noisy_markdown(run: dict[str, Any]) -> str:
         f"on {run['machine'].get('cpu', '?')}; settings: `{run['settings']}`",
         "",
         "| noise | SNR dB | questions | lost | WER % | extra turns | noise alone | false "
-        "barge-ins | paused (resumed) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "barge-ins | paused (resumed) | barge-ins over it: detected | to silence ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in run["summary"]["rows"]:
+        talked = f"{row.get('barge_ins_detected', 0)} of {row.get('barge_ins', 0)}"
         lines.append(
             f"| {row['noise']} | {row['snr_db'] or ''} | {row['questions']} | {row['lost']} | "
             f"{row['wer']} | {row['extra_turns']} | {row['noise_alone']} | "
-            f"{row['false_barge_ins']} | {row['paused']} |"
+            f"{row['false_barge_ins']} | {row['paused']} | {talked} | "
+            f"{row.get('barge_in_ms', [])} |"
         )
+    above = run["summary"].get("barge_in_10db_and_above")
+    if above:
+        lines += [
+            "",
+            f"Barge-in over noise at 10 and 20 dB: {above['n']} measured, p50 "
+            f"{above['p50_ms']} ms, max {above['max_ms']} ms.",
+        ]
     return "\n".join(lines) + "\n"
