@@ -5,7 +5,7 @@ One call per echo path (delay and return loss; ``server.testkit.echo_path``), on
 audio is cleaned; browsers cancel their own echo). Per call:
 
 - the agent gives a long answer with nobody talking: a **self-interruption** is the agent cut
-  off (``interrupted``) or paused by its own voice;
+  off (``interrupted``) by its own voice; a pause it resumed from by itself is counted apart;
 - the agent gives it again and the caller talks over it: **barge-in**, from the caller's first
   voiced frame to the agent's silence; the caller's transcript must not hold the agent's words
   (**echo words**: words of the answer that the caller did not say).

@@ -10,7 +10,10 @@ that pause. This scores, with 200 ms and 500 ms of silence at the end:
 
 at the end of every paused line of the hesitation corpus (the caller is done: a high score is
 right), and at the second pause of five lines paused twice (the caller is not done: a high score
-is a cut-in unless the words hold the turn). Run: ``python -m benchmarks.turn_context``.
+is a cut-in unless the words hold the turn). Also scored: "A table, please" followed by "for
+four", in three takes of each of three writings (with a full stop, with a comma, with neither:
+the prosody running on to "for"), at 200, 350, 500 and 800 ms of silence after "please" (as
+fed today), into ``run-on.json``. Run: ``python -m benchmarks.turn_context``.
 """
 
 from __future__ import annotations
@@ -108,6 +111,32 @@ def _paused_twice() -> list[tuple[str, np.ndarray, int]]:
     return lines
 
 
+RUN_ON = ("A table, please. For four.", "A table, please, for four.", "A table please for four.")
+"""One request, three ways: the pause follows "please" (word 2)."""
+
+
+def _run_on_scores(model: TurnModel) -> dict[str, dict[str, list[float]]]:
+    """Each writing of ``RUN_ON``, three takes, cut after "please": the scores at 200, 350,
+    500 and 800 ms of silence."""
+    voice, config = aligned_voice(noiseless=False)
+    out: dict[str, dict[str, list[float]]] = {}
+    for text in RUN_ON:
+        out[text] = {}
+        for take in range(3):
+            pcm, rate, word_ends = aligned_speech(voice, config, text)
+            resampler = Resampler(rate, SAMPLE_RATE)
+            cut = resampler.resample(pcm[: word_ends[2] * 2]) + resampler.flush()
+            speech = np.frombuffer(cut, np.int16)
+            speech = speech[: _voiced_end(speech)]
+            out[text][f"take {take + 1}"] = [
+                round(
+                    model._score(np.concatenate([speech, np.zeros(ms * 16, np.int16)]).tobytes()), 2
+                )
+                for ms in (200, 350, 500, 800)
+            ]
+    return out
+
+
 def main() -> dict[str, dict[str, dict[str, list[float]]]]:
     model = TurnModel.load()
     ends = {}
@@ -121,7 +150,9 @@ def main() -> dict[str, dict[str, dict[str, list[float]]]]:
 
 if __name__ == "__main__":
     results = main()
-    json.dump(results, sys.stdout, indent=1)
-    out = Path(__file__).resolve().parent / "results" / "turn-context" / "scores.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1) + "\n")
+    run_on = _run_on_scores(TurnModel.load())
+    json.dump({**results, "run-on": run_on}, sys.stdout, indent=1)
+    folder = Path(__file__).resolve().parent / "results" / "turn-context"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "scores.json").write_text(json.dumps(results, indent=1) + "\n")
+    (folder / "run-on.json").write_text(json.dumps(run_on, indent=1) + "\n")
