@@ -94,6 +94,8 @@ def test_unfinished_sentences_do_not_sound_complete(text: str) -> None:
         ("five five five", "listing"),
         ("The name is Rossi R O S", "listing"),
         ("The name is Rossy R-O-S-S-I.", "spelled"),  # Whisper's own spelling of the name
+        ("The name is rosy r-o-s-s-i.", "spelled"),  # ... a letter short, on another CPU
+        ("My name is Smithson, S, M, I, T, H.", "listing"),  # five letters of eight
         ("I live at Oak, O A K.", "spelled"),
         ("The name is Rossi, R, O, S, S.", "listing"),  # one letter short of the name
         ("My name is Tim, T A M.", "listing"),  # three letters must all match

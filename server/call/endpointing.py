@@ -142,20 +142,32 @@ def _closes_with_courtesy(words: list[str]) -> bool:
 
 
 def _spells_a_word_said(words: list[str]) -> bool:
-    """Whether the transcript ends with three or more single letters that spell a word of the
-    same length said before them (so "R O S" of "Rossi" does not), one letter aside in a word
-    of four or more."""
+    """Whether the transcript ends with three or more single letters that spell a word said
+    before them: as long as it, or one letter longer (Whisper drops a doubled letter: "rosy
+    r-o-s-s-i"), and no more edits away than none in three letters, one in four, two in five or
+    more (Whisper's own spelling of the name: "Rossy R-O-S-S-I"). So "R O S" of "Rossi" does
+    not, nor "R O S S" of it."""
     count = 0
     while count < len(words) and _SPELLED.match(words[-1 - count]):
         count += 1
     if count < 3 or count == len(words):
         return False
-    letters = words[-count:]
+    spelled = "".join(words[-count:])
+    edits = min(count - 3, 2)
     return any(
-        len(word) == count
-        and sum(a != b for a, b in zip(word, letters, strict=True)) <= (count >= 4)
+        len(word) <= count <= len(word) + 1 and _edit_distance(word, spelled) <= edits
         for word in words[:-count]
     )
+
+
+def _edit_distance(a: str, b: str) -> int:
+    """Levenshtein distance: the fewest insertions, deletions and substitutions from a to b."""
+    row = list(range(len(b) + 1))
+    for i, char in enumerate(a, 1):
+        diagonal, row[0] = row[0], i
+        for j, other in enumerate(b, 1):
+            diagonal, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, diagonal + (char != other))
+    return row[-1]
 
 
 def _is_listing(words: list[str]) -> bool:
