@@ -86,6 +86,12 @@ def _spawn(sending: Any) -> None:
 def impair_rtp(rtp_session: Any, path: NetworkPath) -> LossyLine:
     """Send a started ``aiortp.RTPSession``'s RTP through ``path`` (its RTCP as it is)."""
     transport = rtp_session._rtp_transport
-    line = LossyLine(transport._transport.sendto, path)
-    transport._transport = _Through(transport._transport, line)
+    inner = transport._transport
+
+    def send(data: bytes, addr: Any) -> None:
+        if not inner.is_closing():  # a packet still in flight when the call hung up is lost
+            inner.sendto(data, addr)
+
+    line = LossyLine(send, path)
+    transport._transport = _Through(inner, line)
     return line
