@@ -60,6 +60,11 @@ LLM_KEEPALIVE_S = 5.0
 only when it next sends a request: the cool-down call after a round makes it do so, so the
 connections the round opened are not counted as leftovers. (Kept, not designed away with a
 ``Connection: close`` LLM: a client a call leaves unclosed shows as its idle socket.)"""
+LLM_IDLE_S = 1.0
+"""The paced scripted LLM closes a connection idle this long (its keep-alive timeout): the
+server's LLM client then finds it closed by the LLM, and drops it, at its next request, without
+waiting ``LLM_KEEPALIVE_S`` for it to expire. (A client a call leaves unclosed still shows: its
+socket stays open, half closed.)"""
 QUIET_S = 3.0
 """The server has settled when no call is live and its counts held still this long."""
 SETTLE_TIMEOUT_S = 60.0
@@ -78,6 +83,9 @@ class SoakPlan:
     """The server runs this model in process (llama.cpp) instead of the paced scripted LLM."""
     answer: str = ANSWER
     """What the paced scripted LLM answers to every question."""
+    lanes: int = 1
+    """The calls "one after another" run in this many lanes, each placing its next call when
+    its last hung up (the short test's 2 halve its time; the soak's 1 is a steady trickle)."""
 
 
 def verdict(
@@ -185,6 +193,8 @@ def run_soak(
 
 async def _soak(plan: SoakPlan, log: Path, on_call: Callable[[], None]) -> dict[str, Any]:
     llm = paced_llm(LLMPacing(), answer=plan.answer) if plan.llm_gguf is None else None
+    if llm is not None:
+        llm.idle_timeout_s = LLM_IDLE_S
     server: ServerProcess | None = None
     try:
         if plan.llm_gguf is not None:
@@ -202,7 +212,9 @@ async def _soak(plan: SoakPlan, log: Path, on_call: Callable[[], None]) -> dict[
         ]  # fmt: skip
         server = ServerProcess(server_args, ROOT, log)
         base_url = await server.start(free_port())
-        return await _phases(plan, BenchTarget(base_url, "soak", 0.0, None), on_call)
+        target = BenchTarget(base_url, "soak", 0.0, None)
+        idle_s = LLM_KEEPALIVE_S if llm is None else LLM_IDLE_S
+        return await _phases(plan, target, on_call, idle_s)
     finally:
         if server is not None:
             await server.stop()
@@ -211,9 +223,10 @@ async def _soak(plan: SoakPlan, log: Path, on_call: Callable[[], None]) -> dict[
 
 
 async def _phases(
-    plan: SoakPlan, target: BenchTarget, on_call: Callable[[], None]
+    plan: SoakPlan, target: BenchTarget, on_call: Callable[[], None], llm_idle_s: float
 ) -> dict[str, Any]:
-    """Warm up, baseline, the measured calls, final; footprints, samples and call records."""
+    """Warm up, baseline, the measured calls, final; footprints, samples and call records.
+    ``llm_idle_s``: how long the server's idle LLM connections last (see :func:`_settled`)."""
     questions = [u for u in load_corpus().values() if u.kind == "question"]
     calls = _Calls(target, questions, on_call)
     health = Health(target.base_url)
@@ -221,10 +234,10 @@ async def _phases(
         for _ in range(plan.warmup):
             await calls.one("warm-up")
         await calls.at_once(plan.concurrent, "warm-up")
-        baseline = await _settled(calls, health)
+        baseline = await _settled(calls, health, llm_idle_s)
         started = time.monotonic()
         samples = await _measured_calls(plan, calls, health)
-        final = await _settled(calls, health)
+        final = await _settled(calls, health, llm_idle_s)
         wall_s = time.monotonic() - started
     finally:
         await health.close()
@@ -245,8 +258,8 @@ async def _phases(
 
 
 async def _measured_calls(plan: SoakPlan, calls: _Calls, health: Health) -> list[dict[str, Any]]:
-    """The calls one after another, then the rounds at once; the server's counts about every
-    twentieth of the calls one after another and after each round."""
+    """The calls one after another (in ``plan.lanes``), then the rounds at once; the server's
+    counts about every twentieth of the calls one after another and after each round."""
     samples: list[dict[str, Any]] = []
 
     async def sample(phase: str) -> None:
@@ -256,21 +269,26 @@ async def _measured_calls(plan: SoakPlan, calls: _Calls, health: Health) -> list
 
     await sample("baseline")
     every = max(1, plan.sequential // 20)
-    for n in range(1, plan.sequential + 1):
-        await calls.one("sequential")
-        if n % every == 0:
-            await sample("sequential")
+    numbers = iter(range(1, plan.sequential + 1))
+
+    async def lane() -> None:
+        for n in numbers:
+            await calls.one("sequential")
+            if n % every == 0:
+                await sample("sequential")
+
+    await asyncio.gather(*(lane() for _ in range(plan.lanes)))
     for _ in range(plan.rounds):
         await calls.at_once(plan.concurrent, "concurrent")
         await sample("concurrent")
     return samples
 
 
-async def _settled(calls: _Calls, health: Health) -> dict[str, Any]:
-    """A cool-down call once the LLM client's idle connections have expired (see
-    ``LLM_KEEPALIVE_S``), then a settle: the health then, the seconds the settle took and the
-    open files by kind."""
-    await asyncio.sleep(LLM_KEEPALIVE_S + 1.0)
+async def _settled(calls: _Calls, health: Health, llm_idle_s: float) -> dict[str, Any]:
+    """A cool-down call once the LLM client's idle connections have ended (``llm_idle_s``:
+    ``LLM_IDLE_S``, or ``LLM_KEEPALIVE_S`` for a model the LLM does not pace), then a settle:
+    the health then, the seconds the settle took and the open files by kind."""
+    await asyncio.sleep(llm_idle_s + 1.0)
     await calls.one("cool-down")
     now, settle_s = await health.settle()
     return {"health": now, "settle_s": settle_s, "files": _open_files(now)}
@@ -302,7 +320,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(argv if argv is not None else sys.argv[1:])
     command = ("python -m benchmarks.soak " + shlex.join(argv)).strip()
     plan = SoakPlan(
-        args.sequential, args.concurrent, args.rounds, args.warmup, args.rss_limit, args.llm_gguf
+        args.sequential,
+        args.concurrent,
+        args.rounds,
+        args.warmup,
+        args.rss_limit,
+        args.llm_gguf,
+        lanes=args.lanes,
     )
     total = plan.warmup + plan.concurrent * (1 + plan.rounds) + plan.sequential + 2
     print("starting vocable serve (loading models)...", file=sys.stderr)
@@ -322,6 +346,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--concurrent", type=int, default=8, help="calls at once per round")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of --concurrent calls")
     parser.add_argument("--warmup", type=int, default=6, help="warm-up calls one after another")
+    parser.add_argument(
+        "--lanes", type=int, default=1, help="lanes the calls one after another run in"
+    )
     parser.add_argument("--rss-limit", type=float, default=10.0, help="RSS growth goal, %%")
     parser.add_argument("--output", type=Path, default=RESULTS, help="folder for the results")
     parser.add_argument(

@@ -13,9 +13,16 @@ from benchmarks.soak_calls import CallStyle
 BASELINE = {"rss_mb": 400.0, "open_files": 14, "threads": 15, "asyncio_tasks": 3}
 
 SHORT_PLAN = SoakPlan(
-    sequential=12, concurrent=4, rounds=1, warmup=2, rss_limit_percent=15.0, answer="On Friday."
+    sequential=12,
+    concurrent=4,
+    rounds=1,
+    warmup=2,
+    rss_limit_percent=15.0,
+    answer="On Friday.",
+    lanes=2,
 )
-"""12 calls one after another, each of the 12 styles once, and a round of 4 at once (about 65 s).
+"""12 calls one after another in two lanes, each of the 12 styles once, and a round of 4 at
+once.
 The warm-up is 2 calls, then the round of 4 at once and the cool-down call: together they take
 every input with every hang-up, and a hang-up while the answer plays, before the baseline (a
 thing a call opens once for good is opened by then). The answer is short (0.9 s of speech): a
@@ -46,7 +53,7 @@ def test_every_way_of_calling_and_hanging_up_comes_round_in_any_12_calls() -> No
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)  # ~65 s here: 24 calls, half of them spoken
+@pytest.mark.timeout(600)  # ~45 s here: 24 calls, half of them spoken
 def test_calls_leave_no_memory_files_threads_or_tasks_behind(tmp_path: Path) -> None:
     result = run_soak(SHORT_PLAN, tmp_path)
 

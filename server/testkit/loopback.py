@@ -10,10 +10,13 @@ from aiohttp import web
 __all__ = ["LoopbackServer", "start_on_loopback"]
 
 
-async def start_on_loopback(app: web.Application) -> tuple[web.AppRunner, int]:
-    """Serve ``app`` on 127.0.0.1 at a port the OS picks; returns the runner (``cleanup()`` it
+async def start_on_loopback(
+    app: web.Application, idle_timeout_s: float = 75.0
+) -> tuple[web.AppRunner, int]:
+    """Serve ``app`` on 127.0.0.1 at a port the OS picks, closing a connection idle for
+    ``idle_timeout_s`` (aiohttp's keep-alive default); returns the runner (``cleanup()`` it
     when done) and the port."""
-    runner = web.AppRunner(app, shutdown_timeout=0.5)
+    runner = web.AppRunner(app, shutdown_timeout=0.5, keepalive_timeout=idle_timeout_s)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
@@ -30,6 +33,8 @@ class LoopbackServer:
 
     client_max_size = 1024**2
     """The largest request body it takes (aiohttp's default)."""
+    idle_timeout_s = 75.0
+    """It closes a client's connection idle this long (aiohttp's default)."""
 
     def __init__(self) -> None:
         self.origin = ""
@@ -44,7 +49,7 @@ class LoopbackServer:
         """Serve on a free port; returns :attr:`origin`."""
         app = web.Application(client_max_size=self.client_max_size)
         self.routes(app)
-        self._runner, port = await start_on_loopback(app)
+        self._runner, port = await start_on_loopback(app, self.idle_timeout_s)
         self.origin = f"http://127.0.0.1:{port}"
         return self.origin
 
