@@ -61,6 +61,11 @@ CALIBRATION_TEXT = "This is how the first words of an answer are said, a window 
 
 _DONE = object()
 
+LATE_GRACE_S = 0.3
+"""How long a later sentence whose audio is due may still run in its worker before the same
+sentence is raced in the urgent one: about a sentence's synthesis on one thread (so a sentence
+merely due as it is made is not made twice)."""
+
 _Chunks = Generator[tuple[bytes, bool], None, None]
 """A text's audio a sentence (or, streamed, a window) at a time, each with whether it is the
 text's last piece."""
@@ -90,14 +95,26 @@ class _Steps:
             step.add_done_callback(lambda _: self.chunks.close())
 
 
-async def _first_done(
+async def _when_late(
     late: asyncio.Future[object], late_steps: _Steps, rescue: _Steps
 ) -> tuple[asyncio.Future[object], _Steps]:
-    """Race ``late`` (``late_steps``' step in flight) against ``rescue``'s first step (the same
-    sentence on, urgent): the step that finished first and its steps, whose next steps are
-    urgent; the other is closed. A failed step counts as finished (its error is the
-    synthesis's)."""
+    """The step to await for a later sentence whose audio is due: ``late`` (``late_steps``'
+    step) or ``rescue``'s first (the same sentence on, urgent), and the steps to go on with,
+    whose next steps are urgent; the other steps are closed. A step still waiting for its
+    worker moves at once (nothing is done twice); one running gets ``LATE_GRACE_S``, then the
+    first of it and the rescue to finish is taken. A failed step counts as finished (its error
+    is the synthesis's)."""
+    moved = late_steps.step is not None and late_steps.step.cancel()
+    if not moved:
+        await asyncio.wait({late}, timeout=LATE_GRACE_S)
+    if late.done() and not moved:
+        rescue.close()
+        late_steps.pool, late_steps.priority = rescue.pool, rescue.priority
+        return late, late_steps
     rescued = asyncio.wrap_future(rescue.advance())
+    if moved:
+        late_steps.close()
+        return rescued, rescue
     try:
         await asyncio.wait({late, rescued}, return_when=asyncio.FIRST_COMPLETED)
     except BaseException:
@@ -338,11 +355,12 @@ class Synthesizer:
         slack_s: float,
     ) -> AsyncGenerator[bytes, None]:
         """The pieces of ``chunks(0, urgent)`` (a text's sentences; see :meth:`_voiced_chunks`),
-        each step in a pool. A later sentence still in its pool when its audio is due (now plus
+        each step in a pool. A later sentence not done when its audio is due (now plus
         ``slack_s``: the audio before it has played out, and the caller hears silence) is as
-        urgent as first words: it is raced from that sentence on in the urgent pool, and the
-        first of the two to finish it is heard. Without this a later sentence on a machine busy
-        with other processes waits for their spare CPU at ``LATER_NICENESS`` (an answer's second
+        urgent as first words: still waiting for its worker, it moves to the urgent pool; still
+        running ``LATE_GRACE_S`` later, it is raced there from that sentence on, and the first
+        of the two to finish it is heard. Without this a later sentence on a machine busy with
+        other processes waits for their spare CPU at ``LATER_NICENESS`` (an answer's second
         sentence came 8-23 s after its first beside two busy processes)."""
         piece_bytes = sample_rate * PIECE_MS // 1000 * 2
         due = time.monotonic() + max(0.0, slack_s)
@@ -359,7 +377,7 @@ class Synthesizer:
                     await asyncio.wait({step}, timeout=max(0.0, due - time.monotonic()))
                     if not step.done():
                         rescue = _Steps(chunks(sentences, True), self._executor, URGENT)
-                        step, steps = await _first_done(step, steps, rescue)
+                        step, steps = await _when_late(step, steps, rescue)
                 chunk = await step
                 if chunk is _DONE:
                     return

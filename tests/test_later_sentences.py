@@ -8,7 +8,7 @@ import asyncio
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 import numpy as np
@@ -119,6 +119,38 @@ async def test_a_later_sentence_not_ready_when_due_is_synthesized_urgently(
     assert busy.result(timeout=5) is True
     await _until(lambda: synth._later.idle_workers == 1)
     assert synth._later.waiting == 0  # the late step, cancelled before it started, is gone
+
+
+class _StalledLater(Synthesizer):
+    """The same voice, whose later worker stalls at each step until ``release`` (a worker the
+    CPU is not given to)."""
+
+    def __init__(self, shared: Synthesizer) -> None:
+        super().__init__(shared._voice, shared.settings)
+        self.release = threading.Event()
+        self.stalls_over = 0
+
+    def _chunks(
+        self, text: str, *, first_sentence: int = 0, stream_first: bool = False
+    ) -> Generator[tuple[bytes, bool], None, None]:
+        if self._later.runs_here():
+            self.release.wait(10)
+            self.stalls_over += 1
+        yield from super()._chunks(text, first_sentence=first_sentence, stream_first=stream_first)
+
+
+async def test_a_later_sentence_still_running_when_due_is_raced_in_the_urgent_worker(
+    synth: Synthesizer,
+) -> None:
+    stalled = _StalledLater(synth)
+    text = "It left today. It arrives on Friday."
+    try:
+        pieces = [p async for p in stalled.synthesize(text, slack_s=0.05)]
+        assert stalled.stalls_over == 0  # heard while the later step was still stalled
+    finally:
+        stalled.release.set()
+        stalled.close()
+    _assert_same_speech(b"".join(pieces), synth.synthesize_all(text))
 
 
 async def test_a_later_sentence_due_later_never_takes_the_urgent_worker(
