@@ -22,7 +22,7 @@ import shlex
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -84,8 +84,9 @@ class SoakPlan:
     answer: str = ANSWER
     """What the paced scripted LLM answers to every question."""
     lanes: int = 1
-    """The calls "one after another" run in this many lanes, each placing its next call when
-    its last hung up (the short test's 2 halve its time; the soak's 1 is a steady trickle)."""
+    """The calls "one after another" (warm-up and measured) run in this many lanes, each placing
+    its next call when its last hung up (the short test's 2 halve its time; the soak's 1 is a
+    steady trickle)."""
 
 
 def verdict(
@@ -160,6 +161,25 @@ class _Calls:
         self.records.append({"phase": phase, **record})
         self.on_call()
 
+    async def in_lanes(
+        self,
+        count: int,
+        phase: str,
+        lanes: int,
+        after: Callable[[int], Awaitable[None]] | None = None,
+    ) -> None:
+        """``count`` calls one after another in each of ``lanes`` lanes (call n, from 1, goes
+        to the first lane free); ``after(n)`` once call n has hung up."""
+        numbers = iter(range(1, count + 1))
+
+        async def lane() -> None:
+            for n in numbers:
+                await self.one(phase)
+                if after is not None:
+                    await after(n)
+
+        await asyncio.gather(*(lane() for _ in range(lanes)))
+
     async def at_once(self, count: int, phase: str) -> None:
         await asyncio.gather(*(self.one(phase) for _ in range(count)))
 
@@ -231,8 +251,7 @@ async def _phases(
     calls = _Calls(target, questions, on_call)
     health = Health(target.base_url)
     try:
-        for _ in range(plan.warmup):
-            await calls.one("warm-up")
+        await calls.in_lanes(plan.warmup, "warm-up", plan.lanes)
         await calls.at_once(plan.concurrent, "warm-up")
         baseline = await _settled(calls, health, llm_idle_s)
         started = time.monotonic()
@@ -269,15 +288,12 @@ async def _measured_calls(plan: SoakPlan, calls: _Calls, health: Health) -> list
 
     await sample("baseline")
     every = max(1, plan.sequential // 20)
-    numbers = iter(range(1, plan.sequential + 1))
 
-    async def lane() -> None:
-        for n in numbers:
-            await calls.one("sequential")
-            if n % every == 0:
-                await sample("sequential")
+    async def sampled(n: int) -> None:
+        if n % every == 0:
+            await sample("sequential")
 
-    await asyncio.gather(*(lane() for _ in range(plan.lanes)))
+    await calls.in_lanes(plan.sequential, "sequential", plan.lanes, sampled)
     for _ in range(plan.rounds):
         await calls.at_once(plan.concurrent, "concurrent")
         await sample("concurrent")
