@@ -242,6 +242,9 @@ class VadSegmenter:
         floor = self.floor_dbfs
         if pcm_rms_dbfs(arrived) < floor:
             return False
+        # webrtcvad is asked about the frame a second time here (is_voiced asked first), and
+        # its state steps on every call: passing is_voiced's answer in made barge-ins over a
+        # cancelled echo a frame slower (p50 162 -> 181 ms in the echo corpus, back to back)
         level = pcm_rms_dbfs(frame)
         return level >= max(self.settings.min_dbfs, floor - SUPPRESSED_ONSET_DB) and bool(
             self._vad.is_speech(frame, SAMPLE_RATE)
