@@ -7,11 +7,14 @@ import asyncio
 import io
 import json
 import textwrap
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from server.testkit.caller import ReceivedFrame
 from server.testkit.network import LossyLine, NetworkPath
 from server.testkit.scenarios import ScenarioError, find_scenarios, load_scenario
 from server.testkit.scenarios.checks import TurnFacts, check_turn, markup_in
@@ -19,6 +22,7 @@ from server.testkit.scenarios.judge import Verdict, _read_verdict, spoken_line
 from server.testkit.scenarios.model import Expectation, Turn
 from server.testkit.scenarios.report import pass_rates, write_json, write_junit, write_text
 from server.testkit.scenarios.result import CheckResult, ScenarioResult, TurnResult
+from server.testkit.scenarios.runner import _settle
 from server.testkit.scenarios.script import TurnScript
 from tests.conftest import EXAMPLES
 from tests.support.processes import run_vocable
@@ -410,3 +414,38 @@ async def test_a_lossy_network_loses_its_share_of_packets_and_delays_the_rest() 
     for n in range(200):
         again.sendto(bytes([n % 256]), None)
     assert again.lost == line.lost  # the same losses every run
+
+
+class _LaggingLine:
+    """A call line whose caller hears the agent late: what the server has already said
+    reaches ``frames`` only when the test appends it."""
+
+    def __init__(self, events: list[dict[str, Any]]) -> None:
+        self.events = events
+        self.frames: list[ReceivedFrame] = []
+
+    def ended(self) -> bool:
+        return False
+
+    def hear(self, start: float, seconds: float, dbfs: float) -> None:
+        self.frames += [ReceivedFrame(start + n * 0.02, dbfs) for n in range(round(seconds / 0.02))]
+
+
+async def test_a_turn_waits_for_the_caller_to_hear_the_agent_finish() -> None:
+    now = time.monotonic()
+    began, ended = now - 4.0, now - 0.1  # the server said a 3.9 s greeting
+    line = _LaggingLine(
+        [
+            {"type": "tts_start", "t_ms": began * 1000},
+            {"type": "tts_end", "t_ms": ended * 1000},
+            {"type": "state", "state": "listening", "t_ms": ended * 1000},
+        ]
+    )
+    line.hear(began, 0.5, -20.0)  # the caller heard its first half second,
+    line.hear(began + 0.5, 3.0, -90.0)  # then nothing (its audio stalled)
+    waiting = _settle(line, began - 1.0, expect_answer=True, timeout_s=10.0)  # type: ignore[arg-type]
+    settled = asyncio.create_task(waiting)
+    await asyncio.sleep(1.0)  # quiet long enough, by the server's events and the first half
+    assert not settled.done()
+    line.hear(time.monotonic() - 0.5, 0.5, -20.0)  # the rest arrives late: heard up to now
+    await asyncio.wait_for(settled, 5.0)

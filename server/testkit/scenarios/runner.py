@@ -67,6 +67,13 @@ log = logging.getLogger(__name__)
 
 QUIET_S = 0.6
 """How long the agent must be idle and silent before a turn counts as over."""
+TAIL_S = 1.0
+"""The most silence an answer's audio may end in after its last sound (the server's
+``tts_end`` comes after it)."""
+CATCH_UP_S = 5.0
+"""How long after the server's ``tts_end`` a caller who heard the answer begin, but not yet
+its end, is waited for: a loaded caller's audio trails the server's events (a playout that
+ran dry lags for good), and its checks read what the caller heard."""
 POLL_S = 0.05
 
 """How typed (text mode) keypad digits reach the playbook: as a call's digits do."""
@@ -799,11 +806,27 @@ async def _settle(
         listening = not states or states[-1] == "listening"
         heard_last = last_sound(line)
         quiet = now - max(heard_last or 0.0, since) >= QUIET_S
-        if listening and quiet and (answered or not expect_answer):
+        behind = answered and _heard_behind(line, starts[-1], events, heard_last, now)
+        if listening and quiet and not behind and (answered or not expect_answer):
             return
         await asyncio.sleep(POLL_S)
     what = "answer and fall silent" if expect_answer else "fall silent"
     raise TurnTimeout(f"the agent did not {what} within {timeout_s:g} s")
+
+
+def _heard_behind(
+    line: CallLine,
+    start: dict[str, Any],
+    events: list[dict[str, Any]],
+    heard_last: float | None,
+    now: float,
+) -> bool:
+    """Whether the caller heard the answer that began at ``start`` (a ``tts_start``) begin but
+    not yet end: its last sound is more than ``TAIL_S`` before the server's ``tts_end``, and
+    ``CATCH_UP_S`` have not passed since."""
+    end_s = max(e["t_ms"] for e in events if e["type"] == "tts_end") / 1000
+    began = first_sound_after(line, start["t_ms"] / 1000)
+    return began is not None and (heard_last or 0.0) < end_s - TAIL_S and now < end_s + CATCH_UP_S
 
 
 async def _until_heard(line: CallLine, since: float, after_ms: int, timeout_s: float) -> None:
