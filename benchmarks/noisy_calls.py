@@ -24,6 +24,7 @@ import statistics
 import zlib
 from typing import Any
 
+from server.call.endpointing import edit_distance
 from server.testkit.caller import WebRTCCaller, voiced_span_ms
 from server.testkit.impairments import (
     NOISE_KINDS,
@@ -160,13 +161,7 @@ def word_error_rate(reference: str, hypothesis: str) -> float:
 def word_errors(reference: str, hypothesis: str) -> int:
     """Word-level edit distance: substitutions, insertions and deletions (as :func:`words_of`
     reads the words)."""
-    ref, hyp = words_of(reference), words_of(hypothesis)
-    row = list(range(len(hyp) + 1))
-    for i, word in enumerate(ref, 1):
-        previous, row[0] = row[0], i
-        for j, other in enumerate(hyp, 1):
-            previous, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, previous + (word != other))
-    return row[-1]
+    return edit_distance(words_of(reference), words_of(hypothesis))
 
 
 _CONTRACTIONS = {

@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
@@ -52,6 +53,7 @@ __all__ = [
     "Speculation",
     "TurnEnd",
     "WordsEnd",
+    "edit_distance",
     "end_of_turn",
     "is_backchannel",
     "is_listener_noise",
@@ -155,18 +157,19 @@ def _spells_a_word_said(words: list[str]) -> bool:
     spelled = "".join(words[-count:])
     edits = min(count - 3, 2)
     return any(
-        len(word) <= count <= len(word) + 1 and _edit_distance(word, spelled) <= edits
+        len(word) <= count <= len(word) + 1 and edit_distance(word, spelled) <= edits
         for word in words[:-count]
     )
 
 
-def _edit_distance(a: str, b: str) -> int:
-    """Levenshtein distance: the fewest insertions, deletions and substitutions from a to b."""
+def edit_distance(a: Sequence[object], b: Sequence[object]) -> int:
+    """Levenshtein distance: the fewest insertions, deletions and substitutions of items (a
+    string's characters, a list's words) that make ``a`` into ``b``."""
     row = list(range(len(b) + 1))
-    for i, char in enumerate(a, 1):
+    for i, item in enumerate(a, 1):
         diagonal, row[0] = row[0], i
         for j, other in enumerate(b, 1):
-            diagonal, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, diagonal + (char != other))
+            diagonal, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, diagonal + (item != other))
     return row[-1]
 
 
