@@ -104,28 +104,23 @@ async def _when_late(
     worker moves at once (nothing is done twice); one running gets ``LATE_GRACE_S``, then the
     first of it and the rescue to finish is taken. A failed step counts as finished (its error
     is the synthesis's)."""
-    moved = late_steps.step is not None and late_steps.step.cancel()
-    if not moved:
-        await asyncio.wait({late}, timeout=LATE_GRACE_S)
-    if late.done() and not moved:
-        rescue.close()
-        late_steps.pool, late_steps.priority = rescue.pool, rescue.priority
-        return late, late_steps
-    rescued = asyncio.wrap_future(rescue.advance())
-    if moved:
+    if late_steps.step is not None and late_steps.step.cancel():
         late_steps.close()
-        return rescued, rescue
-    try:
-        await asyncio.wait({late, rescued}, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:
-        late.cancel()
-        rescued.cancel()
-        raise
+        return asyncio.wrap_future(rescue.advance()), rescue
+    await asyncio.wait({late}, timeout=LATE_GRACE_S)
     if not late.done():
-        late.cancel()
-        late_steps.close()
-        return rescued, rescue
-    rescued.cancel()
+        rescued = asyncio.wrap_future(rescue.advance())
+        try:
+            await asyncio.wait({late, rescued}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            late.cancel()
+            rescued.cancel()
+            raise
+        if not late.done():
+            late.cancel()
+            late_steps.close()
+            return rescued, rescue
+        rescued.cancel()
     rescue.close()
     late_steps.pool, late_steps.priority = rescue.pool, rescue.priority
     return late, late_steps
