@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import socket
 import time
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
@@ -17,6 +18,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
+from aiortp.packet import RtpPacket
 from aiosipua import SipRequest, parse_sdp
 
 from media import Resampler
@@ -28,6 +30,8 @@ from server.testkit.echo_path import ReturnedEcho
 from server.testkit.scripted_llm import ScriptedLLM, answers_by_words
 from server.testkit.sip_phone import SipPhone, offer_sdp
 from server.transports.base import TransportCall
+from server.transports.sip.media_session import JITTER_PREFETCH, call_media
+from server.transports.sip.rtp_ports import RtpPorts
 from tests.support.calls import (
     assert_cut_off,
     base_url,
@@ -284,6 +288,34 @@ async def _until_answered(server: TestServer, phone: SipPhone) -> None:
         while events_of(call, "tts_end") < 2:
             await phone.say(silence(100, 8000))
     await phone.say(silence(300, 8000))
+
+
+@pytest.mark.timeout(10)
+async def test_a_lost_caller_packet_is_concealed_at_once_and_never_delays_the_rest() -> None:
+    """aiortp's default buffer waited 16 packets for a lost one, then heard the caller 300 ms
+    late for the rest of the call: the agent took a pause that was over for one that went on."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as caller:
+        caller.bind(("127.0.0.1", 0))
+        offer = parse_sdp(offer_sdp(caller.getsockname()[1], (0, 101)))
+        lease = RtpPorts((30000, 40000)).lease()
+        media = call_media(
+            "127.0.0.1", lease.port, offer, advertised_ip=None, supported_codecs=[0],
+            dtmf_payload_type=101,
+        )  # fmt: skip
+        heard: list[int] = []
+        media.on_audio = lambda pcm, _timestamp: heard.append(len(pcm) // 2)
+        await media.start()
+        try:
+            ours = ("127.0.0.1", lease.port)
+            for seq in (n for n in range(30) if n != 10):  # packet 10 never arrives
+                packet = RtpPacket(payload_type=0, sequence_number=seq, timestamp=seq * 160)
+                packet.payload = pcm_to_ulaw(bytes(320))
+                caller.sendto(packet.serialize(), ours)
+            await _wait(lambda: sum(heard) >= (30 - JITTER_PREFETCH) * 160, 5)
+        finally:
+            await media.close()
+            lease.release()
+    assert sum(heard) == (30 - JITTER_PREFETCH) * 160  # 10 concealed, the last few still due
 
 
 async def test_hold_stops_our_audio_and_resume_restarts_it(

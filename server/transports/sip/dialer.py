@@ -66,6 +66,7 @@ from server.transports.phone.audio import encode
 
 from .compat import TlsTransport
 from .digest import DigestClient
+from .media_session import call_media
 from .opus import opus_available, use_opus_at
 from .resolve import SipResolver
 from .rtp_ports import NoFreePort, RtpPortLease, RtpPorts
@@ -704,14 +705,13 @@ async def _connect(
         if answer.rtp_address is None or answer.rtp_address[1] == 0:
             raise ValueError("the answer declines audio")
         keys = offered.keys_of(answer)
-        media = CallSession(
-            local_ip=stack.host,
-            rtp_port=lease.port,
-            offer=answer,  # the callee's answer: picks one of the codecs we offered
+        media = call_media(
+            stack.host,
+            lease.port,
+            answer,  # the callee's answer: picks one of the codecs we offered
             advertised_ip=None if media_ip == stack.host else media_ip,
             supported_codecs=list(offered.codecs),
             dtmf_payload_type=_dtmf_type(answer),
-            symmetric_rtp=True,
         )
     except (SdpNegotiationError, ValueError) as exc:
         raise DialFailed(DialResult("failed", 200, f"unusable SDP answer: {exc}")) from None

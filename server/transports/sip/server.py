@@ -35,7 +35,6 @@ import socket
 from collections.abc import Mapping
 
 from aiosipua import DialogState, IncomingCall, SdpMessage, SdpNegotiationError, SipRequest, SipUAS
-from aiosipua.rtp_bridge import CallSession
 from aiosipua.transport import SipTransport, TcpSipTransport
 
 from server.admission.ratelimit import RateLimited
@@ -57,6 +56,7 @@ from .compat import (
 )
 from .dialer import DialStack, parse_target
 from .digest import DigestRealm, FailureThrottle
+from .media_session import call_media
 from .opus import opus_available, use_opus_at
 from .outbound import SESSION_HEADER, OutboundCall
 from .registration import Registrar
@@ -327,14 +327,13 @@ class SipServer:
                 unless_admitted.callback(rtp_port.release)  # the call gives it back once admitted
                 if chosen.name == "opus":
                     use_opus_at(chosen.payload_type)
-                media = CallSession(
-                    local_ip=self.settings.host,
-                    rtp_port=rtp_port.port,
-                    offer=offer,
+                media = call_media(
+                    self.settings.host,
+                    rtp_port.port,
+                    offer,
                     advertised_ip=self._media_ip(invite.source_addr),
                     supported_codecs=[chosen.payload_type],
                     dtmf_payload_type=offered_dtmf_type(offer),
-                    symmetric_rtp=True,
                 )
                 if chosen.name == "opus":
                     opus_answer(media.sdp_answer, chosen.payload_type)
