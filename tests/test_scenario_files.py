@@ -341,6 +341,7 @@ def _results() -> list[ScenarioResult]:
             "say 'Hi'",
             answer="Hello there",
             voice_to_voice_ms=512.0,
+            timeline=["+0.36 tts_start", "+0.40 caller hears the agent for 0.20 s", "+0.52 paused"],
             checks=[
                 CheckResult("stage: booking", "failed", "the conversation is in stage 'welcome'"),
                 CheckResult("judge: greets", "skipped", "no judge LLM"),
@@ -360,6 +361,7 @@ def test_the_reports_name_each_failure_by_turn_and_give_pass_rates() -> None:
     report = text.getvalue()
     assert "FAIL a.scenario.yaml: books (run 2)" in report
     assert "-> turn 1: stage: booking: the conversation is in stage 'welcome'" in report
+    assert "timeline: +0.36 tts_start; +0.40 caller hears the agent for 0.20 s; +0.52" in report
     assert "stopped: the agent did not answer and fall silent within 30 s" in report
     assert "note: turn 1 scripts 0 agent step(s); the LLM was asked for step 1" in report
     assert "1 of 3 scenario runs passed" in report

@@ -100,6 +100,22 @@ def heard_between(line: CallLine, start: float, end: float) -> bytes:
     return bytes(line.heard[inside[0] * FRAME_BYTES : (inside[-1] + 1) * FRAME_BYTES])
 
 
+def heard_spans(
+    line: CallLine, start: float, end: float, gap_s: float = 0.3
+) -> list[tuple[float, float]]:
+    """The spans between two times in which the caller heard the agent: (first, last) sound
+    frame times, a span ending at a silence of ``gap_s`` or more."""
+    spans: list[tuple[float, float]] = []
+    for frame in line.frames:
+        if not start <= frame.at <= end or frame.dbfs <= SILENCE_DBFS:
+            continue
+        if spans and frame.at - spans[-1][1] < gap_s:
+            spans[-1] = (spans[-1][0], frame.at)
+        else:
+            spans.append((frame.at, frame.at))
+    return spans
+
+
 class WebRTCLine:
     """A call placed to ``POST /offer`` by a real aiortc caller (:class:`WebRTCCaller`)."""
 

@@ -101,6 +101,8 @@ def _write_turn(turn: TurnResult, out: TextIO) -> None:
         out.write(_field("stage", turn.stage))
     for check in turn.checks:
         out.write(_field(MARKS[check.outcome], f"{check.check} -- {check.detail}"))
+    if turn.failed and turn.timeline:
+        out.write(_field("timeline", "; ".join(turn.timeline)))
 
 
 def _tool_line(tool: dict[str, Any]) -> str:

@@ -51,6 +51,9 @@ class TurnResult:
     metrics: dict[str, Any] = field(default_factory=dict)
     """The server's ``turn_metrics`` of the turn, if it sent some."""
     checks: list[CheckResult] = field(default_factory=list)
+    timeline: list[str] = field(default_factory=list)
+    """The turn as it happened (voice runs): the server's speech events and the spans in
+    which the caller heard the agent, each as ``+s.ss what`` from the turn's start."""
 
     @property
     def failed(self) -> list[CheckResult]:

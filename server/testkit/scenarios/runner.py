@@ -52,6 +52,7 @@ from .lines import (
     Transport,
     first_sound_after,
     heard_between,
+    heard_spans,
     last_sound,
     open_line,
     silent_from,
@@ -421,6 +422,7 @@ class ScenarioRig:
             result.heard = await self._transcribe(pcm)
             facts.heard = result.heard
         result.duration_ms = round((ended - begun) * 1000, 1)
+        result.timeline = _timeline(events, heard_spans(line, begun, ended), begun)
         await self._check(state, turn.expect, facts, result, said=turn.say)
 
     def _facts(
@@ -768,6 +770,32 @@ def _as_voice_events(event: OrchestratorEvent) -> list[dict[str, Any]]:
     """An orchestrator event as the voice event a call would emit (text mode has no voice)."""
     translated = voice_event_of(event, time.monotonic())
     return [translated.to_dict()] if translated is not None else []
+
+
+_TIMELINE = frozenset(
+    {"speech_start", "speech_end", "transcript", "tts_start", "tts_end"}
+    | {"paused", "resumed", "interrupted", "error"}
+)
+"""The server's events a turn's timeline shows."""
+
+
+def _timeline(
+    events: list[dict[str, Any]], heard: list[tuple[float, float]], begun: float
+) -> list[str]:
+    """A turn's timeline (:attr:`TurnResult.timeline`) from its events and the spans in which
+    the caller heard the agent."""
+    marks = [(start, f"caller hears the agent for {end - start:.2f} s") for start, end in heard]
+    for event in events:
+        if event["type"] in _TIMELINE:
+            detail = (
+                event.get("text")
+                or event.get("heard")
+                or event.get("reason")
+                or event.get("message")
+            )
+            said = f" {str(detail)[:60]!r}" if detail else ""
+            marks.append((event["t_ms"] / 1000, f"{event['type']}{said}"))
+    return [f"+{at - begun:.2f} {what}" for at, what in sorted(marks, key=lambda m: m[0])]
 
 
 def _cut_in_at(line: CallLine, sent: SentSpeech | None, turn: Turn) -> float | None:
