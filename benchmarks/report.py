@@ -87,6 +87,9 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
                 "longest_pause_ms": _stats(
                     [t["longest_pause_ms"] for t in ok if t.get("longest_pause_ms") is not None]
                 ),
+                "speaker_dry_ms": _stats(
+                    [t["speaker_dry_ms"] for t in ok if t.get("speaker_dry_ms") is not None]
+                ),
                 "server": stages,
                 "server_cpu_percent": level.get("server_cpu_percent"),
                 "server_rss_mb_peak": level.get("server_rss_mb_peak"),
@@ -204,6 +207,14 @@ def to_markdown(run: dict[str, Any], summary: dict[str, Any]) -> str:
                 f"Longest pause inside an answer (between its sentences; longer when the next "
                 f"one was late): p50 {_ms(pause['p50'])}, p95 {_ms(pause['p95'])}, "
                 f"max {_ms(pause['max'])} ms.",
+            ]
+        dry = first.get("speaker_dry_ms") or {}
+        if dry.get("p50") is not None:
+            lines += [
+                "",
+                f"Longest time the server's speaker ran dry inside an answer (its audio not made "
+                f"in time, a stutter): p50 {_ms(dry['p50'])}, p95 {_ms(dry['p95'])}, "
+                f"max {_ms(dry['max'])} ms.",
             ]
     barge = summary["barge_in_ms"]
     lines += [

@@ -78,6 +78,7 @@ async def question_turn(
     :func:`playout_split`)."""
     record: Record = {"kind": "question", "utterance": utterance.id, **labels}
     answers_before = len(caller.of_type("tts_end"))
+    events_before = len(caller.events)
     underruns_before = caller.playout.underruns if caller.playout else 0
     metrics_before = len(caller.of_type("turn_metrics"))
     transcripts_before = len(caller.of_type("transcript"))
@@ -94,6 +95,7 @@ async def question_turn(
     if first_frame is None or server is None or transcript is None:
         return {**record, "ok": False, "error": "the answer was not heard or not measured"}
     first_sound = first_frame.at
+    dry_ms, dry_after_ms = longest_dry_ms(caller.events[events_before:])
     client_ms = (first_sound - last_voiced) * 1000
     answered = time.monotonic()
     llm_ms = target.llm_first_sentence_ms
@@ -110,11 +112,34 @@ async def question_turn(
         "speculative": bool(transcript.get("speculative")),
         "client_v2v_ms": round(client_ms, 1),
         "longest_pause_ms": longest_gap_ms(caller.frames, first_sound, answered),
+        "speaker_dry_ms": dry_ms,
+        "speaker_dry_after_ms": dry_after_ms,
         "server": {k: v for k, v in server.items() if k.endswith("_ms")},
         "floor_ms": round(floor, 1),
         "overhead_ms": round(client_ms - floor, 1),
         **playout_split(caller, first_frame, last_voiced, underruns_before),
     }
+
+
+def longest_dry_ms(events: list[dict[str, Any]]) -> tuple[float, float | None]:
+    """The longest time the server's speaker ran dry inside the first answer in ``events``
+    (from its first ``speaking`` state to its ``tts_end``): a ``thinking`` state there is audio
+    that was not made in time, heard as a stutter; 0 when it never ran dry. With it, how long
+    after the answer's first sound that dry spell began (None: none)."""
+    longest, began, dry_from, first = 0.0, None, None, None
+    for event in events:
+        if event["type"] == "tts_end" and first is not None:
+            break
+        if event["type"] != "state":
+            continue
+        if event.get("state") == "speaking":
+            first = event["t_ms"] if first is None else first
+            if dry_from is not None and event["t_ms"] - dry_from > longest:
+                longest, began = event["t_ms"] - dry_from, dry_from - first
+            dry_from = None
+        elif event.get("state") == "thinking" and first is not None:
+            dry_from = event["t_ms"]
+    return round(longest, 1), None if began is None else round(began, 1)
 
 
 def playout_split(

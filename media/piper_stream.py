@@ -5,13 +5,14 @@ latent frames (one per ``hop`` samples) into audio. What comes before it (text e
 durations, flow) needs the whole sentence; the decoder does not: a frame's audio depends only on
 the frames within its reach. :class:`SplitVoiceSession` runs a voice's graph as those two
 parts, so the decoder can run on the sentence's first ``FIRST_FRAMES`` frames (with the frames
-after them that they reach) and then on the rest: the same audio, to ~1e-6 of full scale. On
+after them that they reach), then on windows twice as long each time: the same audio, to ~1e-6
+of full scale. On
 two AVX-512 cores an answer's first words ("It should arrive", 0.9 s) were heard after 41 ms
 instead of 67, longer first clauses after ~57 instead of ~105.
 
 Piper scales each sentence to a peak of full scale, which takes the whole sentence. A sentence
 decoded in windows plays at one gain per voice instead (Piper's for a calibration sentence),
-lowered only where that would clip (the first window at once, the rest over ``RAMP_MS``): the
+lowered only where that would clip (the first window at once, later ones over ``RAMP_MS``): the
 same audio as Piper's at a steady level, within a few dB of the level Piper would have chosen.
 """
 
@@ -36,15 +37,16 @@ __all__ = [
     "normalized",
     "split_graph_files",
     "stream_sentence",
+    "window_ends",
 ]
 
 log = logging.getLogger(__name__)
 
 FIRST_FRAMES = 16
 """Latent frames of a sentence's first window (~186 ms at 22.05 kHz, of which Piper's ~40 ms
-of leading silence is trimmed): long enough to play while the rest is decoded (~30-65 ms on
-two cores), short enough to come ~25-50 ms sooner. Sentences shorter than two windows are
-decoded whole."""
+of leading silence is trimmed): long enough to play while the next window (twice as long, see
+:func:`window_ends`) is decoded, short enough to come ~25-50 ms sooner. Sentences shorter
+than two windows are decoded whole."""
 
 RAMP_MS = 20.0
 """How long the gain takes to come down when the rest of a sentence would clip at the first
@@ -138,31 +140,53 @@ class SplitVoiceSession:
         return False
 
 
+def window_ends(frames: int) -> list[int]:
+    """Where the windows of a streamed sentence of ``frames`` latent frames end: the first
+    after :data:`FIRST_FRAMES`, each next one twice as long as the one before, the last taking
+    the rest once less than two of the next would be left. Each window is decoded while the
+    ones before it play, and plays longer than the next takes to decode even when the CPU is
+    shared: decoding all the rest at once (a 2 s first sentence: 190 ms beside another call)
+    outlasted the first window's ~146 ms, and the caller heard "Tra... ttoria"."""
+    ends: list[int] = []
+    start, size = 0, FIRST_FRAMES
+    while frames - start >= 2 * size:
+        start += size
+        ends.append(start)
+        size *= 2
+    return [*ends, frames]
+
+
 def stream_sentence(
     session: SplitVoiceSession,
     feed: dict[str, np.ndarray],
     sample_rate: int,
     lean_now: Callable[[], bool] = lambda: False,
 ) -> Iterator[tuple[np.ndarray, bool]]:
-    """One sentence's audio, each piece with whether it is the last: two windows at the
-    session's ``voice_gain``, lowered where that would clip (the first window at once, the
-    rest over :data:`RAMP_MS`), when it is at least two :data:`FIRST_FRAMES` long; else whole,
-    normalized as Piper does. The rest is decoded on one thread if ``lean_now()`` says other
-    work competes by then."""
+    """One sentence's audio, each piece with whether it is the last: windows (see
+    :func:`window_ends`) at the session's ``voice_gain``, lowered where that would clip (the
+    first window at once, later ones over :data:`RAMP_MS`), when it is at least two
+    :data:`FIRST_FRAMES` long; else whole, normalized as Piper does. A window after the first
+    is decoded on one thread if ``lean_now()`` says other work competes by then."""
     latent = session.latent(feed)
     frames = latent.shape[2]
     if session.context_frames is None or frames < 2 * FIRST_FRAMES:
         yield normalized(session.decode(latent, 0, frames, 0)), True
         return
-    first = session.decode(latent, 0, FIRST_FRAMES)
-    first_gain = min(session.voice_gain, full_scale_gain(first, silent=session.voice_gain))
-    yield first * first_gain, False
-    rest = session.decode(latent, FIRST_FRAMES, frames, lean=lean_now())
-    gain = min(first_gain, full_scale_gain(rest, silent=first_gain))
-    ramp = min(rest.size, round(sample_rate * RAMP_MS / 1000))
-    scale = np.full(rest.size, gain, dtype=np.float32)
-    scale[:ramp] = np.linspace(first_gain, gain, ramp, endpoint=False, dtype=np.float32)
-    yield rest * scale, True
+    ramp_samples = round(sample_rate * RAMP_MS / 1000)
+    gain = session.voice_gain
+    start = 0
+    for end in window_ends(frames):
+        audio = session.decode(latent, start, end, lean=start > 0 and lean_now())
+        window_gain = min(gain, full_scale_gain(audio, silent=gain))
+        if start == 0 or window_gain == gain:
+            audio = audio * window_gain
+        else:
+            ramp = min(audio.size, ramp_samples)
+            scale = np.full(audio.size, window_gain, dtype=np.float32)
+            scale[:ramp] = np.linspace(gain, window_gain, ramp, endpoint=False, dtype=np.float32)
+            audio = audio * scale
+        gain, start = window_gain, end
+        yield audio, end == frames
 
 
 @contextmanager

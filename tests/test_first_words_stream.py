@@ -16,7 +16,7 @@ import pytest
 
 from media import joins_next
 from media.piper_graph import noiseless_inputs
-from media.piper_stream import FIRST_FRAMES, SplitVoiceSession, stream_sentence
+from media.piper_stream import FIRST_FRAMES, SplitVoiceSession, stream_sentence, window_ends
 from media.priority_pool import URGENT
 from media.tts import (
     LoadAwareSession,
@@ -83,8 +83,12 @@ def test_a_streamed_sentence_is_piper_audio_at_the_voice_gain(synth: Synthesizer
     feed = noiseless_inputs(synth._voice, TEXT)
     hop = synth._voice.config.hop_length
     pieces = list(stream_sentence(split, feed, synth.sample_rate))
-    assert [last for _audio, last in pieces] == [False, True]
-    assert pieces[0][0].size == FIRST_FRAMES * hop
+    ends = window_ends(split.latent(feed).shape[2])
+    assert ends[:3] == [FIRST_FRAMES, 3 * FIRST_FRAMES, 7 * FIRST_FRAMES]  # each twice the last
+    assert [last for _audio, last in pieces] == [end == ends[-1] for end in ends]
+    assert [audio.size for audio, _last in pieces] == [
+        (end - start) * hop for start, end in zip([0, *ends], ends, strict=False)
+    ]
     streamed = np.concatenate([audio for audio, _last in pieces])
     raw = split.decode(split.latent(feed), 0, streamed.size // hop, 0)
     peak = float(np.max(np.abs(raw)))
@@ -151,6 +155,10 @@ class _Counting:
         return self.inner.run(*args)
 
 
+def _joined(pieces: list[tuple[np.ndarray, bool]]) -> np.ndarray:
+    return np.concatenate([audio for audio, _last in pieces])
+
+
 def test_the_rest_is_decoded_on_one_thread_when_other_work_competes_by_then(
     synth: Synthesizer,
 ) -> None:
@@ -165,9 +173,9 @@ def test_the_rest_is_decoded_on_one_thread_when_other_work_competes_by_then(
         crowded = list(stream_sentence(split, feed, synth.sample_rate, lambda: True))
     finally:
         split.lean_decoder = lean
-    assert counting.runs == 1  # the rest, not the first window
+    assert counting.runs == len(calm) - 1  # the windows after the first
     assert np.array_equal(crowded[0][0], calm[0][0])
-    assert float(np.max(np.abs(crowded[1][0] - calm[1][0]))) < 1e-4
+    assert float(np.max(np.abs(_joined(crowded) - _joined(calm)))) < 1e-4
 
 
 class _HeldAfterFirstPiece:
@@ -207,7 +215,8 @@ async def test_a_joining_first_chunk_is_heard_before_its_synthesis_ends(
     synth: Synthesizer, llm: ScriptedLLM, calls: list[VoiceCall]
 ) -> None:
     """The answer's first chunk ("It should arrive") goes on into the next one, so the silence
-    Piper ends it with is cut; its sound is played as it comes, not once it is whole."""
+    Piper ends it with is cut; its sound is played (and ``tts_start`` sent) as it comes, not
+    once it is whole."""
     llm.script(answers_by_words({}, ANSWER))
     held = _HeldAfterFirstPiece(synth)
     playbook = load_playbook(EXAMPLES / "support.yaml")
@@ -216,6 +225,7 @@ async def test_a_joining_first_chunk_is_heard_before_its_synthesis_ends(
     await call.say(piper_speech("When will my parcel arrive?"), 200)
     await call.line.wait_until(lambda: _peak(call.line.recording) > 3000, 60)  # its voice
     assert not held.go.is_set()
+    assert call.of_type("tts_start"), "clients hear of it as it plays, not once it is made"
     held.go.set()
     first = await call.wait_event("agent_sentence", timeout_s=30)
     assert joins_next(first.data["text"]), first.data  # the case under test

@@ -368,6 +368,14 @@ class _Speech:
         # urgent: nothing of the answer left to play, the caller hears silence until it comes
         urgent = self.onset_pending or not voice.speaker.busy
         slack_s = voice.speaker.queued_ms / 1000
+        started = functools.partial(self._started, sentence, spoken.id, interim=interim)
+
+        def push(pcm: bytes) -> None:
+            piece = voice.speaker.push(pcm, rate)
+            if not pieces:  # tts_start as the first piece plays, not once all are made
+                piece.add_start_callback(started)
+            pieces.append(piece)
+
         async for pcm in spoken.tts.synthesize(sentence, urgent=urgent, slack_s=slack_s):
             if generation != self.generation:
                 held.clear()
@@ -378,23 +386,21 @@ class _Speech:
                 trim_onset = self.onset_pending = False
                 pcm = trim_leading_silence(pcm, rate)
             if not joins:
-                pieces.append(voice.speaker.push(pcm, rate))
+                push(pcm)
                 continue
             held += pcm  # until its end, only what may be the chunk's trailing silence
             sounding = sounding_length(bytes(held), rate)
             if sounding:
-                pieces.append(voice.speaker.push(bytes(held[:sounding]), rate))
+                push(bytes(held[:sounding]))
                 del held[:sounding]
         if held:  # after sound, the join keeps the silence's fading edge; without, all of it
             keep = round(rate * KEEP_AFTER_SOUND_MS / 1000) * 2 if pieces else len(held)
-            pieces.append(voice.speaker.push(bytes(held[:keep]), rate))
+            push(bytes(held[:keep]))
         if not interim:
             self.joining = joins
         if not pieces:
             return
         self.playbacks.extend(pieces)
-        started = functools.partial(self._started, sentence, spoken.id, interim=interim)
-        pieces[0].add_start_callback(started)
         if not interim:
             pieces[-1].add_done_callback(functools.partial(self._finished, sentence))
 
