@@ -12,6 +12,7 @@ import logging
 import re
 import threading
 import time
+import zlib
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -32,6 +33,8 @@ __all__ = [
     "TranscriberSettings",
     "Transcript",
     "default_whisper_model",
+    "loops",
+    "max_tokens",
     "repeats",
     "screen",
 ]
@@ -94,7 +97,8 @@ class TranscriberSettings:
     segments in time as it does in its 30 s window: of 172 test utterances, none at 6 s and 1
     at 5 s with timestamps, 2 and 8 without. Such a decode is done again with
     ``recheck_margin_s``, and if it still repeats, with the full window (what a caller who did
-    say "Hello? Hello?" costs)."""
+    say "Hello? Hello?" costs). A full window that loops too (:func:`loops`) is decoded once
+    more without repeated 3-grams."""
     recheck_margin_s: float = 10.0
     """The margin of a second decode when the first one's text repeats itself."""
 
@@ -235,16 +239,10 @@ class Transcriber:
         audio = pcm_to_float32(pcm)
         segments = self._short.decode(audio) if self._short is not None else None
         if segments is None:
-            segments_iter, _info = self._model.transcribe(
-                audio,
-                language=self.settings.language,
-                beam_size=self.settings.beam_size,
-                temperature=0.0,
-                condition_on_previous_text=False,
-                without_timestamps=True,
-                vad_filter=False,
-            )
-            segments = list(segments_iter)
+            segments = self._full_window(audio)
+            if loops(" ".join(segment.text for segment in segments)):
+                log.debug("the full window loops too: decoded again without repeated 3-grams")
+                segments = self._full_window(audio, no_repeat_ngram_size=3)
         compute_ms = (time.perf_counter() - started) * 1000
         return screen(
             segments,
@@ -253,6 +251,37 @@ class Transcriber:
             max_no_speech_prob=self.settings.max_no_speech_prob,
             min_avg_logprob=self.settings.min_avg_logprob,
         )
+
+    def _full_window(self, audio: NDArray[np.float32], **options: Any) -> list[Any]:
+        """faster-whisper's own decode, in its 30 s window, with at most as many tokens as the
+        audio could plausibly hold (a loop then costs ~0.3 s, not Whisper's 448 tokens, ~3 s
+        of the worker every call shares)."""
+        segments, _info = self._model.transcribe(
+            audio,
+            language=self.settings.language,
+            beam_size=self.settings.beam_size,
+            temperature=0.0,
+            condition_on_previous_text=False,
+            without_timestamps=True,
+            vad_filter=False,
+            max_new_tokens=max_tokens(len(audio) / SAMPLE_RATE),
+            **options,
+        )
+        return list(segments)
+
+
+def max_tokens(seconds: float) -> int:
+    """The most tokens a decode of ``seconds`` of speech may take: more than anybody says in
+    that time (~3 words a second, a word ~1.3 tokens), well short of a loop's."""
+    return int(10 + 8 * seconds)
+
+
+def loops(text: str) -> bool:
+    """Whether ``text`` is Whisper stuck in a loop ("No, no, no, no, ..." to its token cap):
+    it compresses as Whisper's own test for one does (zlib, ratio over 2.4). A caller who says a
+    thing twice ("Where is my order? Where is my order?") does not."""
+    data = text.encode()
+    return len(data) / len(zlib.compress(data)) > 2.4
 
 
 class Segment(Protocol):
@@ -416,7 +445,7 @@ class _ShortContext:
         window[0, :, :frames] = features
         encoded = self.model.model.encode(ctranslate2.StorageView.from_array(window), to_cpu=False)
         seconds = len(audio) / SAMPLE_RATE
-        cap = int(10 + 8 * seconds)
+        cap = max_tokens(seconds)
         result = self.model.model.generate(
             encoded,
             [self.prompt],

@@ -9,6 +9,7 @@ import contextlib
 import os
 import threading
 import time
+import wave
 from collections.abc import Awaitable
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import pytest
 from media import Synthesizer, SynthesizerSettings, Transcriber, Transcript
 from media.audio import duration_ms, silence
 from media.priority_pool import URGENT
-from media.stt import repeats
+from media.stt import loops, repeats
 from media.tts import PIECE_MS, LoadAwareSession
 from tests.support import speech
 from tests.support.speech import espeak_wav, to_16k, white_noise, word_error_rate, words
@@ -155,6 +156,25 @@ def test_repeats_finds_a_text_that_says_its_beginning_again() -> None:
     assert not repeats("I said yes, yes.")  # not its beginning
     assert not repeats("Hello.")
     assert not repeats("")
+    assert loops("No, no, no, no, no, no, no, no, no, no,")  # Whisper at its token cap
+    assert not loops("Where is my order? Where is my order?")  # a caller who says it twice
+    assert not loops("No, no, no, no, no, no.")
+    assert not loops("")
+
+
+async def test_a_decode_that_loops_in_every_window_is_heard_without_the_loop(
+    transcriber: Transcriber, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The agent's "No, sorry, we are closed on Mondays." as a caller heard it (with the holes
+    a stalled playout leaves): Whisper says "No, no, no, ..." at both short margins and in its
+    full window. Decoded once more without repeated 3-grams, the words come back."""
+    with wave.open(str(Path(__file__).parent / "audio" / "whisper_loops.wav")) as recording:
+        pcm = recording.readframes(recording.getnframes())
+    with caplog.at_level("DEBUG", logger="media.stt"):
+        transcript = await transcriber.transcribe(pcm)
+    assert "the full window loops too" in caplog.text
+    assert not loops(transcript.text), transcript.text
+    assert "sorry" in words(transcript.text), transcript.text
 
 
 @pytest.mark.parametrize(
