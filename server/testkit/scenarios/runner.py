@@ -76,6 +76,10 @@ CATCH_UP_S = 5.0
 its end, is waited for: a loaded caller's audio trails the server's events (a playout that
 ran dry lags for good), and its checks read what the caller heard."""
 POLL_S = 0.05
+CHECK_SLACK_S = 10.0
+"""How long a check's own decode may wait: a scenario run's server shares the runner's Whisper,
+and a decode needed now (another call's end of turn, at ``--jobs`` above 1) must not wait
+behind one the harness needs only to judge a turn already over."""
 
 """How typed (text mode) keypad digits reach the playbook: as a call's digits do."""
 
@@ -487,10 +491,12 @@ class ScenarioRig:
         result.checks = await check_turn(expectations, facts)
 
     async def _transcribe(self, pcm: bytes) -> str:
+        """What the caller heard, in words (a ``heard`` check's), at :data:`CHECK_SLACK_S`: the
+        server under test shares the Whisper worker, and its calls' decodes go first."""
         if len(pcm) < FRAME_BYTES * 10:
             return ""
         transcriber = await self.transcriber()
-        return (await transcriber.transcribe(pcm)).text
+        return (await transcriber.transcribe(pcm, slack_s=CHECK_SLACK_S, owner=self)).text
 
     async def _simulated_voice(
         self, state: _Run, line: CallLine, caller: SimulatedCaller, started: float
