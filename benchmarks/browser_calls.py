@@ -25,6 +25,7 @@ from typing import Any
 
 from media.audio import SAMPLE_RATE, silence
 from server.testkit.browser import Browser, microphone_file
+from server.testkit.firefox import Firefox
 
 from .corpus import Utterance
 from .jitter import SELECTED_PAIR, RelayBroker, rewrite_answer_script
@@ -78,6 +79,7 @@ async def _one_call(
     turns: int,
     processing: bool,
     relays: RelayBroker | None,
+    client: str = "chromium",
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="vocable-browser-") as scratch:
         folder = Path(scratch)
@@ -85,14 +87,18 @@ async def _one_call(
         query = ("autocall=1" if processing else "raw=1&autocall=1") + (
             f"&playbook={playbook}" if playbook else ""
         )
-        async with Browser(folder / "profile", microphone) as browser:
+        opened = Firefox(folder) if client == "firefox" else Browser(folder / "profile", microphone)
+        async with opened as browser:
             assert browser.pid is not None
             if relays is not None:
+                assert isinstance(browser, Browser), "the jitter relays need Chromium"
                 script = rewrite_answer_script(relays.url)
                 await browser.send("Page.addScriptToEvaluateOnNewDocument", source=script)
             cpu_before, started = _cpu_s(browser.pid), time.monotonic()
             await browser.goto(f"{base_url}/?{query}")
             await browser.wait_until("call && call.pc.connectionState === 'connected'", 30)
+            if isinstance(browser, Firefox):
+                browser.play_microphone(microphone)  # from the call's start, as Chromium's does
             pair = await browser.evaluate(SELECTED_PAIR) if relays is not None else None
             cycle_s = GREETING_S + sum(len(q.pcm()) / 2 / SAMPLE_RATE + ANSWER_S for q in questions)
             await browser.wait_until(
@@ -156,10 +162,12 @@ async def browser_level(
     questions: Sequence[Utterance],
     processing: bool = False,
     jitter_ms: tuple[float, float] | None = None,
+    client: str = "chromium",
 ) -> dict[str, Any]:
-    """``calls`` Chromium pages at once (started 1 s apart), each until it timed ``turns``
-    answers; each page asks the questions from a different one on. ``processing``: the pages
-    keep Chromium's echo cancellation, noise suppression and gain control on (else ``?raw=1``).
+    """``calls`` Chromium (``client`` "firefox": Firefox) pages at once (started 1 s apart),
+    each until it timed ``turns`` answers; each page asks the questions from a different one
+    on. ``processing``: the pages keep the browser's echo cancellation, noise suppression and
+    gain control on (else ``?raw=1``).
     ``jitter_ms``: the pages' media pass through relays that delay each datagram by that range
     (:mod:`.jitter`)."""
     cycle = list(questions)
@@ -168,7 +176,7 @@ async def browser_level(
         await asyncio.sleep(index * 1.0)
         start = index * len(cycle) // max(1, calls)
         script = list(itertools.islice(itertools.cycle(cycle), start, start + len(cycle)))
-        return await _one_call(base_url, playbook, index, script, turns, processing, relays)
+        return await _one_call(base_url, playbook, index, script, turns, processing, relays, client)
 
     started = time.monotonic()
     async with contextlib.AsyncExitStack() as stack:
@@ -178,7 +186,7 @@ async def browser_level(
         pages = await asyncio.gather(*(call(i, relays) for i in range(calls)))
     return {
         "calls": calls,
-        "client": "chromium",
+        "client": client,
         "audio_processing": processing,
         "jitter_ms": list(jitter_ms) if jitter_ms is not None else None,
         "pages": pages,
@@ -255,9 +263,10 @@ def _mean(values: list[float]) -> float | None:
 
 
 def browser_markdown(run: dict[str, Any]) -> str:
-    """The report of a ``--client chromium`` run."""
+    """The report of a ``--client chromium`` (or ``firefox``) run."""
+    browser = "Firefox" if run["settings"]["client"].startswith("firefox") else "Chromium"
     lines = [
-        "# Voice to voice in Chromium",
+        f"# Voice to voice in {browser}",
         "",
         f"`{run['command']}` at {run['git_commit']} on {run['machine']['cpu']}, "
         f"{run['started_at']}.",

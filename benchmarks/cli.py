@@ -171,10 +171,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--client",
         default="aiortc",
-        choices=["aiortc", "chromium"],
-        help="who calls: the harness's aiortc callers (default), or headless Chromium pages "
-        "running the web client, timed by the page itself (each level runs the aiortc "
-        "callers first, back to back, for the on-arrival figure; no barge-ins, no micro)",
+        choices=["aiortc", "chromium", "firefox"],
+        help="who calls: the harness's aiortc callers (default), or headless Chromium (or "
+        "Firefox: apt-get install firefox-esr pulseaudio) pages running the web client, timed "
+        "by the page itself (each level runs the aiortc callers first, back to back, for the "
+        "on-arrival figure; no barge-ins, no micro)",
     )
     parser.add_argument(
         "--browser-processing",
@@ -277,7 +278,7 @@ async def _run(args: argparse.Namespace, command: str) -> Path:
             llm_first_sentence_ms=pacing.first_sentence_ms(answer) if scripted else None,
             token=args.token,
         )
-        if args.client == "chromium":
+        if args.client in ("chromium", "firefox"):
             results: dict[str, Any] = await _browsers(args, target, levels, questions, server)
         elif args.corpus == "hesitation":
             results = {"lines": await _hesitation(args, target, llm)}
@@ -303,7 +304,7 @@ async def _run(args: argparse.Namespace, command: str) -> Path:
         if llm is not None:
             await llm.close()
 
-    if args.client == "chromium":
+    if args.client in ("chromium", "firefox"):
         return _write_browsers(folder, command, started_at, args, scripted, levels, results)
     if args.corpus != "questions":
         return _write_corpus(folder, command, started_at, args, scripted, results)
@@ -413,7 +414,7 @@ async def _browsers(
         results["arrival_levels"].append(
             await concurrency_level(arrival, calls, args.turns, questions, server)
         )
-        print(f"{calls} call(s): Chromium pages...", file=sys.stderr)
+        print(f"{calls} call(s): {args.client} pages...", file=sys.stderr)
         results["levels"].append(
             await browser_level(
                 target.base_url,
@@ -423,6 +424,7 @@ async def _browsers(
                 questions,
                 processing=args.browser_processing,
                 jitter_ms=args.jitter_ms,
+                client=args.client,
             )
         )
     return results
@@ -446,7 +448,9 @@ def _write_browsers(
         **_provenance(command, started_at),
         "settings": {
             "llm": _llm_setting(args, scripted),
-            "client": "chromium (headless, fake microphone)",
+            "client": "chromium (headless, fake microphone)"
+            if args.client == "chromium"
+            else "firefox (headless, PulseAudio null sinks, the microphone a looped file)",
             "browser_audio_processing": args.browser_processing,
             "jitter_ms": list(args.jitter_ms) if args.jitter_ms else None,
             "sweep": levels,
