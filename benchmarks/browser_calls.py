@@ -264,7 +264,8 @@ def _mean(values: list[float]) -> float | None:
 
 def browser_markdown(run: dict[str, Any]) -> str:
     """The report of a ``--client chromium`` (or ``firefox``) run."""
-    browser = "Firefox" if run["settings"]["client"].startswith("firefox") else "Chromium"
+    client = run["settings"].get("client", "chromium")
+    browser = "Firefox" if client.startswith("firefox") else "Chromium"
     lines = [
         f"# Voice to voice in {browser}",
         "",

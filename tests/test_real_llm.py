@@ -10,6 +10,7 @@ overflowing history still gets the caller a spoken sentence, and the call goes o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -340,15 +341,22 @@ async def test_a_history_beyond_the_context_is_shed_and_the_turn_answered(
     assert not [kind for kind, _ in events if kind in ("history_trimmed", "error")]
 
 
+def _niced_threads(niceness: int) -> set[int]:
+    """This process's threads at least ``niceness`` nicer than it, now (a thread that ends
+    meanwhile is left out)."""
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    found = set()
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(ProcessLookupError):
+            if os.getpriority(os.PRIO_PROCESS, int(task)) >= own + niceness:
+                found.add(int(task))
+    return found
+
+
 def test_the_model_threads_run_below_speech_work(model: EmbeddedLLM) -> None:
     """llama.cpp's threads (HTTP, inference, OpenMP's pool) inherited the loader's niceness."""
-    niceness = {
-        int(task): os.getpriority(os.PRIO_PROCESS, int(task))
-        for task in os.listdir("/proc/self/task")
-    }
-    own = os.getpriority(os.PRIO_PROCESS, 0)
-    nicer = [tid for tid, value in niceness.items() if value >= own + model.settings.niceness]
-    assert len(nicer) >= 3, niceness
+    nicer = _niced_threads(model.settings.niceness)
+    assert len(nicer) >= 3, nicer
     assert os.environ.get("OMP_WAIT_POLICY") is None  # set only while llama.cpp loaded
     # and by that niceness admission tells the model's CPU from the calls' (the model loaded
     # and warmed up here): some, and less than the whole process's
@@ -358,4 +366,8 @@ def test_the_model_threads_run_below_speech_work(model: EmbeddedLLM) -> None:
     # the gauge's reader finds the same threads, then reads only theirs
     cached = ModelThreads()
     assert cached() == pytest.approx(used, abs=0.2)
-    assert len(cached._threads) == len(nicer)
+    after = _niced_threads(model.settings.niceness)
+    found = {int(task.name) for task in cached._threads}
+    # every niced thread alive throughout, and nothing else (another module's pool thread, as
+    # niced, may end or start meanwhile: CI once counted 9 of 10)
+    assert nicer & after <= found <= nicer | after
