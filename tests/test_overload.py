@@ -8,10 +8,12 @@ Retry-After, and takes calls again once the loop is on time.
 from __future__ import annotations
 
 import asyncio
+import os
 import platform
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -19,10 +21,13 @@ from aiortc import RTCPeerConnection
 from aiortc.mediastreams import AudioStreamTrack
 
 from media.audio import silence
+from media.priority import BACKGROUND_NICENESS
+from media.tts import LATER_NICENESS
 from server.admission.load import LoadGauge
 from server.admission.overload import OverloadSettings
 from server.config.server import ServerConfig, SipSettings
 from server.http.app import CALLS, SIP
+from server.llm.llamacpp import LLM_NICENESS, ModelThreads
 from server.runtime.memory import return_free_memory
 from server.testkit.sip_phone import SipPhone
 from tests.support.calls import synthesizer, transcriber, voice_server
@@ -325,6 +330,27 @@ def test_the_llm_in_the_process_is_counted_apart_from_the_calls() -> None:
         full.reason
         == "8 calls fill it (about 8 fit, at 15 % of a core each, the LLM taking 80 % of one)"
     )
+
+
+def test_the_models_threads_are_those_at_its_niceness_not_the_later_sentences(
+    tmp_path: Path,
+) -> None:
+    """llama.cpp's threads run LLM_NICENESS nicer than the process; Piper's later-sentence
+    worker nicer still, and its CPU is the calls' (it was counted as the model's)."""
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    ticks = os.sysconf("SC_CLK_TCK")
+    threads = [
+        (1, 0, 500),  # the event loop
+        (2, LLM_NICENESS, 100),  # llama.cpp
+        (3, LLM_NICENESS, 50),
+        (4, BACKGROUND_NICENESS + LATER_NICENESS, 300),  # a later sentence
+        (5, BACKGROUND_NICENESS, 200),  # Whisper
+    ]
+    for tid, nice, used in threads:
+        fields = ["S", *["0"] * 10, str(used), "0", "0", "0", "20", str(base + nice)]
+        (tmp_path / str(tid)).mkdir()
+        (tmp_path / str(tid) / "stat").write_text(f"{tid} (python3) {' '.join(fields)} 1 0\n")
+    assert ModelThreads(tmp_path)() == pytest.approx(150 / ticks)
 
 
 def _busy_neighbour(gauge: LoadGauge, clock: Clock, others: list[float]) -> None:

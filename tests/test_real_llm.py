@@ -342,13 +342,13 @@ async def test_a_history_beyond_the_context_is_shed_and_the_turn_answered(
 
 
 def _niced_threads(niceness: int) -> set[int]:
-    """This process's threads at least ``niceness`` nicer than it, now (a thread that ends
-    meanwhile is left out)."""
+    """This process's threads ``niceness`` nicer than it, now (a thread that ends meanwhile is
+    left out)."""
     own = os.getpriority(os.PRIO_PROCESS, 0)
     found = set()
     for task in os.listdir("/proc/self/task"):
         with contextlib.suppress(ProcessLookupError):
-            if os.getpriority(os.PRIO_PROCESS, int(task)) >= own + niceness:
+            if os.getpriority(os.PRIO_PROCESS, int(task)) == own + niceness:
                 found.add(int(task))
     return found
 
@@ -368,6 +368,6 @@ def test_the_model_threads_run_below_speech_work(model: EmbeddedLLM) -> None:
     assert cached() == pytest.approx(used, abs=0.2)
     after = _niced_threads(model.settings.niceness)
     found = {int(task.name) for task in cached._threads}
-    # every niced thread alive throughout, and nothing else (another module's pool thread, as
+    # every such thread alive throughout, and nothing else (another module's pool thread, as
     # niced, may end or start meanwhile: CI once counted 9 of 10)
     assert nicer & after <= found <= nicer | after

@@ -52,6 +52,8 @@ log = logging.getLogger(__name__)
 LLM_NICENESS = BACKGROUND_NICENESS + 5
 """How much nicer than the process the model's threads run: below speech recognition and
 synthesis (``BACKGROUND_NICENESS``), which a caller waits on sooner."""
+MAX_NICENESS = 19
+"""Linux's highest niceness: a thread made nicer than that stays at it."""
 
 _TOOL_TEMPLATE = "chatml-tools.jinja"
 
@@ -222,8 +224,9 @@ class EmbeddedLLM:
 
 
 def model_cpu_time(task_dir: Path = Path("/proc/self/task")) -> float | None:
-    """CPU seconds this process's model threads (those at ``LLM_NICENESS`` or nicer than the
-    process: llama.cpp's and OpenMP's, started by :meth:`EmbeddedLLM.start`) have used, while
+    """CPU seconds this process's model threads (those ``LLM_NICENESS`` nicer than the process:
+    llama.cpp's and OpenMP's, started by :meth:`EmbeddedLLM.start`; not Piper's later-sentence
+    worker, which runs nicer still and whose CPU is the calls') have used, while
     they live; None where Linux's per-thread accounting cannot be read. Reads every thread:
     :class:`ModelThreads` is the cheap way to ask often."""
     return ModelThreads(task_dir)()
@@ -270,10 +273,12 @@ class ModelThreads:
             tasks = list(self.task_dir.iterdir())
         except OSError:
             return False
+        # exactly: Piper's later-sentence worker runs nicer still, and its CPU is the calls'
+        model = min(base + LLM_NICENESS, MAX_NICENESS)
         self._threads = [
             task
             for task in tasks
-            if (stat := _thread_stat(task)) is not None and stat[0] - base >= LLM_NICENESS
+            if (stat := _thread_stat(task)) is not None and stat[0] == model
         ]
         return True
 
