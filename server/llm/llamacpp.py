@@ -276,9 +276,7 @@ class ModelThreads:
         # exactly: Piper's later-sentence worker runs nicer still, and its CPU is the calls'
         model = min(base + LLM_NICENESS, MAX_NICENESS)
         self._threads = [
-            task
-            for task in tasks
-            if (stat := _thread_stat(task)) is not None and stat[0] == model
+            task for task in tasks if (stat := _thread_stat(task)) is not None and stat[0] == model
         ]
         return True
 
