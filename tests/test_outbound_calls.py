@@ -43,6 +43,10 @@ pytestmark = pytest.mark.slow
 SIP_FILES = Path(__file__).resolve().parent / "sip"
 
 GREETING = "Hello, this is Acme calling about your parcel delivery."
+GREETING_WER = 0.35
+"""Of the greeting as the callee heard it: tiny.en hears "Acme" as "acne" every time and "parcel"
+as "partial" in about half the calls (2 of 9 words); a third slip under load ("Callin") failed a
+clean run once."""
 MESSAGE = "This is Acme. Your parcel arrives on Tuesday. Goodbye."
 QUESTION = "When will it arrive?"
 HELLO = "Hello?"
@@ -236,7 +240,7 @@ async def test_a_callee_who_says_hello_hears_the_greeting_after_it_and_talks(
     greeting = [at for at in loud if at < asked]
     assert greeting, "the callee heard no greeting"
     said = await _said(heard[: int(asked * RATE) * 2])
-    assert word_error_rate(said, GREETING) <= 0.3, said
+    assert word_error_rate(said, GREETING) <= GREETING_WER, said
     answer = await _said(heard[int(asked * RATE) * 2 :])
     assert word_error_rate(answer, ANSWER) <= 0.3, answer
     (turn,) = llm.user_turns  # the question; "Hello?" was answered by the greeting
@@ -284,7 +288,7 @@ async def test_a_silent_callee_through_a_challenging_trunk_hears_the_greeting_af
     assert loud, "the callee heard nothing"
     assert 0.9 <= loud[0] <= 4.0, loud[0]  # waits ~1 s for the callee's words, then greets
     said = await _said(heard)
-    assert word_error_rate(said, GREETING) <= 0.3, said
+    assert word_error_rate(said, GREETING) <= GREETING_WER, said
     pickup = [e for e in events if e.get("pickup")]
     assert pickup, events
     assert pickup[0]["pickup"] == "silent"
