@@ -25,7 +25,7 @@ import aiohttp
 
 from media.audio import SAMPLE_RATE
 
-__all__ = ["Browser", "Spawn", "chromium_path", "microphone_file"]
+__all__ = ["Browser", "Spawn", "chromium_path", "microphone_file", "polled"]
 
 Spawn = Callable[..., Awaitable[asyncio.subprocess.Process]]
 """Starts a program (``asyncio.create_subprocess_exec``'s arguments) in a process group of its
@@ -65,6 +65,22 @@ def microphone_file(path: Path, pcm16k: bytes) -> Path:
         wav.setframerate(SAMPLE_RATE)
         wav.writeframes(pcm16k)
     return path
+
+
+def polled(expression: str, timeout_s: float) -> str:
+    """A JavaScript promise of the first truthy value of ``expression``, polled every 100 ms;
+    rejected after ``timeout_s`` (any browser's ``wait_until``)."""
+    return f"""new Promise((resolve, reject) => {{
+        const deadline = Date.now() + {int(timeout_s * 1000)};
+        const tick = () => {{
+            let value;
+            try {{ value = ({expression}); }} catch (error) {{ return reject(error); }}
+            if (value) return resolve(value);
+            if (Date.now() > deadline) return reject(new Error({json.dumps(expression)}));
+            setTimeout(tick, 100);
+        }};
+        tick();
+    }})"""
 
 
 def chromium_path() -> str:
@@ -163,18 +179,7 @@ class Browser:
 
     async def wait_until(self, expression: str, timeout_s: float) -> Any:
         """The first truthy value of ``expression``, polled in the page every 100 ms."""
-        poll = f"""new Promise((resolve, reject) => {{
-            const deadline = Date.now() + {int(timeout_s * 1000)};
-            const tick = () => {{
-                let value;
-                try {{ value = ({expression}); }} catch (error) {{ return reject(error); }}
-                if (value) return resolve(value);
-                if (Date.now() > deadline) return reject(new Error({json.dumps(expression)}));
-                setTimeout(tick, 100);
-            }};
-            tick();
-        }})"""
-        return await self.evaluate(poll, timeout_s=timeout_s + 5)
+        return await self.evaluate(polled(expression, timeout_s), timeout_s=timeout_s + 5)
 
     async def screenshot(self, path: Path) -> None:
         data = await self.send("Page.captureScreenshot", format="png")

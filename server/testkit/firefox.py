@@ -24,6 +24,8 @@ from typing import Any
 
 import aiohttp
 
+from .browser import polled
+
 __all__ = ["Firefox", "firefox_path"]
 
 PREFERENCES = {
@@ -146,18 +148,7 @@ class Firefox:
 
     async def wait_until(self, expression: str, timeout_s: float) -> Any:
         """The first truthy value of ``expression``, polled in the page every 100 ms."""
-        poll = f"""new Promise((resolve, reject) => {{
-            const deadline = Date.now() + {int(timeout_s * 1000)};
-            const tick = () => {{
-                let value;
-                try {{ value = ({expression}); }} catch (error) {{ return reject(error); }}
-                if (value) return resolve(value);
-                if (Date.now() > deadline) return reject(new Error({json.dumps(expression)}));
-                setTimeout(tick, 100);
-            }};
-            tick();
-        }})"""
-        return await self.evaluate(poll, timeout_s=timeout_s + 5)
+        return await self.evaluate(polled(expression, timeout_s), timeout_s=timeout_s + 5)
 
     async def _start_pulse(self) -> None:
         pulse = await self._spawn(
