@@ -6,13 +6,23 @@ sentence needed in half a second behind one needed in three: work is taken by ``
 (lower first), then in the order it came. Work already running is not overtaken; work that must
 never wait behind another kind gets a pool of its own (``media.tts``: an answer's first words
 and its later sentences).
+
+The workers are daemon threads, so a pool nobody shut down never holds the process open. But a
+daemon thread must not be inside a model's native code when the interpreter finalizes: when
+that code returns and takes the GIL back, CPython ends the thread by unwinding it through C++
+frames that forbid it, and the process aborts ("terminate called without an active exception",
+exit status 134) after its work is done. So every pool still open at exit is shut down first
+(waiting work cancelled, running work finished), by an :mod:`atexit` hook, which runs before
+finalization.
 """
 
 from __future__ import annotations
 
+import atexit
 import heapq
 import itertools
 import threading
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
@@ -24,6 +34,15 @@ T = TypeVar("T")
 URGENT = 0
 """The priority of work somebody is waiting for now (an answer's first words)."""
 _NORMAL = 1
+
+
+_open_pools: weakref.WeakSet[PriorityPool] = weakref.WeakSet()
+
+
+@atexit.register
+def _shut_down_open_pools() -> None:
+    for pool in list(_open_pools):
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 class PriorityPool:
@@ -51,6 +70,7 @@ class PriorityPool:
         self._ready = threading.Condition()
         self._threads: list[threading.Thread] = []
         self._closed = False
+        _open_pools.add(self)
 
     def submit(self, fn: Callable[..., T], /, *args: Any, priority: int = _NORMAL) -> Future[T]:
         future: Future[T] = Future()

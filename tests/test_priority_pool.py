@@ -3,7 +3,10 @@ like a thread pool's."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -74,3 +77,43 @@ def test_a_pool_tells_its_own_workers_from_other_threads() -> None:
     finally:
         pool.shutdown()
         other.shutdown()
+
+
+_EXIT_MID_DECODE = """
+import time
+import numpy as np
+from faster_whisper import WhisperModel
+from media.priority_pool import PriorityPool
+from media.stt import default_whisper_model
+
+model = WhisperModel(default_whisper_model(), device="cpu", compute_type="int8",
+                     local_files_only=True)
+noise = (np.random.default_rng(0).standard_normal(16000 * 25) * 0.1).astype(np.float32)
+pool = PriorityPool(1)
+
+def decode_for(seconds):
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        list(model.transcribe(noise, beam_size=5)[0])
+
+pool.submit(decode_for, 1.5)
+pool.submit(decode_for, 60.0)  # waiting work: cancelled at exit
+while pool.idle_workers:
+    time.sleep(0.01)
+time.sleep(0.8)  # past the features, inside the native decode
+"""
+
+
+def test_the_process_exits_cleanly_while_a_worker_is_inside_native_code() -> None:
+    """A daemon worker inside CTranslate2 at interpreter finalization aborted the process
+    (status 134, "terminate called without an active exception"): the pools still open are
+    shut down at exit, their running work finished and their waiting work cancelled."""
+    done = subprocess.run(
+        [sys.executable, "-c", _EXIT_MID_DECODE],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "terminate called" not in done.stderr
