@@ -229,8 +229,8 @@ class ScriptStep(_Model):
 
 
 class BargeIn(_Model):
-    """Speak over the agent: start this long after the agent's answer to the turn before began
-    to be heard."""
+    """Speak over the agent: start once this much of the agent's answer to the turn before has
+    been heard (its pauses under half a second counted), or when that answer is over."""
 
     after_ms: int = Field(default=500, ge=0, le=30_000)
 

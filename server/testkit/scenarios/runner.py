@@ -21,7 +21,7 @@ from typing import Any, Literal
 from aiohttp import web
 
 from media import SpeechToText, Synthesizer, SynthesizerSettings, TextToSpeech, Transcriber
-from media.audio import FRAME_BYTES, SAMPLE_RATE
+from media.audio import FRAME_BYTES, FRAME_MS, SAMPLE_RATE
 from media.turn_model import TurnModel
 from playbooks import (
     ChatClient,
@@ -76,6 +76,9 @@ CATCH_UP_S = 5.0
 its end, is waited for: a loaded caller's audio trails the server's events (a playout that
 ran dry lags for good), and its checks read what the caller heard."""
 POLL_S = 0.05
+HEARD_GAP_S = 0.5
+"""A silence in an answer this long or longer is not counted as hearing it (sentences are
+~0.2-0.4 s apart)."""
 CHECK_SLACK_S = 10.0
 """How long a check's own decode may wait: a scenario run's server shares the runner's Whisper,
 and a decode needed now (another call's end of turn, at ``--jobs`` above 1) must not wait
@@ -864,18 +867,36 @@ def _heard_behind(
 
 
 async def _until_heard(line: CallLine, since: float, after_ms: int, timeout_s: float) -> None:
-    """Wait until the agent has been heard for ``after_ms`` since it began after ``since`` (the
-    moment a barge-in speaks over it); raises :class:`TurnTimeout`."""
+    """Wait until the caller has heard ``after_ms`` of the agent's answer begun after ``since``
+    (the moment a barge-in speaks over it), or the answer is over; raises :class:`TurnTimeout`.
+
+    What counts is the answer's audio as heard, pauses shorter than :data:`HEARD_GAP_S`
+    included, not the clock since it began: on a loaded machine a later sentence can reach the
+    caller seconds after the first, and a barge-in timed by the clock then falls into that
+    silence, where it is not a barge-in at all."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        began = first_sound_after(line, since)
-        if began is not None:
-            await asyncio.sleep(max(0.0, began + after_ms / 1000 - time.monotonic()))
-            return
         if line.ended():
             raise RuntimeError("the call ended before the agent spoke")
+        began = first_sound_after(line, since)
+        if began is not None:
+            spans = heard_spans(line, began, time.monotonic(), gap_s=HEARD_GAP_S)
+            heard_s = sum(last - first + FRAME_MS / 1000 for first, last in spans)
+            if heard_s >= after_ms / 1000 or _answer_over(line, began):
+                return
         await asyncio.sleep(POLL_S / 2)
     raise TurnTimeout(f"the agent did not begin to answer within {timeout_s:g} s")
+
+
+def _answer_over(line: CallLine, began: float) -> bool:
+    """Whether the answer the caller began to hear at ``began`` is over: the server's call went
+    back to listening after it, and the caller has heard nothing for :data:`HEARD_GAP_S`."""
+    states = [e for e in line.events if e["type"] == "state"]
+    if not states or states[-1].get("state") != "listening":
+        return False
+    if states[-1]["t_ms"] / 1000 < began:
+        return False
+    return time.monotonic() - (last_sound(line) or 0.0) >= HEARD_GAP_S
 
 
 def run_scenario(
