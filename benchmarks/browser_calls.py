@@ -37,6 +37,9 @@ GREETING_S = 7.0
 """Silence at the head of each microphone file: the greeting plays."""
 ANSWER_S = 7.0
 """Silence after each question: its answer plays, then a pause."""
+CONNECT_S = 90.0
+"""How long a page may take to connect its call: four Firefox pages starting at once on two
+cores took more than 30 s."""
 
 STATS = """(async () => {
     const found = {};
@@ -96,7 +99,7 @@ async def _one_call(
                 await browser.send("Page.addScriptToEvaluateOnNewDocument", source=script)
             cpu_before, started = _cpu_s(browser.pid), time.monotonic()
             await browser.goto(f"{base_url}/?{query}")
-            await browser.wait_until("call && call.pc.connectionState === 'connected'", 30)
+            await browser.wait_until("call && call.pc.connectionState === 'connected'", CONNECT_S)
             if isinstance(browser, Firefox):
                 browser.play_microphone(microphone)  # from the call's start, as Chromium's does
             pair = await browser.evaluate(SELECTED_PAIR) if relays is not None else None
