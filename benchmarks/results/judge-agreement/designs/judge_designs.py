@@ -1,7 +1,8 @@
 """Judge designs tried on Qwen2.5-Coder-0.5B against the 60 statements of
 ``benchmarks/judge_agreement.py`` (an experiment, kept with its results; none was adopted).
 
-    .venv/bin/python benchmarks/results/judge-agreement/designs/judge_designs.py OUT.json
+    PYTHONPATH=. .venv/bin/python \\
+        benchmarks/results/judge-agreement/designs/judge_designs.py OUT.json
 
 Each design gives a score in [0, 1] (or a log-likelihood difference for ``pmi_*``) per statement;
 the summary prints each design's agreement at its natural threshold (0.5, or 0 for ``pmi_*``),
@@ -23,14 +24,11 @@ from typing import Any
 
 import aiohttp
 
-ROOT = Path(__file__).resolve().parents[4]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks.judge_agreement import CASES  # noqa: E402
-from benchmarks.models import model_path  # noqa: E402
-from benchmarks.tester_llm import llm_client  # noqa: E402
-from playbooks import ChatClient, ChatRequest  # noqa: E402
-from server.testkit.scenarios.judge import Exchange, Judge, transcript  # noqa: E402
+from benchmarks.judge_agreement import CASES
+from benchmarks.models import model_path
+from benchmarks.tester_llm import llm_client
+from playbooks import ChatClient, ChatRequest
+from server.testkit.scenarios.judge import Exchange, Judge, transcript
 
 # Worked examples from other businesses (a dentist, a bike shop), three yes and three no.
 SHOTS = (
