@@ -124,6 +124,15 @@ async def test_the_embedded_model_judges_and_repeats_give_a_pass_rate(tmp_path: 
         if check["check"].startswith("judge:")
     ]
     assert len(judged) == 6  # two semantic checks a run
+    scripted = [
+        (run["run"], check)
+        for run in document["runs"]
+        for turn in run["turns"]
+        for check in turn["checks"]
+        if not check["check"].startswith("judge:") and check["outcome"] != "skipped"
+    ]
+    # every run books the same table: each starts with the tools' state as written
+    assert all(check["outcome"] == "passed" for _, check in scripted), scripted
     for check in judged:  # decided by the model, not skipped, and its reason given
         assert check["outcome"] in ("passed", "failed"), check
         assert check["detail"].startswith("judge: "), check

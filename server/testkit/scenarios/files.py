@@ -10,7 +10,7 @@ problems are: ``file:line: path: message``.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,15 @@ class LoadedScenario:
     def label(self) -> str:
         """How reports name it: the file's name and the scenario's name."""
         return f"{self.path.name}: {self.scenario.name}"
+
+    def afresh(self) -> LoadedScenario:
+        """The same scenario with its playbook loaded again from its file: a tools module's
+        state (a restaurant's bookings) starts as written, so a run does not find the tables
+        an earlier run booked. Raises :class:`~playbooks.PlaybookError` if the file changed
+        into an invalid one."""
+        if self.playbook.source is None:
+            return self
+        return replace(self, playbook=load_playbook(self.playbook.source))
 
     def resolve(self, relative: str) -> Path:
         """A path the file gives, relative to the file's folder."""

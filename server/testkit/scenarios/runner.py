@@ -240,7 +240,9 @@ class ScenarioRig:
 
     async def run(self, loaded: LoadedScenario, run: int = 1) -> ScenarioResult:
         """Run ``loaded`` once; never raises for what the agent or the call does (that is in
-        the result's failures), only for a bug of the runner."""
+        the result's failures), only for a bug of the runner. Each run gets its playbook
+        loaded afresh (:meth:`LoadedScenario.afresh`): runs never share the state of its tools."""
+        loaded = loaded.afresh()
         scenario = loaded.scenario
         mode, agent = self.plan(scenario)
         transport = self.options.transport if mode == "voice" else "none"
