@@ -24,6 +24,7 @@ EventType = Literal[
     "greeting",
     "language_changed",
     "answer_retracted",
+    "guided_step",
     "history_trimmed",
     "delegation_start",
     "delegation_end",

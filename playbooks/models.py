@@ -65,6 +65,10 @@ class _Model(BaseModel):
     )
 
 
+ToolCalling = Literal["native", "guided"]
+"""Who calls a stage's tools: the model, or the engine (see :mod:`playbooks.guided`)."""
+
+
 class LLMConfig(_Model):
     """Sampling settings; unset fields fall back to the playbook's, then the server's."""
 
@@ -72,6 +76,9 @@ class LLMConfig(_Model):
     temperature: float | None = Field(default=None, ge=0, le=2)
     max_tokens: int | None = Field(default=None, gt=0)
     top_p: float | None = Field(default=None, gt=0, le=1)
+    tool_calling: ToolCalling | None = None
+    """Who calls the tools: the model (``native``), or the engine on details the caller gave
+    (``guided``, for small models: :mod:`playbooks.guided`); unset: the server's choice."""
 
     def merged_over(self, base: LLMConfig) -> LLMConfig:
         """This config with every unset field taken from ``base``."""

@@ -25,11 +25,12 @@ from .context import PlaybookContext, provide_context
 from .delegation import Delegator
 from .engine import EngineSnapshot, IntentResult, PlaybookEngine
 from .events import EventBus, EventHandler, EventType
+from .guided import GuidedMemory
 from .history import Conversation, Message
 from .identity import language_instruction
 from .llm import ChatClient, ChatRequest, LLMError
 from .loader import LoadedPlaybook
-from .models import NamedToolChoice, Stage, Transition
+from .models import NamedToolChoice, Stage, ToolCalling, Transition
 from .transfer import TransferOutcome, Transferrer, parse_transfer_call
 from .turn import Turn
 
@@ -56,6 +57,9 @@ class OrchestratorOptions:
     history_limit: int = 50
     fallback_answer: str = DEFAULT_FALLBACK
     llm_timeout_ms: int = 10_000
+    tool_calling: ToolCalling = "native"
+    """Who calls the tools where the playbook does not say (its ``llm_config``): the model,
+    or the engine (``guided``, for models too small to call tools: :mod:`playbooks.guided`)."""
     """The longest the LLM may keep the turn waiting: for a round to start streaming (its
     retries included) or for the round's next chunk. Past it the round fails like an unreachable
     endpoint: an ``error`` event, and the fallback line (after what was already said)."""
@@ -87,6 +91,8 @@ class PlaybookOrchestrator:
         """Prefills of a new stage's prompt still running (kept so they are not collected)."""
         self._hooks: set[asyncio.Future[Any]] = set()
         """Async stage hooks still running."""
+        self.guided_memory = GuidedMemory()
+        """What guided tool steps have learned of this call (``options.guided_tools``)."""
         self._greeting_due: str | None = None
         """The greeting of a stage entered by a transition, until it is said."""
         self._greeting_note: str | None = None

@@ -20,12 +20,14 @@ the greeting state, and :class:`~playbooks.tool_calls.ToolCalls` runs the rounds
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from .engine import IntentResult, TurnFacts
 from .events import Retraction
+from .guided import GuidedMemory, GuidedSteps, results_as_note
 from .history import Message
 from .llm import ChatClient, ChatRequest, ChatStream, LLMError
 from .tool_calls import ToolCalls, ToolHost
@@ -47,6 +49,11 @@ class TurnHost(ToolHost, Protocol):
 
     @property
     def options(self) -> OrchestratorOptions: ...
+
+    @property
+    def guided_memory(self) -> GuidedMemory:
+        """What guided tool steps have learned of the call."""
+        ...
 
     @property
     def client(self) -> ChatClient:
@@ -108,11 +115,19 @@ class Turn:
         """A stage's greeting said at the head of this answer (undone by a retraction)."""
         self._deltas: AsyncIterator[str | Retraction] | None = None
         self._entered = False
+        self._guided_missing: tuple[str, ...] = ()
+        """Guided: the details the stage's next tool still needs (the answer asks for them)."""
 
     @property
     def tool_call_count(self) -> int:
         """Tool calls made in this turn."""
         return self._calls.count
+
+    @property
+    def _guided(self) -> bool:
+        """Whether the engine makes the current stage's tool calls (:mod:`playbooks.guided`)."""
+        host = self._host
+        return (host.engine.llm_config().tool_calling or host.options.tool_calling) == "guided"
 
     def mark_delivered(self, text: str) -> None:
         """Report that ``text`` (the next part of the answer) reached the caller."""
@@ -166,7 +181,11 @@ class Turn:
         needs_answer_call = host.engine.stage.mode == "single-shot"  # no tool loop at all
         failed = False
         try:
-            if not needs_answer_call:
+            if not needs_answer_call and self._guided:
+                steps = GuidedSteps(host, self._calls, self._llm_step)
+                self._guided_missing = await steps.run(user_message, self.user_text)
+                needs_answer_call = not self._calls.transferred
+            elif not needs_answer_call:
                 async for delta in self._tool_loop(user_message):
                     yield delta
                 needs_answer_call = self._needs_answer_call
@@ -328,7 +347,7 @@ class Turn:
         context sheds the oldest history (this turn's own messages stay) and is sent once more;
         the history stays shed, so the next turns fit too."""
         host = self._host
-        request = host.request(with_tools=with_tools, first_round=first_round)
+        request = self._request(with_tools, first_round)
         try:
             return await self._llm_step(host.client.stream(request), deadline)
         except LLMError as exc:
@@ -343,8 +362,17 @@ class Turn:
             if not dropped:
                 raise
             host.emit("history_trimmed", dropped=dropped, reason=str(exc))
-            request = host.request(with_tools=with_tools, first_round=first_round)
+            request = self._request(with_tools, first_round)
             return await self._llm_step(host.client.stream(request), deadline)
+
+    def _request(self, with_tools: bool, first_round: bool) -> ChatRequest:
+        """The host's request for the next round; in guided mode, with the tools' results
+        given as facts (:func:`playbooks.guided.results_as_note`)."""
+        request = self._host.request(with_tools=with_tools, first_round=first_round)
+        if not self._guided:
+            return request
+        messages = results_as_note(request.messages, self._guided_missing)
+        return dataclasses.replace(request, messages=messages)
 
     async def _llm_step(self, step: Awaitable[_T], deadline: float | None = None) -> _T:
         """Await one step of the LLM (opening a round, or the round's next chunk). Raises

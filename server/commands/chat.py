@@ -136,7 +136,10 @@ def chat_command(args: argparse.Namespace) -> int:
     choice = LLMChoice.resolve(args, default_model=playbook.spec.default_llm_config.model)
     if not choice.embedded and choice.endpoint is None:
         raise ConfigError(f"chat needs an LLM (--llm none was given): {WAYS_TO_AN_LLM}")
-    options = OrchestratorOptions(**{name: getattr(args, name) for name in CHAT_TURN_FLAGS})
+    options = OrchestratorOptions(
+        **{name: getattr(args, name) for name in CHAT_TURN_FLAGS},
+        tool_calling=choice.tool_calling,
+    )
     local = LocalLLMSettings.of(choice)
 
     async def run() -> None:

@@ -153,6 +153,7 @@ def _options(args: argparse.Namespace) -> RigOptions:
         judge_configured={"auto": None, "configured": True, "none": False}[args.judge],
         mode=args.mode,
         keep_audio=args.keep_audio,
+        tool_calling=choice.tool_calling,
     )
 
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, cast, get_args
 
+from playbooks.models import ToolCalling
+
 __all__ = [
     "DEFAULT_MODEL",
     "ENV_NAMES",
@@ -36,6 +38,7 @@ ENV_NAMES: dict[str, tuple[str, ...]] = {
     "llm_model": ("VOCABLE_LLM_MODEL",),
     "llm": ("VOCABLE_LLM",),
     "llm_gguf": ("VOCABLE_LLM_GGUF",),
+    "llm_tool_calling": ("VOCABLE_LLM_TOOL_CALLING",),
 }
 """The variables read for each flag left out, first set (and not empty) first."""
 
@@ -62,6 +65,8 @@ class LLMChoice:
     """``--llm-gguf``: the model file to run in process."""
     model: str | None
     """``--llm-model`` as given (None: the playbook's or the server's own)."""
+    tool_calling: ToolCalling = "native"
+    """``--llm-tool-calling``: who calls the tools where a playbook does not say."""
 
     @property
     def embedded(self) -> bool:
@@ -110,7 +115,19 @@ class LLMChoice:
                 model = getattr(args, "llm_model", None) or env.get("VOCABLE_LLM_MODEL")
                 endpoint = LLMSettings(base_url, api_key, model or default_model or DEFAULT_MODEL)
         model_given = getattr(args, "llm_model", None) or env.get("VOCABLE_LLM_MODEL") or None
-        return cls(mode=mode, endpoint=endpoint, gguf=gguf, model=model_given)
+        calling = getattr(args, "llm_tool_calling", None) or env.get("VOCABLE_LLM_TOOL_CALLING")
+        if (calling or "native") not in get_args(ToolCalling):
+            raise ConfigError(
+                f"--llm-tool-calling {calling}: choose native or guided "
+                "[env VOCABLE_LLM_TOOL_CALLING]"
+            )
+        return cls(
+            mode=mode,
+            endpoint=endpoint,
+            gguf=gguf,
+            model=model_given,
+            tool_calling=cast(ToolCalling, calling or "native"),
+        )
 
 
 def _contradicts(dest: str, value: str | None, others: Mapping[str, str | None]) -> bool:
@@ -179,5 +196,12 @@ def add_llm_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGrou
         "--llm-api-key",
         metavar="KEY",
         help=f"API key [{env('llm_api_key')}; local servers need none]",
+    )
+    group.add_argument(
+        "--llm-tool-calling",
+        choices=get_args(ToolCalling),
+        help="who calls the tools where a playbook's llm_config does not say: 'native', the "
+        "model; 'guided', the engine, on details the caller gave (for small models) "
+        f"[{env('llm_tool_calling')}; default native]",
     )
     return group

@@ -21,6 +21,7 @@ from media import HearingSettings, TranscriberSettings
 from media.remote import RemoteSynthesizerSettings, RemoteTranscriberSettings
 from media.tts import SynthesizerSettings
 from media.turn_model import TurnModelSettings
+from playbooks import ToolCalling
 from server.admission.overload import OverloadSettings
 from server.call.recordings import RecordingSettings
 from server.call.session import SessionSettings
@@ -194,6 +195,8 @@ class ServerConfig:
     local_llm: LocalLLMSettings | None = None
     """With no endpoint: where a local LLM is found or run; None (and no endpoint): calls still
     work but the agent cannot answer."""
+    tool_calling: ToolCalling = "native"
+    """Who calls the tools where a playbook does not say (``--llm-tool-calling``)."""
     llm_retries: int = DEFAULTS.llm_retries
     llm_timeout_s: float = DEFAULTS.llm_timeout_s
     """The longest the LLM may stay silent (before its first token or between chunks) before
@@ -278,7 +281,11 @@ class ServerConfig:
         options = serve_options(args)
         choice = LLMChoice.resolve(args, env)
         local = LocalLLMSettings.of(choice)
-        return dataclasses.replace(cls.from_options(options, choice.endpoint), local_llm=local)
+        return dataclasses.replace(
+            cls.from_options(options, choice.endpoint),
+            local_llm=local,
+            tool_calling=choice.tool_calling,
+        )
 
     @classmethod
     def from_options(cls, options: ServeOptions, llm: LLMSettings | None = None) -> ServerConfig:

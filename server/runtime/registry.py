@@ -273,7 +273,10 @@ class CallRegistry:
         ``error`` events, with their full text, to the log; its conversation's transfers go to
         the call through ``port``, and what the caller and the agent say to its recorder."""
         engines = self.engines
-        options = OrchestratorOptions(llm_timeout_ms=round(self.config.llm_timeout_s * 1000))
+        options = OrchestratorOptions(
+            llm_timeout_ms=round(self.config.llm_timeout_s * 1000),
+            tool_calling=self.config.tool_calling,
+        )
         if engines.llm is None:
             options = replace(options, fallback_answer=NO_LLM_LINE)
         orchestrator = PlaybookOrchestrator(

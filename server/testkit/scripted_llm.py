@@ -1,8 +1,9 @@
 """A scripted OpenAI-compatible chat-completions server: the LLM of deterministic test runs.
 
 It speaks the real wire format (SSE streaming with content and tool-call deltas, non-streamed
-completions, error statuses with Retry-After) on 127.0.0.1, so the real ``openai`` client code path
-runs. Every request body is recorded; streams the client abandons are counted.
+completions with the first token's logprobs when asked, error statuses with Retry-After) on
+127.0.0.1, so the real ``openai`` client code path runs. Every request body is recorded;
+streams the client abandons are counted.
 """
 
 from __future__ import annotations
@@ -278,18 +279,21 @@ class ScriptedLLM(LoopbackServer):
                 }
                 for call in reply.tool_calls
             ]
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": message,
+            "finish_reason": "tool_calls" if reply.tool_calls else "stop",
+        }
+        tokens = _tokens(reply.content)
+        if body.get("logprobs") and tokens:  # the first token, certain (yes-or-no questions)
+            first = {"token": tokens[0], "logprob": 0.0, "bytes": None}
+            choice["logprobs"] = {"content": [{**first, "top_logprobs": [first]}]}
         return {
             "id": f"chatcmpl-{next(self._ids)}",
             "object": "chat.completion",
             "created": 0,
             "model": body.get("model", "scripted"),
-            "choices": [
-                {
-                    "index": 0,
-                    "message": message,
-                    "finish_reason": "tool_calls" if reply.tool_calls else "stop",
-                }
-            ],
+            "choices": [choice],
             "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
         }
 

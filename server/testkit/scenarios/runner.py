@@ -29,6 +29,7 @@ from playbooks import (
     OrchestratorOptions,
     PlaybookOrchestrator,
     Retraction,
+    ToolCalling,
 )
 from server.admission.cgroup import usable_cores
 from server.call.events import voice_event_of
@@ -130,6 +131,8 @@ class RigOptions:
     """Overrides every file's mode."""
     keep_audio: Path | None = None
     """A folder to keep each run's conversation in (stereo WAV: caller left, agent right)."""
+    tool_calling: ToolCalling = "native"
+    """Who calls the tools where a playbook does not say (``--llm-tool-calling``)."""
 
 
 @dataclass
@@ -335,7 +338,10 @@ class ScenarioRig:
             provider = await self.agent_provider()
         playbooks = {loaded.playbook.spec.id: loaded.playbook}
         engines = Engines(transcriber, synthesizer, playbooks, provider, await self.turn_model())
-        config = _run_config(loaded, sip=self.options.transport == "sip")
+        config = replace(
+            _run_config(loaded, sip=self.options.transport == "sip"),
+            tool_calling=self.options.tool_calling,
+        )
         runner: web.AppRunner | None = None
         try:
             app = create_app(config, engines)
@@ -605,7 +611,11 @@ class ScenarioRig:
             client = (await self.agent_provider()).client
         assert client is not None
         events: list[dict[str, Any]] = []
-        orchestrator = PlaybookOrchestrator(state.loaded.playbook, client, OrchestratorOptions())
+        orchestrator = PlaybookOrchestrator(
+            state.loaded.playbook,
+            client,
+            OrchestratorOptions(tool_calling=self.options.tool_calling),
+        )
         orchestrator.on(lambda event: events.extend(_as_voice_events(event)))
         try:
             greeting = orchestrator.greet()

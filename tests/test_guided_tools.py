@@ -1,0 +1,173 @@
+"""Guided tool calling (``tool_calling: guided``): the engine calls the tools a small model
+cannot, on details the caller really gave, against the scripted LLM (the real ``openai`` client
+path: a JSON-schema extraction, yes-or-no odds, a streamed answer without tools)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from playbooks import ChatClient, OrchestratorEvent, PlaybookOrchestrator, load_playbook
+from playbooks.guided import said
+from server.testkit.scripted_llm import Reply, ScriptedLLM
+
+TOOLS_PY = '''
+from playbooks import tool
+
+
+@tool
+def hours() -> str:
+    """The shop's opening hours."""
+    return "nine to five, closed on Sundays"
+
+
+@tool
+def check(day: str) -> dict:
+    """Whether a day has a free slot.
+
+    Args:
+        day: Day of the week, like friday.
+    """
+    return {"day": day, "free": True}
+
+
+@tool
+def book(day: str, name: str) -> dict:
+    """Book a slot once the caller gives a name.
+
+    Args:
+        day: Day of the week, like friday.
+        name: The caller's name.
+    """
+    return {"booked": True, "day": day, "name": name}
+'''
+
+PLAYBOOK_YAML = """
+id: shop
+name: Shop
+initial_stage: booking
+tools_module: tools.py
+global_tools: [hours]
+default_llm_config: {tool_calling: guided}
+stages:
+  - id: booking
+    name: Booking
+    system_prompt: Find a free day, then book it under the caller's name.
+    tools: [check, book]
+  - id: done
+    name: Done
+    system_prompt: Say goodbye.
+transitions:
+  - id: booked
+    from: booking
+    condition: {type: tool_call, tool_name: book}
+    action: {target_stage: done}
+  - id: gives_up
+    from: booking
+    condition: {type: llm_decision}
+    action: {target_stage: done}
+    description: The caller wants to stop without booking.
+"""
+
+
+def extraction(**details: Any) -> Reply:
+    return Reply(content=json.dumps({"day": None, "name": None, **details}))
+
+
+def answers_of(events: list[OrchestratorEvent]) -> list[tuple[str, dict[str, Any]]]:
+    return [
+        (e.data["call"]["name"], json.loads(e.data["call"]["arguments"]))
+        for e in events
+        if e.type == "tool_call_start"
+    ]
+
+
+@pytest.fixture
+async def orchestrator(
+    llm: ScriptedLLM, write_playbook: Callable[..., Path]
+) -> PlaybookOrchestrator:
+    playbook = load_playbook(write_playbook(PLAYBOOK_YAML, TOOLS_PY))
+    return PlaybookOrchestrator(playbook, ChatClient.connect(llm.base_url, None, "scripted"))
+
+
+async def test_the_engine_calls_what_the_callers_details_complete_and_never_a_made_up_one(
+    llm: ScriptedLLM, orchestrator: PlaybookOrchestrator
+) -> None:
+    events: list[OrchestratorEvent] = []
+    orchestrator.on(events.append)
+
+    # 1. "Friday" completes check; the model's made-up name is not the caller's: no booking
+    llm.script(
+        [
+            extraction(day="Friday", name="John Doe"),
+            Reply(content="no"),  # (after the check) is the caller giving up?
+            Reply(content="Friday is free. What name should I put it under?"),
+        ]
+    )
+    assert await orchestrator.respond("Is Friday free?") == (
+        "Friday is free. What name should I put it under?"
+    )
+    assert answers_of(events) == [("check", {"day": "Friday"})]
+    extract, *_questions, answer = llm.requests
+    assert extract["response_format"]["type"] == "json_schema"
+    assert "Caller: Is Friday free?" in extract["messages"][-1]["content"]
+    assert "tools" not in answer, "a small model answers without tools"
+    assert all(m["role"] in ("system", "user", "assistant") for m in answer["messages"])
+    assert not any(m.get("tool_calls") for m in answer["messages"])
+    prompt = answer["messages"][0]["content"]
+    assert 'check({"day": "Friday"}) returned {"day": "Friday", "free": true}' in prompt
+    assert "Ask the caller for: name." in prompt
+
+    # 2. a name completes book: the call is made, and its transition follows
+    events.clear()
+    llm.requests.clear()
+    llm.script([extraction(name="Rossi"), Reply(content="You're booked, Rossi.")])
+    await orchestrator.respond("Rossi. R O S S I.")
+    assert answers_of(events) == [("book", {"day": "Friday", "name": "Rossi"})]
+    assert orchestrator.engine.stage.id == "done"
+
+
+async def test_a_move_is_asked_yes_or_no(
+    llm: ScriptedLLM, orchestrator: PlaybookOrchestrator
+) -> None:
+    events: list[OrchestratorEvent] = []
+    orchestrator.on(events.append)
+    llm.script([extraction(), Reply(content="no"), Reply(content="We open at nine.")])
+    await orchestrator.respond("When do you open?")
+    assert answers_of(events) == []
+    (question,) = [r for r in llm.requests if r.get("logprobs")]
+    assert question["messages"][-1]["content"].endswith(
+        'Question: Is this true: "The caller wants to stop without booking"? Answer yes or no.'
+    )
+    assert orchestrator.engine.stage.id == "booking"
+
+    # a yes moves the conversation as playbook_transition would
+    llm.script([extraction(), Reply(content="yes"), Reply(content="Goodbye!")])
+    await orchestrator.respond("Forget it, I'll call another day.")
+    assert answers_of(events) == [("playbook_transition", {"target_stage": "done"})]
+    assert orchestrator.engine.stage.id == "done"
+
+
+@pytest.mark.parametrize(
+    ("value", "heard", "borne"),
+    [
+        ("Rossi", "Rossi. R O S S I.", True),
+        ("John Doe", "Rossi. R O S S I.", False),
+        (2, "for two people", True),
+        (4, "for two people", False),
+        ("20:00", "Friday at eight", True),  # a time in the form asked for: a number was said
+        ("20:00", "Friday, please", False),
+        ("A1002", "Keypad: 1002#", True),
+        ("fix a puncture", "How much to fix a puncture?", True),
+        # the agent's own words copied as the caller's share a word or two, not half
+        ("Yes, I can book your bike in this week for you", "Can I bring my bike in?", False),
+    ],
+)
+def test_a_detail_counts_only_when_the_callers_words_bear_it_out(
+    value: Any, heard: str, borne: bool
+) -> None:
+    assert said(value, heard) is borne
