@@ -12,7 +12,13 @@ from typing import Any
 
 import pytest
 
-from playbooks import ChatClient, PlaybookError, PlaybookOrchestrator, load_playbook
+from playbooks import (
+    ChatClient,
+    OrchestratorEvent,
+    PlaybookError,
+    PlaybookOrchestrator,
+    load_playbook,
+)
 from playbooks.delegation import WORKER_NOTE
 from playbooks.loader import check_playbook
 from server.testkit.scripted_llm import Reply, ScriptedLLM, ScriptedToolCall
@@ -270,13 +276,21 @@ async def test_worker_tools_with_side_effects_wait_for_a_confirmed_turn(
     client = ChatClient.connect(llm.base_url, None, "scripted")
     orchestrator = PlaybookOrchestrator(playbook, client)
     ran: list[str] = []
-    orchestrator.on(lambda e: ran.append(e.data["worker"]) if e.type == "tool_call_start" else None)
+    asked = asyncio.Event()
+
+    def on_event(event: OrchestratorEvent) -> None:
+        if event.type == "tool_call_start":
+            ran.append(event.data["worker"])
+            asked.set()
+
+    orchestrator.on(on_event)
     confirmed = asyncio.Event()
     try:
         async with orchestrator.turn("Book me a trip to Paris", confirmed) as turn:
             answer = asyncio.ensure_future(_drain(turn))
-            await asyncio.sleep(1.0)
-            # the hotels worker answered; flights asked for its booking tool, which waits
+            await asyncio.wait_for(asked.wait(), 10)  # flights asked for its booking tool
+            await asyncio.sleep(0.2)  # time enough for a tool that did not wait to finish
+            # the hotels worker answered; flights' booking tool waits for the confirmation
             assert len(_requests_of(llm, "HOTELS PROMPT")) == 1
             assert len(_requests_of(llm, "FLIGHTS PROMPT")) == 1
             assert ran == ["flights"]
