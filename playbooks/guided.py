@@ -117,6 +117,7 @@ class GuidedSteps:
             if call is None:
                 break
             transitioned = await self._calls.run([call], deadline, user_message)
+            memory.made.add(call.name + call.arguments)  # (not when the turn was cut first)
             if transitioned or self._calls.transferred:
                 break
         return self._still_needed()
@@ -246,13 +247,13 @@ def auto_call(
     tools: Tools, memory: GuidedMemory, given: set[str], call_id: str
 ) -> ToolCallRequest | None:
     """The first of ``tools`` whose required arguments are all known, some of them among
-    ``given`` (new this turn), unless the engine already made that very call."""
+    ``given`` (new this turn), unless the engine already made that very call (the caller
+    records it in ``memory.made`` once made)."""
     for function in _functions(tools):
         required = set((function.get("parameters") or {}).get("required", []))
         arguments, missing = guided_arguments(function, memory)
         key = function["name"] + arguments
         if required & given and not missing and key not in memory.made:
-            memory.made.add(key)
             return ToolCallRequest(call_id, function["name"], arguments)
     return None
 

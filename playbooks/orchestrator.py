@@ -145,7 +145,9 @@ class PlaybookOrchestrator:
         """The conversation and stage state, to :meth:`restore` if a turn must be undone (a
         preemptive turn the caller talked on through). Later changes do not reach it."""
         return Snapshot(
-            messages=copy.deepcopy(self.conversation.messages), engine=self.engine.snapshot()
+            messages=copy.deepcopy(self.conversation.messages),
+            engine=self.engine.snapshot(),
+            guided=copy.deepcopy(self.guided_memory),
         )
 
     def restore(self, snapshot: Snapshot) -> None:
@@ -157,6 +159,7 @@ class PlaybookOrchestrator:
         stage_before, language_before = engine.stage, engine.language
         self.conversation.messages[:] = copy.deepcopy(snapshot.messages)
         engine.restore(snapshot.engine)
+        self.guided_memory = copy.deepcopy(snapshot.guided)
         self._greeting_due = self._greeting_note = None
         if engine.stage is not stage_before:
             stage = engine.stage
@@ -431,11 +434,12 @@ class PlaybookOrchestrator:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """What :meth:`PlaybookOrchestrator.restore` puts back: the conversation's messages and the
-    engine's state."""
+    """What :meth:`PlaybookOrchestrator.restore` puts back: the conversation's messages, the
+    engine's state and what guided tool calling had learned."""
 
     messages: list[Message]
     engine: EngineSnapshot
+    guided: GuidedMemory
 
 
 _JSON_OBJECT = re.compile(r"\{.*\}", re.DOTALL)

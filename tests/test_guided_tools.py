@@ -152,6 +152,24 @@ async def test_a_move_is_asked_yes_or_no(
     assert orchestrator.engine.stage.id == "done"
 
 
+async def test_an_undone_turn_leaves_nothing_learned(
+    llm: ScriptedLLM, orchestrator: PlaybookOrchestrator
+) -> None:
+    """A preemptive answer the caller talked on through is undone by restoring a snapshot:
+    the details and calls it learned go with it, so the real turn makes the call."""
+    events: list[OrchestratorEvent] = []
+    orchestrator.on(events.append)
+    turn = [extraction(day="Friday"), Reply(content="no"), Reply(content="Friday is free.")]
+    snapshot = orchestrator.snapshot()
+    llm.script(turn)
+    await orchestrator.respond("Is Friday free?")
+    orchestrator.restore(snapshot)
+    events.clear()
+    llm.script(turn)
+    await orchestrator.respond("Is Friday free?")
+    assert answers_of(events) == [("check", {"day": "Friday"})]
+
+
 @pytest.mark.parametrize(
     ("value", "heard", "borne"),
     [
