@@ -8,8 +8,8 @@ In guided mode the engine makes the calls and asks the model only what it does r
    it out (:func:`said`): a small model fills what it does not know with "John Doe". What is
    learned is kept for the call, so a later turn adds only what is new.
 2. **Act on new details.** A tool whose required arguments the caller's new details have just
-   completed is called: the stage's own tools first, then the playbook's global ones. The
-   engine never makes the same call twice by itself.
+   completed is called: the stage's own tools first, then the playbook's global ones (after a
+   call, only the stage's own). The engine never makes the same call twice by itself.
 3. **Ask yes or no.** Otherwise each ``llm_decision`` transition is a yes-or-no question, its
    answer read from the odds of the model's first token ("is this true: an order was found
    and the caller needs help with it?"), the first yes moving the conversation as
@@ -111,7 +111,11 @@ class GuidedSteps:
             extraction = detail_request(tools, memory) if round_ == 0 else None
             if extraction is not None:
                 given = take_details(await self._extract(view, *extraction, deadline), memory)
-            call = auto_call(tools, memory, given, f"guided_{round_}")
+            # after a call, only the stage's own tools: a global look-up on the same details
+            # (a price after the free days) is not what the caller asked for
+            own = set(host.engine.stage.tool_names)
+            offered = tools if round_ == 0 else [t for t in tools if t["function"]["name"] in own]
+            call = auto_call(offered, memory, given, f"guided_{round_}")
             if call is None:
                 call = await self._move(view, f"guided_{round_}", deadline)
             if call is None:

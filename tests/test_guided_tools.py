@@ -26,6 +26,16 @@ def hours() -> str:
 
 
 @tool
+def special(day: str) -> str:
+    """The dish of the day.
+
+    Args:
+        day: Day of the week, like friday.
+    """
+    return "soup"
+
+
+@tool
 def check(day: str) -> dict:
     """Whether a day has a free slot.
 
@@ -51,7 +61,7 @@ id: shop
 name: Shop
 initial_stage: booking
 tools_module: tools.py
-global_tools: [hours]
+global_tools: [hours, special]
 default_llm_config: {tool_calling: guided}
 stages:
   - id: booking
@@ -100,7 +110,9 @@ async def test_the_engine_calls_what_the_callers_details_complete_and_never_a_ma
     events: list[OrchestratorEvent] = []
     orchestrator.on(events.append)
 
-    # 1. "Friday" completes check; the model's made-up name is not the caller's: no booking
+    # 1. "Friday" completes check (and the global special, which is not what the caller asked
+    # for: the stage's own tools come first, and after a call only they); the model's
+    # made-up name is not the caller's: no booking
     llm.script(
         [
             extraction(day="Friday", name="John Doe"),
