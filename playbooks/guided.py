@@ -304,14 +304,14 @@ def results_as_note(
 
 
 def said(value: Any, heard: str) -> bool:
-    """Whether the caller's words ``heard`` bear ``value`` out. A number: it was said (in
-    digits or words). A string: at least half of its words (of three letters or more) and
-    digit runs were said, a digit run counting as said once any number was (an order number
-    read out, "8:00" for "eight")."""
-    words = set(re.findall(r"[a-z]+|\d+", heard.lower()))
-    numbers = {w for w in words if w.isdigit()} | {
-        str(n) for w, n in _NUMBER_WORDS.items() if w in words
-    }
+    """Whether the caller's words ``heard`` bear ``value`` out. A number: it was said, in
+    digits or in words. A string: at least half of its words (of three letters or more) and
+    digit runs were said; a run of one or two digits (the "8" and "00" of "8:00" for "eight")
+    counts once any number was said, a longer one (an order or phone number) only when its
+    digits were said, one by one in words included ("four four seven one nine")."""
+    tokens = re.findall(r"[a-z]+|\d+", heard.lower())
+    words = set(tokens)
+    numbers = _numbers(tokens)
     if isinstance(value, bool):
         return True
     if isinstance(value, int | float):
@@ -319,8 +319,32 @@ def said(value: Any, heard: str) -> bool:
     if not isinstance(value, str):
         return False
     parts = [p for p in re.findall(r"[a-z]+|\d+", value.lower()) if p.isdigit() or len(p) > 2]
-    borne = sum(p in words or (p.isdigit() and bool(numbers)) for p in parts)
-    return bool(parts) and 2 * borne >= len(parts)
+
+    def borne(part: str) -> bool:
+        if not part.isdigit():
+            return part in words
+        return part in numbers or (len(part) <= 2 and bool(numbers))
+
+    return bool(parts) and 2 * sum(map(borne, parts)) >= len(parts)
+
+
+def _numbers(tokens: list[str]) -> set[str]:
+    """The numbers in ``tokens``: digit runs, number words, and each run of single digits
+    read out one by one ("4 4 7 1 9", "four four seven one nine") joined."""
+    found = {t for t in tokens if t.isdigit()} | {
+        str(_NUMBER_WORDS[t]) for t in tokens if t in _NUMBER_WORDS
+    }
+    run = ""
+    for token in [*tokens, ""]:
+        if token.isdigit() and len(token) == 1:
+            run += token
+        elif _NUMBER_WORDS.get(token, 10) < 10:
+            run += str(_NUMBER_WORDS[token])
+        else:
+            if len(run) > 1:
+                found.add(run)
+            run = ""
+    return found
 
 
 def _functions(tools: Tools) -> list[dict[str, Any]]:

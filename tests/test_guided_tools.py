@@ -192,6 +192,10 @@ async def test_an_undone_turn_leaves_nothing_learned(
         ("20:00", "Friday at eight", True),  # a time in the form asked for: a number was said
         ("20:00", "Friday, please", False),
         ("A1002", "Keypad: 1002#", True),
+        ("A1001", "Keypad: 1002#", False),  # the description's example, not the caller's
+        ("44719", "It's four four seven one nine.", True),
+        ("44719", "It's 4 4 7 1 9.", True),
+        ("44791", "It's four four seven one nine.", False),
         ("fix a puncture", "How much to fix a puncture?", True),
         # the agent's own words copied as the caller's share a word or two, not half
         ("Yes, I can book your bike in this week for you", "Can I bring my bike in?", False),
