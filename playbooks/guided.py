@@ -19,7 +19,7 @@ In guided mode the engine makes the calls and asks the model only what it does r
 Not called in guided mode: a tool with no required argument (the shop's hours), or one whose
 arguments were all known before the turn (cancelling the order found earlier). Whether the
 caller asks for one is a judgement a 0.5B model makes at chance (measured: yes-or-no odds
-separate the cases no better than a coin, ``benchmarks/results/scenarios-qwen05``).
+separate the cases no better than a coin, ``benchmarks/results/scenarios-qwen05/guided``).
 
 The answer is then streamed by the model without tools, the results given as facts and the
 details the stage's next tool still needs named (:func:`results_as_note`).
@@ -76,7 +76,7 @@ class GuidedMemory:
     heard: str = ""
     """Everything the caller said in the call (details are checked against it)."""
     made: set[str] = field(default_factory=set)
-    """``name + arguments JSON`` of every call the engine made on new details."""
+    """``name + arguments JSON`` of every call the engine made (never made again by itself)."""
 
 
 LLMStep = Callable[[Awaitable[Any], float | None], Awaitable[Any]]
