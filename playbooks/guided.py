@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from .delegation import DELEGATE_TOOL
 from .engine import TRANSITION_TOOL
 from .history import Message
-from .llm import ChatRequest, ToolCallRequest
+from .llm import ChatRequest, LLMError, ToolCallRequest
 from .transfer import TRANSFER_TOOL
 
 if TYPE_CHECKING:
@@ -137,6 +137,8 @@ class GuidedSteps:
     async def _extract(
         self, view: str, instructions: str, schema: dict[str, Any], deadline: float
     ) -> str:
+        """The model's extraction; empty (and an ``error`` event) when its request fails, so
+        the turn is still answered."""
         request = ChatRequest(
             messages=[
                 {"role": "system", "content": instructions},
@@ -150,7 +152,11 @@ class GuidedSteps:
                 "json_schema": {"name": "details", "schema": schema},
             },
         )
-        answer = str(await self._llm_step(self._host.client.complete(request), deadline))
+        try:
+            answer = str(await self._llm_step(self._host.client.complete(request), deadline))
+        except LLMError as exc:  # (an endpoint without JSON schemas): no calls, still an answer
+            self._host.emit("error", source="guided", message=str(exc))
+            return ""
         self._host.emit("guided_step", details=answer)
         return answer
 
@@ -163,7 +169,11 @@ class GuidedSteps:
             request = ChatRequest(
                 messages=ask_messages(view, question), model=self._model, temperature=0
             )
-            odds = await self._llm_step(self._host.client.first_token_odds(request), deadline)
+            try:
+                odds = await self._llm_step(self._host.client.first_token_odds(request), deadline)
+            except LLMError as exc:
+                self._host.emit("error", source="guided", message=str(exc))
+                return None
             yes, no = odds.get("yes", 0.0), odds.get("no", 0.0)
             self._host.emit("guided_step", question=question, yes=round(yes, 3), no=round(no, 3))
             if yes > no:

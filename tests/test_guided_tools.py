@@ -182,6 +182,18 @@ async def test_an_undone_turn_leaves_nothing_learned(
     assert answers_of(events) == [("check", {"day": "Friday"})]
 
 
+async def test_an_endpoint_that_refuses_the_extraction_still_answers(
+    llm: ScriptedLLM, orchestrator: PlaybookOrchestrator
+) -> None:
+    events: list[OrchestratorEvent] = []
+    orchestrator.on(events.append)
+    llm.script([Reply(status=400), Reply(content="no"), Reply(content="Which day would suit?")])
+    assert await orchestrator.respond("Is Friday free?") == "Which day would suit?"
+    assert answers_of(events) == []
+    (error,) = [e for e in events if e.type == "error"]
+    assert error.data["source"] == "guided"
+
+
 @pytest.mark.parametrize(
     ("value", "heard", "borne"),
     [
