@@ -44,17 +44,7 @@ if TYPE_CHECKING:
     from .tool_calls import ToolCalls
     from .turn import TurnHost
 
-__all__ = [
-    "GuidedMemory",
-    "GuidedSteps",
-    "ask_messages",
-    "auto_call",
-    "detail_request",
-    "guided_arguments",
-    "results_as_note",
-    "said",
-    "take_details",
-]
+__all__ = ["GuidedMemory", "GuidedSteps", "results_as_note", "said"]
 
 _NUMBER_WORDS = {
     "zero": 0, "oh": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6,
@@ -106,14 +96,14 @@ class GuidedSteps:
         deadline = asyncio.get_running_loop().time() + host.options.phase1_timeout_ms / 1000
         given: set[str] = set()
         for round_ in range(_ROUNDS):
-            tools = self._tools()
+            own = set(host.engine.stage.tool_names)  # (a call may have moved the stage)
+            tools = self._tools(own)
             view = self._view(user_message, user_text)
             extraction = detail_request(tools, memory) if round_ == 0 else None
             if extraction is not None:
                 given = take_details(await self._extract(view, *extraction, deadline), memory)
             # after a call, only the stage's own tools: a global look-up on the same details
             # (a price after the free days) is not what the caller asked for
-            own = set(host.engine.stage.tool_names)
             offered = tools if round_ == 0 else [t for t in tools if t["function"]["name"] in own]
             call = auto_call(offered, memory, given, f"guided_{round_}")
             if call is None:
@@ -126,9 +116,8 @@ class GuidedSteps:
                 break
         return self._still_needed()
 
-    def _tools(self) -> Tools:
-        """The tools offered here, the stage's own first."""
-        own = set(self._host.engine.stage.tool_names)
+    def _tools(self, own: set[str]) -> Tools:
+        """The tools offered here, the stage's own (``own``) first."""
         offered = [
             s for s in self._host.engine.tool_schemas() if s["function"]["name"] not in _NOT_OFFERED
         ]
@@ -188,7 +177,7 @@ class GuidedSteps:
         schemas = {s["function"]["name"]: s["function"] for s in self._host.engine.tool_schemas()}
         for name in self._host.engine.stage.tool_names:
             if name in schemas:
-                missing = guided_arguments(schemas[name], memory)[1]
+                missing = _arguments(schemas[name], memory)[1]
                 if missing:
                     return missing
         return ()
@@ -265,7 +254,7 @@ def auto_call(
     records it in ``memory.made`` once made)."""
     for function in _functions(tools):
         required = set((function.get("parameters") or {}).get("required", []))
-        arguments, missing = guided_arguments(function, memory)
+        arguments, missing = _arguments(function, memory)
         key = function["name"] + arguments
         if required & given and not missing and key not in memory.made:
             return ToolCallRequest(call_id, function["name"], arguments)
@@ -361,7 +350,7 @@ def _functions(tools: Tools) -> list[dict[str, Any]]:
     return [t["function"] for t in tools if isinstance(t.get("function"), dict)]
 
 
-def guided_arguments(function: dict[str, Any], memory: GuidedMemory) -> tuple[str, tuple[str, ...]]:
+def _arguments(function: dict[str, Any], memory: GuidedMemory) -> tuple[str, tuple[str, ...]]:
     """A tool's arguments from the known details (JSON), and the required ones still unknown."""
     parameters = function.get("parameters") or {}
     names = list(parameters.get("properties", {}))

@@ -57,12 +57,12 @@ class OrchestratorOptions:
     history_limit: int = 50
     fallback_answer: str = DEFAULT_FALLBACK
     llm_timeout_ms: int = 10_000
-    tool_calling: ToolCalling = "native"
-    """Who calls the tools where the playbook does not say (its ``llm_config``): the model,
-    or the engine (``guided``, for models too small to call tools: :mod:`playbooks.guided`)."""
     """The longest the LLM may keep the turn waiting: for a round to start streaming (its
     retries included) or for the round's next chunk. Past it the round fails like an unreachable
     endpoint: an ``error`` event, and the fallback line (after what was already said)."""
+    tool_calling: ToolCalling = "native"
+    """Who calls the tools where the playbook does not say (its ``llm_config``): the model,
+    or the engine (``guided``, for models too small to call tools: :mod:`playbooks.guided`)."""
 
 
 class PlaybookOrchestrator:
@@ -92,7 +92,7 @@ class PlaybookOrchestrator:
         self._hooks: set[asyncio.Future[Any]] = set()
         """Async stage hooks still running."""
         self.guided_memory = GuidedMemory()
-        """What guided tool steps have learned of this call (``options.guided_tools``)."""
+        """What guided tool calling has learned of this call (see ``tool_calling``)."""
         self._greeting_due: str | None = None
         """The greeting of a stage entered by a transition, until it is said."""
         self._greeting_note: str | None = None
