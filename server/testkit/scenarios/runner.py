@@ -887,17 +887,21 @@ async def _until_heard(line: CallLine, since: float, after_ms: int, timeout_s: f
     caller seconds after the first, and a barge-in timed by the clock then falls into that
     silence, where it is not a barge-in at all."""
     deadline = time.monotonic() + timeout_s
+    began: float | None = None
     while time.monotonic() < deadline:
-        if line.ended():
-            raise RuntimeError("the call ended before the agent spoke")
         began = first_sound_after(line, since)
         if began is not None:
             spans = heard_spans(line, began, time.monotonic(), gap_s=HEARD_GAP_S)
             heard_s = sum(last - first + FRAME_MS / 1000 for first, last in spans)
             if heard_s >= after_ms / 1000 or _answer_over(line, began):
                 return
+        if line.ended():
+            during = "before the agent spoke" if began is None else "during the agent's answer"
+            raise RuntimeError(f"the call ended {during}")
         await asyncio.sleep(POLL_S / 2)
-    raise TurnTimeout(f"the agent did not begin to answer within {timeout_s:g} s")
+    if began is None:
+        raise TurnTimeout(f"the agent did not begin to answer within {timeout_s:g} s")
+    raise TurnTimeout(f"the caller had not heard {after_ms} ms of the answer in {timeout_s:g} s")
 
 
 def _answer_over(line: CallLine, began: float) -> bool:
