@@ -317,6 +317,8 @@ class Language(_Model):
     """The prompt's language line (default: ``Answer in <name>.``)."""
     voice: Voice | None = None
     """Applied over the stage's voice while this language is spoken."""
+    fallback: str | None = Field(default=None, min_length=1)
+    """The fallback line while this language is spoken (default: the playbook's)."""
 
 
 class Delegation(_Model):
@@ -525,6 +527,10 @@ class Playbook(_Model):
     language: str | None = None
     """The language the conversation starts in (a key of ``languages`` when there are any);
     None: no language line in the prompt until ``set_language`` is called."""
+    fallback: str | None = Field(default=None, min_length=1)
+    """What the agent says when a turn fails (the LLM unreachable or too slow, an answer cut
+    off); a configured language's ``fallback`` wins while it is spoken. Default: "Sorry, I'm
+    having trouble right now."."""
     recording: Recording = Field(default_factory=Recording)
     """Call recording on this playbook (see :class:`Recording`)."""
     voicemail: Voicemail = Field(default_factory=Voicemail)

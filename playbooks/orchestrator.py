@@ -55,7 +55,9 @@ class OrchestratorOptions:
     max_tool_calls_per_turn: int = 10
     phase1_timeout_ms: int = 60_000
     history_limit: int = 50
-    fallback_answer: str = DEFAULT_FALLBACK
+    fallback_answer: str | None = None
+    """The line said when a turn fails, over the playbook's (the server's own: it has no LLM);
+    None: the spoken language's ``fallback``, the playbook's, else :data:`DEFAULT_FALLBACK`."""
     llm_timeout_ms: int = 10_000
     """The longest the LLM may keep the turn waiting: for a round to start streaming (its
     retries included) or for the round's next chunk. Past it the round fails like an unreachable
@@ -109,6 +111,15 @@ class PlaybookOrchestrator:
         if self.llm is None:
             raise LLMError("no LLM endpoint is configured")
         return self.llm
+
+    @property
+    def fallback_answer(self) -> str:
+        """The line said when a turn fails: the options' line, the spoken language's, the
+        playbook's, else :data:`DEFAULT_FALLBACK`."""
+        spec = self.engine.playbook.spec
+        language = spec.languages.get(self.engine.language or "")
+        spoken = language.fallback if language is not None else None
+        return self.options.fallback_answer or spoken or spec.fallback or DEFAULT_FALLBACK
 
     @property
     def _default_model(self) -> str:

@@ -51,6 +51,11 @@ class TurnHost(ToolHost, Protocol):
     def options(self) -> OrchestratorOptions: ...
 
     @property
+    def fallback_answer(self) -> str:
+        """The line said when a turn fails (:attr:`OrchestratorOptions.fallback_answer`)."""
+        ...
+
+    @property
     def guided_memory(self) -> GuidedMemory:
         """What guided tool steps have learned of the call."""
         ...
@@ -208,10 +213,10 @@ class Turn:
         elif not self.answer.strip():
             self._announce_phase2()
             self.answer = ""
-            yield self._add_text(host.options.fallback_answer)
+            yield self._add_text(host.fallback_answer)
         elif failed:  # cut off mid-answer: say so rather than trail off
             cut = "" if self.answer.rstrip()[-1] in ".!?…" else "…"
-            tail = f"{cut} {host.options.fallback_answer}"
+            tail = f"{cut} {host.fallback_answer}"
             self.answer += tail
             yield tail
         host.emit("phase2_complete", response=self.answer)

@@ -789,6 +789,31 @@ async def test_a_silent_llm_is_given_up_on_after_llm_timeout(
     assert await orchestrator.respond("still there?") == "Back."
 
 
+async def test_the_fallback_line_is_the_spoken_languages_then_the_playbooks(
+    write_playbook: Callable[..., Path],
+) -> None:
+    spec = """
+        id: desk
+        name: Desk
+        initial_stage: main
+        fallback: Sorry, one moment.
+        languages:
+          fr: {name: French, fallback: "Désolé, un instant."}
+          de: {name: German}
+        stages:
+          - {id: main, name: Main, system_prompt: Help.}
+    """
+    orchestrator = PlaybookOrchestrator(load_playbook(write_playbook(spec)), None)
+    assert await orchestrator.respond("hello?") == "Sorry, one moment."
+    orchestrator.engine.set_language("fr")
+    assert await orchestrator.respond("allô ?") == "Désolé, un instant."
+    orchestrator.engine.set_language("de")  # no line of its own: the playbook's
+    assert await orchestrator.respond("hallo?") == "Sorry, one moment."
+    server_line = OrchestratorOptions(fallback_answer="No LLM here.")  # the server's wins
+    overruled = PlaybookOrchestrator(load_playbook(write_playbook(spec)), None, server_line)
+    assert await overruled.respond("hello?") == "No LLM here."
+
+
 async def test_a_stream_stalling_mid_sentence_ends_with_the_fallback(
     llm: ScriptedLLM, make: Callable[..., PlaybookOrchestrator]
 ) -> None:

@@ -208,7 +208,7 @@ class VoicePlaybookOrchestrator:
             await self._speak(aiter(turn), turn, timeline)
 
     async def _say_fallback(self) -> None:
-        line = self.orchestrator.options.fallback_answer
+        line = self.orchestrator.fallback_answer
         await self._speak(_once(line), None, TurnTimeline())
 
     async def _speak(
@@ -405,7 +405,7 @@ class _Speech:
             pieces[-1].add_done_callback(functools.partial(self._finished, sentence))
 
     async def _apologize(self, generation: int, failed: str) -> None:
-        line = self.voice.orchestrator.options.fallback_answer
+        line = self.voice.orchestrator.fallback_answer
         if self.apologized or failed == line:
             return
         self.apologized = True
