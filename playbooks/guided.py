@@ -22,7 +22,11 @@ caller asks for one is a judgement a 0.5B model makes at chance (measured: yes-o
 separate the cases no better than a coin, ``benchmarks/results/scenarios-qwen05/guided``).
 
 The answer is then streamed by the model without tools, the results given as facts and the
-details the stage's next tool still needs named (:func:`results_as_note`).
+details the stage's next tool still needs named (:func:`results_as_note`). Where the stage has
+its own line asking for the first of those details (its ``questions``), and the turn called no
+tool but entered the stage or learned a detail, that line is the answer and the model is not
+asked at all (:func:`scripted_question`): a question needs no model, and a small one words it
+poorly and slowly.
 """
 
 from __future__ import annotations
@@ -44,7 +48,14 @@ if TYPE_CHECKING:
     from .tool_calls import ToolCalls
     from .turn import TurnHost
 
-__all__ = ["GuidedMemory", "GuidedSteps", "results_as_note", "said"]
+__all__ = [
+    "GuidedMemory",
+    "GuidedOutcome",
+    "GuidedSteps",
+    "results_as_note",
+    "said",
+    "scripted_question",
+]
 
 _NUMBER_WORDS = {
     "zero": 0, "oh": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6,
@@ -69,6 +80,18 @@ class GuidedMemory:
     """``name + arguments JSON`` of every call the engine made (never made again by itself)."""
 
 
+@dataclass(frozen=True)
+class GuidedOutcome:
+    """What a guided Phase 1 did (:meth:`GuidedSteps.run`)."""
+
+    missing: tuple[str, ...]
+    """The details the stage's next tool still needs."""
+    learned: bool
+    """The caller gave a detail not known before."""
+    acted: bool
+    """A tool ran (a move does not count)."""
+
+
 LLMStep = Callable[[Awaitable[Any], float | None], Awaitable[Any]]
 """Awaits one LLM step within the turn's timeouts (see ``Turn._llm_step``)."""
 
@@ -88,13 +111,14 @@ class GuidedSteps:
         self._calls = calls
         self._llm_step = llm_step
 
-    async def run(self, user_message: Message, user_text: str) -> tuple[str, ...]:
-        """Make the turn's calls; returns the details the stage's next tool still needs."""
+    async def run(self, user_message: Message, user_text: str) -> GuidedOutcome:
+        """Make the turn's calls."""
         host = self._host
         memory = host.guided_memory
         memory.heard += f" {user_text}"
         deadline = asyncio.get_running_loop().time() + host.options.phase1_timeout_ms / 1000
         given: set[str] = set()
+        learned = acted = False
         for round_ in range(_ROUNDS):
             own = set(host.engine.stage.tool_names)  # (a call may have moved the stage)
             tools = self._tools(own)
@@ -102,6 +126,7 @@ class GuidedSteps:
             extraction = detail_request(tools, memory) if round_ == 0 else None
             if extraction is not None:
                 given = take_details(await self._extract(view, *extraction, deadline), memory)
+                learned = bool(given)
             # after a call, only the stage's own tools: a global look-up on the same details
             # (a price after the free days) is not what the caller asked for
             offered = tools if round_ == 0 else [t for t in tools if t["function"]["name"] in own]
@@ -112,9 +137,10 @@ class GuidedSteps:
                 break
             transitioned = await self._calls.run([call], deadline, user_message)
             memory.made.add(call.name + call.arguments)  # (not when the turn was cut first)
+            acted = acted or call.name != TRANSITION_TOOL
             if transitioned or self._calls.transferred:
                 break
-        return self._still_needed()
+        return GuidedOutcome(self._still_needed(), learned, acted)
 
     def _tools(self, own: set[str]) -> Tools:
         """The tools offered here, the stage's own (``own``) first."""
@@ -259,6 +285,18 @@ def auto_call(
         if required & given and not missing and key not in memory.made:
             return ToolCallRequest(call_id, function["name"], arguments)
     return None
+
+
+def scripted_question(
+    questions: dict[str, str], outcome: GuidedOutcome, *, entered: bool
+) -> str | None:
+    """The stage's own line (``questions``) asking for the first missing detail that has one,
+    when the turn called no tool (there is no result to tell) and either ``entered`` the stage
+    or learned a detail: the caller is answering the agent's questions, not asking their own.
+    None: the model answers."""
+    if outcome.acted or not (entered or outcome.learned):
+        return None
+    return next((questions[name] for name in outcome.missing if name in questions), None)
 
 
 def ask_messages(view: str, question: str) -> list[dict[str, Any]]:

@@ -414,6 +414,11 @@ class Stage(_Model):
     greeting: str | None = None
     """Said on entering the stage: when the conversation starts here, and after a transition
     (before the answer of the turn that moved here, or after it for end-of-turn transitions)."""
+    questions: dict[str, str] = Field(default_factory=dict)
+    """Guided tool calling only: the line asking the caller for a detail this stage's tools
+    need, by the argument's name. Said word for word, in place of the model's answer, when the
+    turn called no tool and either entered this stage or learned a detail
+    (:mod:`playbooks.guided`)."""
     persona: Persona | None = None
     """Over the playbook's ``persona``."""
     voice: Voice | None = None

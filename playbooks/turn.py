@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from .engine import IntentResult, TurnFacts
 from .events import Retraction
-from .guided import GuidedMemory, GuidedSteps, results_as_note
+from .guided import GuidedMemory, GuidedSteps, results_as_note, scripted_question
 from .history import Message
 from .llm import ChatClient, ChatRequest, ChatStream, LLMError
 from .tool_calls import ToolCalls, ToolHost
@@ -178,6 +178,7 @@ class Turn:
         conversation.append(user_message)
         conversation.trim(keep_from=len(conversation) - 1)
 
+        stage_at_start = host.engine.stage.id
         early = await host.engine.evaluate("before_turn", self._facts, host.classify_intent)
         if early is not None:
             host.transition(early, keep=[user_message])
@@ -188,8 +189,16 @@ class Turn:
         try:
             if not needs_answer_call and self._guided:
                 steps = GuidedSteps(host, self._calls, self._llm_step)
-                self._guided_missing = await steps.run(user_message, self.user_text)
-                needs_answer_call = not self._calls.transferred
+                outcome = await steps.run(user_message, self.user_text)
+                self._guided_missing = outcome.missing
+                stage = host.engine.stage
+                question = scripted_question(
+                    stage.questions, outcome, entered=stage.id != stage_at_start
+                )
+                needs_answer_call = question is None and not self._calls.transferred
+                if question is not None and not self._calls.transferred:
+                    self._announce_phase2()
+                    yield self._add_text(question)
             elif not needs_answer_call:
                 async for delta in self._tool_loop(user_message):
                     yield delta

@@ -143,6 +143,33 @@ async def test_the_engine_calls_what_the_callers_details_complete_and_never_a_ma
     assert orchestrator.engine.stage.id == "done"
 
 
+async def test_the_stages_own_question_is_said_when_the_caller_gave_a_detail_and_no_call_ran(
+    llm: ScriptedLLM, write_playbook: Callable[..., Path]
+) -> None:
+    questions = "{day: 'Which day would you like?', name: 'What name should I put it under?'}"
+    asking = PLAYBOOK_YAML.replace(
+        "    tools: [check, book]\n", f"    tools: [check, book]\n    questions: {questions}\n"
+    )
+    playbook = load_playbook(write_playbook(asking, TOOLS_PY))
+
+    def conversation() -> PlaybookOrchestrator:
+        return PlaybookOrchestrator(playbook, ChatClient.connect(llm.base_url, None, "scripted"))
+
+    # a name, no day: no call can be made, a detail was learned: the line, not the model
+    orchestrator = conversation()
+    llm.script([extraction(name="Rossi"), Reply(content="no")])
+    assert await orchestrator.respond("My name is Rossi.") == "Which day would you like?"
+    assert not any(request.get("stream") for request in llm.requests), "no answer asked for"
+
+    # the caller's own question (nothing learned): the model answers it
+    llm.script([extraction(), Reply(content="no"), Reply(content="From nine to five.")])
+    assert await orchestrator.respond("When do you open?") == "From nine to five."
+
+    # a call was made: the model tells its result (and asks for the name itself)
+    llm.script([extraction(day="Friday"), Reply(content="no"), Reply(content="Friday is free.")])
+    assert await conversation().respond("Is Friday free?") == "Friday is free."
+
+
 async def test_a_move_is_asked_yes_or_no(
     llm: ScriptedLLM, orchestrator: PlaybookOrchestrator
 ) -> None:
