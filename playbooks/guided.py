@@ -24,9 +24,9 @@ separate the cases no better than a coin, ``benchmarks/results/scenarios-qwen05/
 The answer is then streamed by the model without tools, the results given as facts and the
 details the stage's next tool still needs named (:func:`results_as_note`). Where the stage has
 its own line asking for the first of those details (its ``questions``), and the turn called no
-tool but entered the stage or learned a detail, that line is the answer and the model is not
-asked at all (:func:`scripted_question`): a question needs no model, and a small one words it
-poorly and slowly.
+tool and asked no question but entered the stage or learned a detail, that line is the answer
+and the model is not asked at all (:func:`scripted_question`): a question needs no model, and a
+small one words it poorly and slowly.
 """
 
 from __future__ import annotations
@@ -288,13 +288,15 @@ def auto_call(
 
 
 def scripted_question(
-    questions: dict[str, str], outcome: GuidedOutcome, *, entered: bool
+    questions: dict[str, str], outcome: GuidedOutcome, caller: str, *, entered: bool
 ) -> str | None:
     """The stage's own line (``questions``) asking for the first missing detail that has one,
-    when the turn called no tool (there is no result to tell) and either ``entered`` the stage
-    or learned a detail: the caller is answering the agent's questions, not asking their own.
+    when the turn called no tool (there is no result to tell), the ``caller``'s words are not
+    a question (theirs is the model's to answer: a small model's yes may have moved the call
+    on "When are you open?"), and the turn either ``entered`` the stage or learned a detail.
     None: the model answers."""
-    if outcome.acted or not (entered or outcome.learned):
+    asked = caller.rstrip().endswith("?")
+    if outcome.acted or asked or not (entered or outcome.learned):
         return None
     return next((questions[name] for name in outcome.missing if name in questions), None)
 

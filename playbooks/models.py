@@ -417,8 +417,8 @@ class Stage(_Model):
     questions: dict[str, str] = Field(default_factory=dict)
     """Guided tool calling only: the line asking the caller for a detail this stage's tools
     need, by the argument's name. Said word for word, in place of the model's answer, when the
-    turn called no tool and either entered this stage or learned a detail
-    (:mod:`playbooks.guided`)."""
+    turn called no tool, the caller asked no question, and the turn either entered this stage
+    or learned a detail (:mod:`playbooks.guided`)."""
     persona: Persona | None = None
     """Over the playbook's ``persona``."""
     voice: Voice | None = None

@@ -193,7 +193,7 @@ class Turn:
                 self._guided_missing = outcome.missing
                 stage = host.engine.stage
                 question = scripted_question(
-                    stage.questions, outcome, entered=stage.id != stage_at_start
+                    stage.questions, outcome, self.user_text, entered=stage.id != stage_at_start
                 )
                 needs_answer_call = question is None and not self._calls.transferred
                 if question is not None and not self._calls.transferred:

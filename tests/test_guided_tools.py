@@ -161,9 +161,11 @@ async def test_the_stages_own_question_is_said_when_the_caller_gave_a_detail_and
     assert await orchestrator.respond("My name is Rossi.") == "Which day would you like?"
     assert not any(request.get("stream") for request in llm.requests), "no answer asked for"
 
-    # the caller's own question (nothing learned): the model answers it
+    # nothing learned: the model answers; a question that gives a detail: the model too
     llm.script([extraction(), Reply(content="no"), Reply(content="From nine to five.")])
-    assert await orchestrator.respond("When do you open?") == "From nine to five."
+    assert await orchestrator.respond("Ah, when do you open.") == "From nine to five."
+    llm.script([extraction(name="Ross"), Reply(content="no"), Reply(content="It is Ross now.")])
+    assert await orchestrator.respond("Can you make it Ross?") == "It is Ross now."
 
     # a call was made: the model tells its result (and asks for the name itself)
     llm.script([extraction(day="Friday"), Reply(content="no"), Reply(content="Friday is free.")])
