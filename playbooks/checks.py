@@ -36,6 +36,7 @@ __all__ = [
     "MCP_PREFIX",
     "RESERVED_TOOL",
     "ToolNames",
+    "check_questions",
     "check_references",
     "expand",
     "expand_server_tools",
@@ -129,6 +130,26 @@ def check_references(
     _check_delegation(spec, names, fail)
     _check_transitions(spec, stage_ids, names, fail)
     _check_hooks(spec, names, fail)
+    if problems:
+        raise PlaybookError.of(problems)
+
+
+def check_questions(spec: Playbook, parameters: Mapping[str, Any], label: str) -> None:
+    """Raise :class:`PlaybookError` when a stage's ``questions`` names no argument of the
+    stage's own tools (``parameters``: each tool's JSON schema of arguments, by tool name; the
+    stages' ``mcp:`` entries already expanded). Built-in tools take no details to ask for."""
+    problems: list[Problem] = []
+    for i, stage in enumerate(spec.stages):
+        arguments = {
+            argument
+            for name in stage.tool_names
+            for argument in (parameters.get(name) or {}).get("properties", {})
+        }
+        for key in stage.questions:
+            if key not in arguments:
+                taken = ", ".join(sorted(arguments)) or "none"
+                message = f"no tool of this stage takes {shown(key)} (their arguments: {taken})"
+                problems.append(Problem(label, f"stages[{i}].questions.{key}", message))
     if problems:
         raise PlaybookError.of(problems)
 

@@ -26,6 +26,7 @@ from pydantic.alias_generators import to_snake
 from .checks import (
     RESERVED_TOOL,
     ToolNames,
+    check_questions,
     check_references,
     expand_server_tools,
     unvalidated_references,
@@ -89,8 +90,10 @@ class LoadedPlaybook:
             functions=frozenset(functions or {}),
             servers=servers,
         )
-        check_references(spec, source, source.name if source else spec.id, names)
+        label = source.name if source else spec.id
+        check_references(spec, source, label, names)
         expanded = expand_server_tools(spec, servers)
+        check_questions(expanded, {n: t.parameters for n, t in (tools or {}).items()}, label)
         return cls(expanded, dict(tools or {}), dict(functions or {}), source, servers)
 
 

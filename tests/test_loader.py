@@ -450,6 +450,16 @@ def test_unknown_stage_tool(write_playbook: WritePlaybook) -> None:
     assert "cancel_order, lookup_order" in str(error), "names the tools that do exist"
 
 
+def test_a_question_for_no_argument_of_the_stages_tools(write_playbook: WritePlaybook) -> None:
+    asking = "tools: [cancel_order]\n    questions: {order_id: Which order, reason: Why}"
+    error = load_error(write_playbook(variant("tools: [cancel_order]", asking), TOOLS_PY))
+    assert error.path == "stages[1].questions.reason"
+    assert str(error).startswith(
+        "playbook.yaml:20: stages[1].questions.reason: no tool of this stage takes 'reason'"
+    )
+    assert "(their arguments: order_id)" in str(error)
+
+
 def test_unknown_global_tool(write_playbook: WritePlaybook) -> None:
     error = load_error(
         write_playbook(variant("global_tools: [lookup_order]", "global_tools: [weather]"), TOOLS_PY)
