@@ -23,14 +23,17 @@ __all__ = ["language_of", "tally"]
 _FUNCTION_WORDS = {
     "en": "the you your is are we i to and for of it this what when how can would please "
     "thank yes with have will our my be at on in an",
-    "es": "el la los las es son usted su sus de del que qué y para por con una un sí está "
-    "están quiere puedo gracias nombre mesa pedido hola",
+    "es": "el los las es son usted su sus de del que qué y para por con una sí está "
+    "están quiere puedo gracias nombre mesa pedido hola muy señor",
     "de": "der die das ist sind sie ihr ihre ich wir und für mit ein eine einen ja nicht "
     "bitte danke möchte kann haben auf wie",
-    "fr": "le la les est sont vous votre vos je nous et pour avec une un oui pas merci "
-    "voulez pouvez bonjour bonsoir au aux du",
+    "fr": "le les est sont vous votre vos je nous et pour avec une oui pas merci "
+    "voulez pouvez bonjour bonsoir au aux du très ce",
 }
 _WORDS = {code: frozenset(words.split()) for code, words in _FUNCTION_WORDS.items()}
+assert not any(_WORDS[a] & _WORDS[b] for a in _WORDS for b in _WORDS if a < b), (
+    "a function word counts for one language only"
+)
 _TOKEN = re.compile(r"[^\W\d_]+")
 
 
