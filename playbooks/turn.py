@@ -195,8 +195,11 @@ class Turn:
                 question = scripted_question(
                     stage.questions, outcome, self.user_text, entered=stage.id != stage_at_start
                 )
-                needs_answer_call = question is None and not self._calls.transferred
-                if question is not None and not self._calls.transferred:
+                if self._calls.transferred:
+                    pass  # the caller is with a person: nothing more to say
+                elif question is None:
+                    needs_answer_call = True
+                else:
                     self._announce_phase2()
                     yield self._add_text(question)
             elif not needs_answer_call:
