@@ -210,7 +210,9 @@ class GuidedSteps:
 
     @property
     def _model(self) -> str:
-        return self._host.request(with_tools=False, first_round=False).model
+        """The stage's model, as its answer's request names it (without building one)."""
+        host = self._host
+        return host.engine.llm_config().model or host.client.model
 
     def _view(self, user_message: Message, user_text: str) -> str:
         """The turn as the questions show it: the agent's last words, the caller's, and the

@@ -62,7 +62,7 @@ name: Shop
 initial_stage: booking
 tools_module: tools.py
 global_tools: [hours, special]
-default_llm_config: {tool_calling: guided}
+default_llm_config: {tool_calling: guided, model: shop-model}
 stages:
   - id: booking
     name: Booking
@@ -126,6 +126,7 @@ async def test_the_engine_calls_what_the_callers_details_complete_and_never_a_ma
     assert answers_of(events) == [("check", {"day": "Friday"})]
     extract, *_questions, answer = llm.requests
     assert extract["response_format"]["type"] == "json_schema"
+    assert extract["model"] == answer["model"] == "shop-model", "the stage's model throughout"
     assert "Caller: Is Friday free?" in extract["messages"][-1]["content"]
     assert "tools" not in answer, "a small model answers without tools"
     assert all(m["role"] in ("system", "user", "assistant") for m in answer["messages"])
